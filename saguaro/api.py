@@ -1,0 +1,162 @@
+"""Public Python entry point: ``LLM`` and ``SamplingParams``.
+
+>>> from saguaro import LLM, SamplingParams
+>>> llm = LLM()                                   # the bundled code model, AR
+>>> out = llm.generate(["def fibonacci(n):"], SamplingParams(temperature=0, max_tokens=32))
+>>> print(out[0].text, out[0].metrics["mean_accepted_length"])
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tqdm import tqdm
+
+from saguaro.config import EngineConfig
+from saguaro.engine.engine import LLMEngine
+from saguaro.engine.sequence import Sequence as Seq
+from saguaro.sampling import SamplingParams
+from saguaro.speculation.metrics import summarize
+
+Prompt = str | list[int]
+
+
+@dataclass
+class RequestOutput:
+    prompt: str | None
+    prompt_token_ids: list[int]
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+def request_metrics(seq: Seq) -> dict[str, Any]:
+    out = summarize(seq.records)
+    out["output_tokens"] = seq.num_output_tokens
+    out["prompt_tokens"] = seq.num_prompt_tokens
+    out["cached_prompt_tokens"] = seq.num_cached_tokens
+    out["preemptions"] = seq.num_preemptions
+    if seq.first_token_time is not None:
+        out["ttft_s"] = seq.first_token_time - seq.arrival_time
+    if seq.finish_time is not None:
+        total = seq.finish_time - seq.arrival_time
+        out["latency_s"] = total
+        out["tokens_per_s"] = seq.num_output_tokens / total if total > 0 else None
+        if seq.num_output_tokens > 1 and seq.first_token_time is not None:
+            out["tpot_s"] = (seq.finish_time - seq.first_token_time) / (seq.num_output_tokens - 1)
+    return out
+
+
+class LLM:
+    """An engine instance. ``mode`` is ``"ar"``, ``"sd"`` or ``"ssd"``; with no ``model`` the
+    bundled code model (and, for speculation, its bundled draft) is used."""
+
+    def __init__(
+        self,
+        model: str | None = None,
+        draft: str | None = None,
+        mode: str = "ar",
+        num_speculative_tokens: int = 4,
+        **kwargs: Any,
+    ) -> None:
+        self.config = EngineConfig(
+            model=model,
+            draft=draft,
+            mode=mode,
+            num_speculative_tokens=num_speculative_tokens,
+            **kwargs,
+        )
+        self.engine = LLMEngine(self.config)
+        self.tokenizer = self.engine.tokenizer
+        self.last_run: dict[str, Any] = {}
+
+    def _add_all(
+        self, prompts: Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None
+    ) -> list[tuple[Prompt, Seq]]:
+        if isinstance(params, SamplingParams) or params is None:
+            params_list = [params or SamplingParams()] * len(prompts)
+        else:
+            params_list = list(params)
+            if len(params_list) != len(prompts):
+                raise ValueError(
+                    f"{len(params_list)} SamplingParams for {len(prompts)} prompts"
+                )
+        # Validate every prompt before starting any work.
+        encoded = [self.engine.encode_prompt(p) for p in prompts]
+        return [
+            (p, self.engine.add_request(ids, sp))
+            for p, ids, sp in zip(prompts, encoded, params_list, strict=True)
+        ]
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        """Generate for every prompt (strings or token-id lists); one result per prompt, in order."""
+        if isinstance(prompts, str) or (
+            isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
+        ):
+            prompts = [prompts]  # type: ignore[list-item]
+        added = self._add_all(prompts, params)
+        start = time.perf_counter()
+        bar = tqdm(total=len(added), disable=not use_tqdm, desc="generate")
+        try:
+            while any(not s.is_finished for _, s in added):
+                done = sum(s.is_finished for _, s in added)
+                self.engine.step()
+                bar.update(sum(s.is_finished for _, s in added) - done)
+        except BaseException:
+            for _, s in added:
+                self.engine.abort(s.seq_id)
+            raise
+        finally:
+            bar.close()
+        elapsed = time.perf_counter() - start
+        seqs = [s for _, s in added]
+        self.last_run = summarize(r for s in seqs for r in s.records)
+        self.last_run["elapsed_s"] = elapsed
+        self.last_run["output_tokens"] = sum(s.num_output_tokens for s in seqs)
+        self.last_run["tokens_per_s"] = self.last_run["output_tokens"] / elapsed if elapsed else None
+        return [self._output(p, s) for p, s in added]
+
+    def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> Iterator[str]:
+        """Yield text deltas as tokens are committed (several per round under speculation)."""
+        [(_, seq)] = self._add_all([prompt], params)
+        sent = 0
+        try:
+            while not seq.is_finished:
+                self.engine.step()
+                text = self.engine.detok.stream_text(seq)
+                if len(text) > sent:
+                    yield text[sent:]
+                    sent = len(text)
+        finally:
+            self.engine.abort(seq.seq_id)
+        if len(seq.text) > sent:
+            yield seq.text[sent:]
+        self.last_output = self._output(prompt, seq)
+
+    def _output(self, prompt: Prompt, seq: Seq) -> RequestOutput:
+        return RequestOutput(
+            prompt=prompt if isinstance(prompt, str) else None,
+            prompt_token_ids=seq.token_ids[: seq.num_prompt_tokens],
+            text=seq.text,
+            token_ids=seq.output_token_ids,
+            finish_reason=seq.finish_reason,
+            metrics=request_metrics(seq),
+        )
+
+    def close(self) -> None:
+        self.engine.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

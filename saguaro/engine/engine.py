@@ -1,0 +1,317 @@
+"""The engine loop: schedule -> propose -> score -> verify -> commit.
+
+One step serves every scheduled sequence with a single target forward. Sequences still
+prefilling feed a chunk of their prompt; sequences at their last token run a round: the proposer
+(none for AR, the draft for SD, the draft worker for SSD) supplies k proposals, the target scores
+``[r, s_1..s_k]``, :func:`saguaro.sampling.verify` accepts a prefix and draws the recovery/bonus
+token, and all k + 1 tokens are committed in the same step, each checked against the stop
+conditions, so EOS and stop strings end a request at once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from saguaro.config import EngineConfig
+from saguaro.engine.block_manager import BlockManager
+from saguaro.engine.detokenizer import Detokenizer
+from saguaro.engine.model_runner import ModelRunner
+from saguaro.engine.scheduler import Scheduled, Scheduler
+from saguaro.engine.sequence import RoundRecord, Sequence, Status
+from saguaro.errors import IncompatibleModelsError, ModelLoadError, RequestError
+from saguaro.models.config import ModelConfig
+from saguaro.models.loader import load_model
+from saguaro.models.tokenizer import Tokenizer
+from saguaro.sampling import SamplingParams, SamplingTensors, logits_to_probs, verify
+from saguaro.speculation.base import Proposal, Proposer
+
+log = logging.getLogger("saguaro")
+
+# Default KV pool when num_kv_blocks is unset: room for this many full-length sequences.
+_DEFAULT_POOL_SEQS = 4
+
+
+@dataclass
+class LoadedModels:
+    target_dir: Path
+    draft_dir: Path | None
+    tokenizer: Tokenizer
+
+
+def resolve_model_dirs(cfg: EngineConfig) -> tuple[Path, Path | None]:
+    """Fill in the bundled pair where no model is given."""
+    from saguaro import bundled
+
+    target = Path(cfg.model) if cfg.model else bundled.TARGET_DIR
+    if cfg.mode == "ar":
+        return target, Path(cfg.draft) if cfg.draft else None
+    if cfg.draft:
+        return target, Path(cfg.draft)
+    if cfg.model is None:
+        return target, bundled.DRAFT_DIR
+    raise ValueError(f"mode {cfg.mode!r} needs a draft model (draft=DIR)")
+
+
+def check_compatible(target_dir: Path, draft_dir: Path, tokenizer: Tokenizer) -> None:
+    """Draft proposals are token ids the target scores: both must mean the same thing by them."""
+    t_cfg, d_cfg = ModelConfig.from_dir(target_dir), ModelConfig.from_dir(draft_dir)
+    if (draft_dir / "tokenizer.json").is_file():
+        d_tok = Tokenizer(draft_dir)
+        if d_tok.fingerprint() != tokenizer.fingerprint():
+            raise IncompatibleModelsError(
+                f"draft tokenizer ({draft_dir}) differs from the target's ({target_dir}): "
+                f"vocabularies {d_tok.vocab_size} vs {tokenizer.vocab_size} tokens with different ids"
+            )
+    if t_cfg.vocab_size != d_cfg.vocab_size:
+        raise IncompatibleModelsError(
+            f"draft vocab_size {d_cfg.vocab_size} ({draft_dir}) != target vocab_size "
+            f"{t_cfg.vocab_size} ({target_dir})"
+        )
+
+
+class LLMEngine:
+    def __init__(self, cfg: EngineConfig) -> None:
+        self.cfg = cfg
+        if cfg.num_threads:
+            torch.set_num_threads(cfg.num_threads)
+        target_dir, draft_dir = resolve_model_dirs(cfg)
+        self.target_dir, self.draft_dir = target_dir, draft_dir
+        if not target_dir.is_dir():
+            raise ModelLoadError(f"model directory {str(target_dir)!r} does not exist")
+        self.tokenizer = Tokenizer(target_dir)
+        if draft_dir is not None:
+            if not draft_dir.is_dir():
+                raise ModelLoadError(f"draft directory {str(draft_dir)!r} does not exist")
+            check_compatible(target_dir, draft_dir, self.tokenizer)
+        target = load_model(target_dir, cfg.dtype, cfg.device)
+        self.model_config = target.config
+        self.max_model_len = min(
+            cfg.max_model_len or target.config.max_position_embeddings,
+            target.config.max_position_embeddings,
+        )
+        self.eos_token_ids = frozenset(target.config.eos_token_ids) | frozenset(
+            t for t in [self.tokenizer.eos_token_id] if t is not None
+        )
+        blocks_per_seq = -(-self.max_model_len // cfg.block_size)
+        num_blocks = cfg.num_kv_blocks or blocks_per_seq * min(cfg.max_num_seqs, _DEFAULT_POOL_SEQS)
+        if num_blocks < blocks_per_seq:
+            raise ValueError(
+                f"num_kv_blocks={num_blocks} cannot hold one sequence of max_model_len="
+                f"{self.max_model_len} ({blocks_per_seq} blocks of {cfg.block_size} tokens)"
+            )
+        self.block_manager = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching)
+        self.runner = ModelRunner(target, num_blocks, cfg.block_size, cfg.device)
+        self.scheduler = Scheduler(
+            self.block_manager,
+            cfg.max_num_seqs,
+            cfg.max_num_batched_tokens,
+            self.max_model_len,
+            cfg.lookahead,
+        )
+        self.detok = Detokenizer(self.tokenizer)
+        self.proposer: Proposer | None = None
+        if cfg.mode == "sd":
+            from saguaro.speculation.sd import DraftProposer
+
+            draft = load_model(draft_dir, cfg.dtype, cfg.device)
+            self.proposer = DraftProposer(ModelRunner(draft, num_blocks, cfg.block_size, cfg.device))
+        elif cfg.mode == "ssd":
+            raise NotImplementedError("mode='ssd' is not implemented yet; use 'sd' or 'ar'")
+        self.seqs: dict[int, Sequence] = {}
+        self._ids = itertools.count()
+        self._seed_rng = torch.Generator().manual_seed(cfg.seed)
+
+    # ---- requests ---------------------------------------------------------------------------
+
+    def encode_prompt(self, prompt: str | list[int]) -> list[int]:
+        """Tokenise and validate a prompt; raises RequestError before any work starts."""
+        if isinstance(prompt, str):
+            if not prompt:
+                raise RequestError("prompt is empty")
+            ids = self.tokenizer.encode(prompt)
+        else:
+            ids = [int(t) for t in prompt]
+            vocab = self.model_config.vocab_size
+            bad = [t for t in ids if not 0 <= t < vocab]
+            if bad:
+                raise RequestError(f"prompt token ids out of range [0, {vocab}): {bad[:5]}")
+        if not ids:
+            raise RequestError("prompt is empty")
+        if len(ids) >= self.max_model_len:
+            raise RequestError(
+                f"prompt has {len(ids)} tokens; max_model_len is {self.max_model_len} "
+                "(room is needed for at least one generated token)"
+            )
+        return ids
+
+    def add_request(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:
+        seed = params.seed if params.seed is not None else int(
+            torch.randint(0, 2**62, (1,), generator=self._seed_rng)
+        )
+        seq = Sequence(
+            seq_id=next(self._ids),
+            token_ids=list(prompt_ids),
+            num_prompt_tokens=len(prompt_ids),
+            params=params,
+            generator=torch.Generator().manual_seed(seed),
+            eos_token_ids=self.eos_token_ids,
+        )
+        self.seqs[seq.seq_id] = seq
+        self.detok.start(seq)
+        self.scheduler.add(seq)
+        return seq
+
+    def abort(self, seq_id: int) -> None:
+        seq = self.seqs.get(seq_id)
+        if seq is not None and not seq.is_finished:
+            seq.status, seq.finish_reason = Status.FINISHED, "abort"
+            self._release(seq)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def close(self) -> None:
+        if self.proposer is not None:
+            self.proposer.close()
+
+    # ---- one step -----------------------------------------------------------------------------
+
+    def step(self) -> list[Sequence]:
+        """Run one engine step; return the sequences that committed tokens or finished."""
+        batch = self.scheduler.schedule()
+        if not batch:
+            return []
+        rounds = [s for s in batch if s.decode]
+        spec = [s for s in rounds if s.k > 0]
+        t0 = time.perf_counter()
+        proposal = None
+        if spec:
+            assert self.proposer is not None
+            proposal = self.proposer.propose([s.seq for s in spec], [s.k for s in spec])
+        t1 = time.perf_counter()
+        row = {id(s): i for i, s in enumerate(spec)}
+        queries = []
+        for s in batch:
+            start = s.seq.num_computed_tokens
+            tokens = s.seq.token_ids[start : start + s.num_new_tokens]
+            if s.decode and s.k:
+                tokens = tokens + proposal.tokens[row[id(s)], : s.k].tolist()
+            queries.append(
+                self.runner.sequence_query(
+                    s.seq.block_table, start, tokens, s.k + 1 if s.decode else 0
+                )
+            )
+        logits = self.runner.forward(queries)
+        t2 = time.perf_counter()
+        for s in batch:
+            if not s.decode:
+                s.seq.num_computed_tokens += s.num_new_tokens
+                self._register(s.seq)
+        if not rounds:
+            return []
+        self._verify_and_commit(rounds, row, proposal, logits, t1 - t0, t2 - t1)
+        return [s.seq for s in rounds]
+
+    def _verify_and_commit(
+        self,
+        rounds: list[Scheduled],
+        row: dict[int, int],
+        proposal: Proposal | None,
+        logits: torch.Tensor,
+        draft_s: float,
+        target_s: float,
+    ) -> None:
+        n = len(rounds)
+        k_max = max(s.k for s in rounds)
+        vocab = logits.shape[-1]
+        # Pad every round to k_max + 1 scored positions (padding repeats the last row; the
+        # verifier never reads past num_draft + 1).
+        scored = torch.empty(n, k_max + 1, vocab)
+        draft_tokens = torch.zeros(n, k_max, dtype=torch.int64)
+        draft_probs = None
+        if proposal is not None and proposal.probs is not None:
+            draft_probs = torch.zeros(n, k_max, vocab)
+        point_mass = torch.zeros(n, dtype=torch.bool)
+        offset = 0
+        for i, s in enumerate(rounds):
+            rows = logits[offset : offset + s.k + 1]
+            offset += s.k + 1
+            scored[i, : s.k + 1] = rows
+            scored[i, s.k + 1 :] = rows[-1]
+            if s.k:
+                j = row[id(s)]
+                draft_tokens[i, : s.k] = proposal.tokens[j, : s.k]
+                if draft_probs is not None:
+                    draft_probs[i, : s.k] = proposal.probs[j, : s.k]
+                if proposal.point_mass is not None:
+                    point_mass[i] = proposal.point_mass[j]
+        seqs = [s.seq for s in rounds]
+        st = SamplingTensors.from_params([q.params for q in seqs]).repeat_interleave(k_max + 1)
+        target_probs = logits_to_probs(scored.view(-1, vocab), st).view(n, k_max + 1, vocab)
+        num_draft = torch.tensor([s.k for s in rounds], dtype=torch.int64)
+        if draft_probs is None:
+            point_mass[:] = True
+        result = verify(
+            target_probs,
+            draft_tokens,
+            draft_probs,
+            num_draft,
+            [q.generator for q in seqs],
+            point_mass=point_mass,
+        )
+        now = time.perf_counter()
+        for i, s in enumerate(rounds):
+            seq = s.seq
+            k = int(result.num_accepted[i])
+            new = draft_tokens[i, :k].tolist() + [int(result.next_token[i])]
+            written = len(seq) + s.k  # target KV now covers r, s_1..s_k
+            committed = 0
+            for tok in new:
+                seq.token_ids.append(tok)
+                committed += 1
+                self.detok.append_token(seq, self.max_model_len)
+                if seq.is_finished:
+                    break
+            if seq.first_token_time is None:
+                seq.first_token_time = now
+            j = row.get(id(s))
+            seq.records.append(
+                RoundRecord(
+                    num_drafted=s.k,
+                    num_accepted=k,
+                    token=new[-1],
+                    committed=committed,
+                    hit=proposal.hit[j] if j is not None and proposal.hit else None,
+                    backup=proposal.backup[j] if j is not None and proposal.backup else None,
+                    target_s=target_s / len(rounds),
+                    draft_s=draft_s / max(len(row), 1) if s.k else 0.0,
+                    wait_s=proposal.wait_s if j is not None and proposal is not None else 0.0,
+                )
+            )
+            if seq.is_finished:
+                seq.finish_time = now
+                self._release(seq)
+                continue
+            # Roll back: KV past the last accepted proposal belongs to rejected tokens.
+            seq.num_computed_tokens = min(written, len(seq) - 1)
+            seq.num_draft_computed = min(seq.num_draft_computed, len(seq) - 1)
+            self.block_manager.trim(seq, len(seq))
+            self._register(seq)
+
+    def _register(self, seq: Sequence) -> None:
+        ready = seq.num_computed_tokens
+        if self.proposer is not None and self.proposer.shares_block_table:
+            ready = min(ready, seq.num_draft_computed)
+        self.block_manager.register(seq, ready)
+
+    def _release(self, seq: Sequence) -> None:
+        self.scheduler.finish(seq)
+        self.detok.drop(seq)
+        if self.proposer is not None:
+            self.proposer.release(seq)

@@ -1,0 +1,122 @@
+"""Model runner: owns one model and its paged KV pool, turns queries into one batched forward.
+
+A :class:`Query` is what one sequence asks of one forward: score these tokens at these RoPE
+positions, write their K/V into these slots, attend to those cached slots through this mask, and
+return logits for the last few. RoPE position and KV slot are independent on purpose: SSD branch
+decoding puts many branches at the same positions in different slots.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+
+import torch
+
+from saguaro.models.layers import AttentionMetadata
+from saguaro.models.llama import CausalLM
+
+
+@dataclass
+class Query:
+    token_ids: list[int]
+    positions: torch.Tensor  # [q] int64
+    slots: torch.Tensor  # [q] int64: where these tokens' K/V are written
+    key_slots: torch.Tensor  # [L] int64: cached slots visible to these queries (incl. their own)
+    num_logits: int  # logits wanted for the last num_logits queries
+    mask: torch.Tensor | None = None  # [q, L] bool; None = causal (query j sees keys <= L-q+j)
+
+
+def token_slots(block_table: list[int], start: int, end: int, block_size: int) -> torch.Tensor:
+    """KV slots of token indices ``[start, end)`` of a sequence."""
+    idx = torch.arange(start, end)
+    table = torch.tensor(block_table, dtype=torch.int64)
+    return table[idx // block_size] * block_size + idx % block_size
+
+
+class ModelRunner:
+    def __init__(
+        self, model: CausalLM, num_blocks: int, block_size: int, device: str | torch.device
+    ) -> None:
+        self.model = model
+        self.config = model.config
+        self.device = torch.device(device)
+        self.block_size = block_size
+        self.num_slots = num_blocks * block_size
+        dtype = model.embed_tokens.weight.dtype
+        shape = (self.num_slots, self.config.num_key_value_heads, self.config.head_dim)
+        self.kv_caches = [
+            (
+                torch.zeros(shape, dtype=dtype, device=self.device),
+                torch.zeros(shape, dtype=dtype, device=self.device),
+            )
+            for _ in range(self.config.num_hidden_layers)
+        ]
+
+    @staticmethod
+    def kv_bytes_per_block(model: CausalLM, block_size: int) -> int:
+        cfg = model.config
+        elem = model.embed_tokens.weight.element_size()
+        per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * elem
+        return per_token * block_size
+
+    def sequence_query(
+        self, block_table: list[int], start: int, token_ids: list[int], num_logits: int
+    ) -> Query:
+        """Causal query for tokens at indices ``[start, start + len(token_ids))`` of a sequence
+        whose tokens before ``start`` already have KV."""
+        end = start + len(token_ids)
+        keys = token_slots(block_table, 0, end, self.block_size)
+        return Query(token_ids, torch.arange(start, end), keys[start:], keys, num_logits)
+
+    def forward(self, queries: Seq[Query]) -> torch.Tensor:
+        """Run all queries in one forward; return float32 logits ``[sum num_logits, V]`` in
+        query order."""
+        meta, input_ids, positions, logits_index = self._prepare(queries)
+        return self.model(input_ids, positions, meta, self.kv_caches, logits_index)
+
+    def _prepare(
+        self, queries: Seq[Query]
+    ) -> tuple[AttentionMetadata, torch.Tensor, torch.Tensor, torch.Tensor]:
+        dev = self.device
+        q_lens = [len(q.token_ids) for q in queries]
+        k_lens = [len(q.key_slots) for q in queries]
+        b, n_q, n_k = len(queries), max(q_lens), max(k_lens)
+        mask = torch.zeros(b, 1, n_q, n_k, dtype=torch.bool)
+        key_slots = torch.zeros(b, n_k, dtype=torch.int64)
+        logits_index: list[int] = []
+        offset = 0
+        for i, q in enumerate(queries):
+            ql, kl = q_lens[i], k_lens[i]
+            key_slots[i, :kl] = q.key_slots
+            if q.mask is None:
+                rows = torch.arange(ql).unsqueeze(1) + (kl - ql)
+                mask[i, 0, :ql, :kl] = torch.arange(kl).unsqueeze(0) <= rows
+            else:
+                mask[i, 0, :ql, :kl] = q.mask
+            # Padded query rows attend to one key so softmax stays finite; their output is dropped.
+            mask[i, 0, ql:, 0] = True
+            logits_index.extend(range(offset + ql - q.num_logits, offset + ql))
+            offset += ql
+        uniform = all(ql == n_q for ql in q_lens)
+        query_index = out_index = None
+        if not uniform:
+            query_index = torch.zeros(b, n_q, dtype=torch.int64)
+            out_rows = []
+            offset = 0
+            for i, ql in enumerate(q_lens):
+                query_index[i, :ql] = torch.arange(offset, offset + ql)
+                out_rows.append(torch.arange(i * n_q, i * n_q + ql))
+                offset += ql
+            out_index = torch.cat(out_rows).to(dev)
+            query_index = query_index.to(dev)
+        meta = AttentionMetadata(
+            slot_mapping=torch.cat([q.slots for q in queries]).to(dev),
+            key_slots=key_slots.to(dev),
+            mask=mask.to(dev),
+            query_index=query_index,
+            out_index=out_index,
+        )
+        input_ids = torch.tensor([t for q in queries for t in q.token_ids], device=dev)
+        positions = torch.cat([q.positions for q in queries]).to(dev)
+        return meta, input_ids, positions, torch.tensor(logits_index, device=dev)

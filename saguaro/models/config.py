@@ -1,0 +1,147 @@
+"""Model configuration parsed from a Hugging Face ``config.json``."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from saguaro.errors import ModelLoadError
+
+# config.json `architectures` entry -> family handled by saguaro.models.llama
+SUPPORTED_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "Qwen3ForCausalLM": "qwen3",
+}
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Llama-3 style frequency-dependent RoPE scaling (``rope_type == "llama3"``)."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    architecture: str
+    family: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool = False
+    qk_norm: bool = False
+    rope_scaling: RopeScaling | None = None
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    torch_dtype: str | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_dir(cls, model_dir: str | Path) -> ModelConfig:
+        path = Path(model_dir) / "config.json"
+        if not path.is_file():
+            raise ModelLoadError(f"{model_dir}: no config.json (not a Hugging Face model directory)")
+        try:
+            raw = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ModelLoadError(f"{path}: malformed JSON ({e})") from e
+        gen_path = Path(model_dir) / "generation_config.json"
+        gen: dict[str, Any] = {}
+        if gen_path.is_file():
+            try:
+                gen = json.loads(gen_path.read_text())
+            except json.JSONDecodeError as e:
+                raise ModelLoadError(f"{gen_path}: malformed JSON ({e})") from e
+        return cls.from_dict(raw, gen, source=str(path))
+
+    @classmethod
+    def from_dict(
+        cls, raw: dict[str, Any], gen: dict[str, Any] | None = None, source: str = "config"
+    ) -> ModelConfig:
+        if not isinstance(raw, dict):
+            raise ModelLoadError(f"{source}: expected a JSON object")
+        gen = gen or {}
+        archs = raw.get("architectures") or []
+        arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+        if arch is None:
+            raise ModelLoadError(
+                f"{source}: unsupported architecture {archs or raw.get('model_type')!r}; "
+                f"saguaro supports {sorted(SUPPORTED_ARCHITECTURES)}"
+            )
+        family = SUPPORTED_ARCHITECTURES[arch]
+
+        def need(key: str) -> Any:
+            if key not in raw:
+                raise ModelLoadError(f"{source}: missing required field {key!r}")
+            return raw[key]
+
+        hidden = int(need("hidden_size"))
+        heads = int(need("num_attention_heads"))
+        head_dim = raw.get("head_dim") or hidden // heads
+        eos = gen.get("eos_token_id", raw.get("eos_token_id"))
+        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+        return cls(
+            architecture=arch,
+            family=family,
+            vocab_size=int(need("vocab_size")),
+            hidden_size=hidden,
+            intermediate_size=int(need("intermediate_size")),
+            num_hidden_layers=int(need("num_hidden_layers")),
+            num_attention_heads=heads,
+            num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
+            head_dim=int(head_dim),
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(_rope_param(raw, "rope_theta", 10000.0)),
+            max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            attention_bias=bool(raw.get("attention_bias", False)),
+            qk_norm=family == "qwen3",
+            rope_scaling=_parse_rope_scaling(raw, source),
+            bos_token_id=gen.get("bos_token_id", raw.get("bos_token_id")),
+            eos_token_ids=eos_ids,
+            torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
+            raw=raw,
+        )
+
+
+def _rope_param(raw: dict[str, Any], key: str, default: Any) -> Any:
+    """Newer transformers nest rope settings under ``rope_parameters``."""
+    if key in raw:
+        return raw[key]
+    params = raw.get("rope_parameters")
+    if isinstance(params, dict) and key in params:
+        return params[key]
+    return default
+
+
+def _parse_rope_scaling(raw: dict[str, Any], source: str) -> RopeScaling | None:
+    rs = raw.get("rope_scaling") or raw.get("rope_parameters")
+    if not isinstance(rs, dict):
+        return None
+    kind = rs.get("rope_type", rs.get("type"))
+    if kind in (None, "default"):
+        return None
+    if kind != "llama3":
+        raise ModelLoadError(f"{source}: unsupported rope_scaling type {kind!r} (supported: llama3)")
+    try:
+        return RopeScaling(
+            factor=float(rs["factor"]),
+            low_freq_factor=float(rs["low_freq_factor"]),
+            high_freq_factor=float(rs["high_freq_factor"]),
+            original_max_position_embeddings=int(rs["original_max_position_embeddings"]),
+        )
+    except KeyError as e:
+        raise ModelLoadError(f"{source}: rope_scaling of type llama3 lacks {e}") from e

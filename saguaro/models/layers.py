@@ -1,0 +1,173 @@
+"""Building blocks shared by the Llama-3 and Qwen3 families: RMSNorm, RoPE, paged attention, MLP.
+
+Attention reads and writes a paged KV cache through :class:`AttentionMetadata`. The metadata is
+built once per forward by the model runner and says, for a batch of sequences, where each new
+token's K/V goes (``slot_mapping``), which cached slots each sequence may attend to
+(``key_slots``) and through which boolean mask (``mask``). Causal prefill, single-token decode,
+multi-position verification and branch decoding with an arbitrary mask are all the same call.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from saguaro.models.config import RopeScaling
+
+
+@dataclass
+class AttentionMetadata:
+    """Where queries come from and which cached keys they see, for one forward.
+
+    T flat query tokens belong to b sequences; sequence i has q_i queries and L_i visible keys.
+    Q = max q_i and L = max L_i are the padded sizes.
+    """
+
+    slot_mapping: torch.Tensor  # [T] int64: KV slot written by each query token
+    key_slots: torch.Tensor  # [b, L] int64: slot of each visible key (padding points at slot 0)
+    mask: torch.Tensor  # [b, 1, Q, L] bool: True = query may attend to key
+    query_index: torch.Tensor | None  # [b, Q] int64 into the flat T tokens; None if q_i == Q for all
+    out_index: torch.Tensor | None  # [T] int64 into the padded b*Q rows; None with query_index
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in float32 and cast back before scaling, as the reference implementation does.
+        dtype = x.dtype
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(dtype)
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> torch.Tensor:
+    """Inverse frequencies ``theta^(-2i/d)``, with Llama-3 scaling if configured.
+
+    Llama-3 scaling leaves high frequencies (wavelength < orig_ctx / high_freq_factor) alone,
+    divides low frequencies (wavelength > orig_ctx / low_freq_factor) by ``factor``, and blends
+    linearly in between, so long-context extension does not disturb local position information.
+    """
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    if scaling is None:
+        return inv.float()
+    orig = scaling.original_max_position_embeddings
+    wavelen = 2 * math.pi / inv
+    low_wavelen = orig / scaling.low_freq_factor
+    high_wavelen = orig / scaling.high_freq_factor
+    smooth = (orig / wavelen - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor
+    )
+    blended = (1 - smooth) * inv / scaling.factor + smooth * inv
+    out = torch.where(wavelen > low_wavelen, inv / scaling.factor, blended)
+    out = torch.where(wavelen < high_wavelen, inv, out)
+    return out.float()
+
+
+class Rotary(nn.Module):
+    """Rotary position embedding (rotate-half convention), cos/sin cached per position."""
+
+    def __init__(
+        self, head_dim: int, max_positions: int, theta: float, scaling: RopeScaling | None
+    ) -> None:
+        super().__init__()
+        inv = rope_inv_freq(head_dim, theta, scaling)
+        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv)
+        emb = torch.cat([freqs, freqs], dim=-1)
+        self.register_buffer("cos", emb.cos(), persistent=False)
+        self.register_buffer("sin", emb.sin(), persistent=False)
+
+    def forward(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        # q: [T, H, D], k: [T, Hkv, D]
+        cos = self.cos[positions].unsqueeze(1).to(q.dtype)
+        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat([-b, a], dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(
+        self,
+        hidden: int,
+        heads: int,
+        kv_heads: int,
+        head_dim: int,
+        bias: bool,
+        qk_norm: bool,
+        eps: float,
+    ) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.q_size, self.kv_size = heads * head_dim, kv_heads * head_dim
+        self.qkv_proj = nn.Linear(hidden, self.q_size + 2 * self.kv_size, bias=bias)
+        self.o_proj = nn.Linear(self.q_size, hidden, bias=False)
+        self.q_norm = RMSNorm(head_dim, eps) if qk_norm else None
+        self.k_norm = RMSNorm(head_dim, eps) if qk_norm else None
+        self.scale = head_dim**-0.5
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        rotary: Rotary,
+        meta: AttentionMetadata,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:
+        t = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(t, self.heads, self.head_dim)
+        k = k.view(t, self.kv_heads, self.head_dim)
+        v = v.view(t, self.kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rotary(positions, q, k)
+
+        k_cache, v_cache = kv_cache  # [num_slots, Hkv, D]
+        k_cache[meta.slot_mapping] = k
+        v_cache[meta.slot_mapping] = v
+
+        b, n_keys = meta.key_slots.shape
+        n_q = meta.mask.shape[2]
+        if meta.query_index is None:
+            qp = q.view(b, n_q, self.heads, self.head_dim)
+        else:
+            qp = q[meta.query_index]
+        keys = k_cache[meta.key_slots].transpose(1, 2)  # [b, Hkv, L, D]
+        values = v_cache[meta.key_slots].transpose(1, 2)
+        out = F.scaled_dot_product_attention(
+            qp.transpose(1, 2),
+            keys,
+            values,
+            attn_mask=meta.mask,
+            scale=self.scale,
+            enable_gqa=self.kv_heads != self.heads,
+        )  # [b, H, Q, D]
+        out = out.transpose(1, 2).reshape(b * n_q, self.q_size)
+        if meta.out_index is not None:
+            out = out[meta.out_index]
+        return self.o_proj(out)
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.intermediate = intermediate
+        self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
+        return self.down_proj(F.silu(gate) * up)

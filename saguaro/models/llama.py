@@ -1,0 +1,77 @@
+"""Llama-3 and Qwen3 decoder-only transformers over a paged KV cache.
+
+The two families differ only in Qwen3's per-head RMSNorm on q and k (``config.qk_norm``), so one
+class serves both. The model knows nothing about speculation: it scores whatever query tokens the
+runner gives it, at the positions, KV slots and attention mask in :class:`AttentionMetadata`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from saguaro.models.config import ModelConfig
+from saguaro.models.layers import MLP, Attention, AttentionMetadata, RMSNorm, Rotary
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.self_attn = Attention(
+            cfg.hidden_size,
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+            cfg.attention_bias,
+            cfg.qk_norm,
+            cfg.rms_norm_eps,
+        )
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        rotary: Rotary,
+        meta: AttentionMetadata,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, meta, kv_cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class CausalLM(nn.Module):
+    """Decoder stack + LM head. Parameter names follow Hugging Face, except the fused
+    ``qkv_proj`` and ``gate_up_proj`` (see :mod:`saguaro.models.loader`)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary = Rotary(
+            cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling
+        )
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        logits_index: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Score ``input_ids`` ([T]) and return float32 logits at rows ``logits_index`` ([m, V])."""
+        x = self.embed_tokens(input_ids)
+        for layer, kv in zip(self.layers, kv_caches, strict=True):
+            x = layer(x, positions, self.rotary, meta, kv)
+        if logits_index is not None:
+            x = x[logits_index]
+        return self.lm_head(self.norm(x)).float()

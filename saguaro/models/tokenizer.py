@@ -1,0 +1,95 @@
+"""Tokenizer from ``tokenizer.json`` + ``tokenizer_config.json`` (special tokens, chat template)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from jinja2.exceptions import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer as HFTokenizer
+
+from saguaro.errors import ModelLoadError
+
+# Used when a base model ships no chat template: plain role-tagged turns.
+DEFAULT_CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
+
+
+def _token_str(value: Any) -> str | None:
+    if isinstance(value, dict):  # {"content": "<s>", ...} form
+        return value.get("content")
+    return value
+
+
+class Tokenizer:
+    def __init__(self, model_dir: str | Path) -> None:
+        model_dir = Path(model_dir)
+        path = model_dir / "tokenizer.json"
+        if not path.is_file():
+            raise ModelLoadError(f"{model_dir}: tokenizer.json missing")
+        try:
+            self._tok = HFTokenizer.from_file(str(path))
+        except Exception as e:  # the Rust side raises a bare Exception
+            raise ModelLoadError(f"{path}: cannot be parsed as a tokenizer ({e})") from e
+        cfg_path = model_dir / "tokenizer_config.json"
+        cfg: dict[str, Any] = {}
+        if cfg_path.is_file():
+            try:
+                cfg = json.loads(cfg_path.read_text())
+            except json.JSONDecodeError as e:
+                raise ModelLoadError(f"{cfg_path}: malformed JSON ({e})") from e
+        self.config = cfg
+        self.bos_token = _token_str(cfg.get("bos_token"))
+        self.eos_token = _token_str(cfg.get("eos_token"))
+        template = cfg.get("chat_template")
+        if isinstance(template, list):  # named templates: take "default"
+            template = next((t["template"] for t in template if t.get("name") == "default"), None)
+        self.chat_template: str = template or DEFAULT_CHAT_TEMPLATE
+        self.has_chat_template = template is not None
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def token_to_id(self, token: str | None) -> int | None:
+        return None if token is None else self._tok.token_to_id(token)
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self.token_to_id(self.eos_token)
+
+    @property
+    def bos_token_id(self) -> int | None:
+        return self.token_to_id(self.bos_token)
+
+    def fingerprint(self) -> str:
+        """Digest of the token -> id mapping: equal digests mean interchangeable token ids."""
+        vocab = sorted(self._tok.get_vocab(with_added_tokens=True).items())
+        return hashlib.sha256(json.dumps(vocab).encode()).hexdigest()[:16]
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(
+        self, messages: list[dict[str, str]], add_generation_prompt: bool = True
+    ) -> str:
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+
+        def raise_exception(msg: str) -> None:
+            raise TemplateError(msg)
+
+        env.globals["raise_exception"] = raise_exception
+        return env.from_string(self.chat_template).render(
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token or "",
+            eos_token=self.eos_token or "",
+        )

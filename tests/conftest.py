@@ -1,0 +1,122 @@
+"""Fixtures: tiny random Llama / Qwen3 checkpoints in Hugging Face format, built in milliseconds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+EOS = "<|endoftext|>"
+
+
+def byte_tokenizer() -> Tokenizer:
+    """Byte-level tokenizer without merges: 256 byte tokens + one special EOS token (id 256)."""
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([EOS])
+    return tok
+
+
+def word_tokenizer(vocab_size: int) -> Tokenizer:
+    """Whitespace-split word tokenizer over tokens "t0".."t{V-2}" plus EOS (id V-1): for models
+    whose vocabulary is small enough to enumerate output distributions exactly."""
+    vocab = {f"t{i}": i for i in range(vocab_size - 1)}
+    vocab[EOS] = vocab_size - 1
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=EOS))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    tok.add_special_tokens([EOS])
+    return tok
+
+
+def write_tiny_model(
+    path: Path,
+    family: str = "llama",
+    seed: int = 0,
+    init_std: float = 0.5,
+    **overrides,
+) -> Path:
+    """Save a random-initialised model + byte tokenizer as a Hugging Face directory.
+
+    ``init_std`` is large so distributions are peaked: greedy ties (which would make tests
+    depend on float rounding) are vanishingly rare, and speculation has something to accept.
+    """
+    import transformers
+
+    base = dict(
+        vocab_size=260,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+        bos_token_id=256,
+        eos_token_id=256,
+        initializer_range=init_std,
+    )
+    base.update(overrides)
+    if base["vocab_size"] < 257:
+        base["bos_token_id"] = base["eos_token_id"] = base["vocab_size"] - 1
+    if family == "llama":
+        cfg = transformers.LlamaConfig(**base)
+        cls = transformers.LlamaForCausalLM
+    elif family == "qwen3":
+        base.setdefault("head_dim", base["hidden_size"] // base["num_attention_heads"])
+        cfg = transformers.Qwen3Config(**base)
+        cls = transformers.Qwen3ForCausalLM
+    else:
+        raise ValueError(family)
+    torch.manual_seed(seed)
+    model = cls(cfg).eval()
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path, safe_serialization=True)
+    tok = byte_tokenizer() if base["vocab_size"] >= 257 else word_tokenizer(base["vocab_size"])
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(
+        json.dumps({"eos_token": EOS, "bos_token": EOS, "tokenizer_class": "PreTrainedTokenizerFast"})
+    )
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("llama"), "llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3(tmp_path_factory) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("qwen3"), "qwen3")
+
+
+@pytest.fixture(scope="session")
+def tiny_draft(tmp_path_factory) -> Path:
+    """A cheaper model with the same tokenizer as ``tiny_llama``, for speculation tests."""
+    return write_tiny_model(
+        tmp_path_factory.mktemp("draft"), "llama", seed=1, hidden_size=32, num_hidden_layers=1
+    )
+
+
+def perturbed_copy(src: Path, dst: Path, noise: float, seed: int = 0) -> Path:
+    """A draft that mostly agrees with ``src``: its weights plus Gaussian noise (relative)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst, dirs_exist_ok=True)
+    gen = torch.Generator().manual_seed(seed)
+    weights = load_file(str(src / "model.safetensors"))
+    noisy = {
+        k: (v + noise * v.std() * torch.randn(v.shape, generator=gen)).contiguous()
+        for k, v in weights.items()
+    }
+    save_file(noisy, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    return dst
