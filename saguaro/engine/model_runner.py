@@ -119,4 +119,4 @@ class ModelRunner:
         )
         input_ids = torch.tensor([t for q in queries for t in q.token_ids], device=dev)
         positions = torch.cat([q.positions for q in queries]).to(dev)
-        return meta, input_ids, positions, torch.tensor(logits_index, device=dev)
+        return meta, input_ids, positions, torch.tensor(logits_index, dtype=torch.int64, device=dev)
