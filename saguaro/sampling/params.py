@@ -1,0 +1,60 @@
+"""Per-request sampling parameters, validated once at construction."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+def _is_int(value: object) -> bool:
+    # bool is a subclass of int, but `top_k=True` is a bug, not a count.
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass
+class SamplingParams:
+    """How one request turns the target's logits into tokens, and when it stops.
+
+    The transforms (temperature, top-k, top-p) define the target distribution ``p`` that
+    speculative decoding must reproduce exactly (DESIGN §2). ``temperature == 0`` means greedy.
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0  # 0 or -1: disabled
+    top_p: float = 1.0  # in (0, 1]; 1: disabled
+    seed: int | None = None
+    max_tokens: int = 16
+    stop: list[str] | str | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+            raise ValueError(f"temperature must be a finite number >= 0, got {t!r}")
+        if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)):
+            raise ValueError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
+        if not 0.0 < self.top_p <= 1.0:  # also rejects NaN
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not _is_int(self.top_k) or self.top_k < -1:
+            raise ValueError(f"top_k must be an int >= -1 (0 or -1 disable it), got {self.top_k!r}")
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
+        if self.seed is not None and not _is_int(self.seed):
+            raise ValueError(f"seed must be an int or None, got {self.seed!r}")
+
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        for s in stop:
+            if not isinstance(s, str) or not s:
+                raise ValueError(f"stop strings must be non-empty str, got {s!r}")
+        self.stop = stop
+
+        ids = list(self.stop_token_ids or [])
+        for i in ids:
+            if not _is_int(i) or i < 0:
+                raise ValueError(f"stop_token_ids must be ints >= 0, got {i!r}")
+        self.stop_token_ids = ids
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Install saguaro (editable, with test extras) into ./.venv, or into the active virtualenv.
+# Picks a CPU build of PyTorch where no NVIDIA GPU is present: a plain `torch` requirement
+# would pull a multi-GB CUDA build.
+#   SAGUARO_TORCH_VERSION  torch version for CPU-only machines (default 2.13.0)
+#   SAGUARO_TORCH_INDEX    pip index holding CPU-only torch wheels, if your pip has none locally
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ -z "${VIRTUAL_ENV:-}" ]; then
+  [ -x .venv/bin/python ] || "${PYTHON:-python3}" -m venv .venv
+  # shellcheck disable=SC1091
+  . .venv/bin/activate
+fi
+if ! python -c "import torch" 2>/dev/null; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    python -m pip install "torch>=2.5"
+  else
+    python -m pip install "torch==${SAGUARO_TORCH_VERSION:-2.13.0}" \
+      ${SAGUARO_TORCH_INDEX:+--index-url "$SAGUARO_TORCH_INDEX"}
+  fi
+fi
+python -m pip install -e ".[dev]"
+echo "saguaro installed in $(dirname "$(dirname "$(command -v python)")")"
