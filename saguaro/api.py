@@ -82,9 +82,7 @@ class LLM:
         else:
             params_list = list(params)
             if len(params_list) != len(prompts):
-                raise ValueError(
-                    f"{len(params_list)} SamplingParams for {len(prompts)} prompts"
-                )
+                raise ValueError(f"{len(params_list)} SamplingParams for {len(prompts)} prompts")
         # Validate every prompt before starting any work.
         encoded = [self.engine.encode_prompt(p) for p in prompts]
         return [
@@ -98,7 +96,7 @@ class LLM:
         params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = False,
     ) -> list[RequestOutput]:
-        """Generate for every prompt (strings or token-id lists); one result per prompt, in order."""
+        """Generate for every prompt (string or token ids); one result per prompt, in order."""
         if isinstance(prompts, str) or (
             isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
         ):
@@ -122,7 +120,9 @@ class LLM:
         self.last_run = summarize(r for s in seqs for r in s.records)
         self.last_run["elapsed_s"] = elapsed
         self.last_run["output_tokens"] = sum(s.num_output_tokens for s in seqs)
-        self.last_run["tokens_per_s"] = self.last_run["output_tokens"] / elapsed if elapsed else None
+        self.last_run["tokens_per_s"] = (
+            self.last_run["output_tokens"] / elapsed if elapsed else None
+        )
         return [self._output(p, s) for p, s in added]
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> Iterator[str]:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
 
 MODES = ("ar", "sd", "ssd")
+BACKUPS = ("auto", "neural", "fast")
+FANOUT_MODES = ("auto", "geometric", "empirical")
 
 
 @dataclass
@@ -25,12 +28,28 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     seed: int = 0
     num_threads: int | None = None  # torch intra-op threads in this process (None: leave as is)
+    # --- SSD (mode="ssd") ---
+    fanout: str | list[int] = "auto"  # auto | geometric | empirical | fixed F_0..F_K
+    cache_budget: int | None = None  # branches per sequence; None: sized to fit a verification
+    saguaro_c: float = 1.0  # Saguaro sampling constant C in (0, 1]; 1 = plain sampling
+    backup: str = "auto"  # auto | neural | fast
+    draft_worker: str = "spawn"  # spawn a local worker, or wait for an "external" one
+    draft_addr: str = "127.0.0.1"  # rendezvous address (the target hosts it)
+    draft_port: int = 0  # 0: a free port
+    draft_timeout_s: float = 60.0  # a worker silent this long is given up on
+    draft_device: str | None = None  # None: same as device
+    pin_cpus: bool = True  # on CPU, pin target and worker to disjoint cores (ssd)
+    target_cpus: list[int] | None = None  # default with pin_cpus: core 0
+    draft_cpus: list[int] | None = None  # default with pin_cpus: core 1
+    draft_threads: int | None = None  # default with pin_cpus: 1
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.num_speculative_tokens < 1:
-            raise ValueError(f"num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}")
+            raise ValueError(
+                f"num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}"
+            )
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -40,6 +59,34 @@ class EngineConfig:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
         if self.device == "auto":
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        if self.backup not in BACKUPS:
+            raise ValueError(f"backup must be one of {BACKUPS}, got {self.backup!r}")
+        if not 0 < self.saguaro_c <= 1:
+            raise ValueError(f"saguaro_c must be in (0, 1], got {self.saguaro_c}")
+        if self.draft_worker not in ("spawn", "external"):
+            raise ValueError(
+                f"draft_worker must be 'spawn' or 'external', got {self.draft_worker!r}"
+            )
+        if self.cache_budget is not None and self.cache_budget < 0:
+            raise ValueError(f"cache_budget must be >= 0, got {self.cache_budget}")
+        if isinstance(self.fanout, str):
+            if self.fanout not in FANOUT_MODES:
+                from saguaro.speculation.fanout import parse_fanout
+
+                self.fanout = parse_fanout(self.fanout, self.num_speculative_tokens)
+        elif len(self.fanout) != self.num_speculative_tokens + 1 or min(self.fanout) < 0:
+            raise ValueError(
+                f"fanout must list K+1={self.num_speculative_tokens + 1} non-negative counts, "
+                f"got {self.fanout}"
+            )
+        if self.mode == "ssd" and self.device == "cpu" and self.pin_cpus:
+            cores = sorted(os.sched_getaffinity(0))
+            if len(cores) >= 2:
+                self.target_cpus = self.target_cpus or cores[:1]
+                self.draft_cpus = (
+                    self.draft_cpus or [c for c in cores if c not in self.target_cpus][:1]
+                )
+                self.draft_threads = self.draft_threads or len(self.draft_cpus)
 
     @property
     def lookahead(self) -> int:

@@ -11,6 +11,9 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 EOS = "<|endoftext|>"
 
+# Tests use tiny models: one intra-op thread is faster and immune to oversubscription.
+torch.set_num_threads(1)
+
 
 def byte_tokenizer() -> Tokenizer:
     """Byte-level tokenizer without merges: 256 byte tokens + one special EOS token (id 256)."""
@@ -82,7 +85,9 @@ def write_tiny_model(
     tok = byte_tokenizer() if base["vocab_size"] >= 257 else word_tokenizer(base["vocab_size"])
     tok.save(str(path / "tokenizer.json"))
     (path / "tokenizer_config.json").write_text(
-        json.dumps({"eos_token": EOS, "bos_token": EOS, "tokenizer_class": "PreTrainedTokenizerFast"})
+        json.dumps(
+            {"eos_token": EOS, "bos_token": EOS, "tokenizer_class": "PreTrainedTokenizerFast"}
+        )
     )
     return path
 

@@ -36,9 +36,7 @@ class Detokenizer:
         st = self.states[seq.seq_id]
         token = seq.token_ids[-1]
         params = seq.params
-        if token in params.stop_token_ids or (
-            not params.ignore_eos and token in seq.eos_token_ids
-        ):
+        if token in params.stop_token_ids or (not params.ignore_eos and token in seq.eos_token_ids):
             self._finish(seq, "stop", token)
             return
         dec = self.tokenizer.decode

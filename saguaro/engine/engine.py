@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,7 @@ from saguaro.models.loader import load_model
 from saguaro.models.tokenizer import Tokenizer
 from saguaro.sampling import SamplingParams, SamplingTensors, logits_to_probs, verify
 from saguaro.speculation.base import Proposal, Proposer
+from saguaro.speculation.ssd import DraftWorkerError
 
 log = logging.getLogger("saguaro")
 
@@ -66,7 +68,7 @@ def check_compatible(target_dir: Path, draft_dir: Path, tokenizer: Tokenizer) ->
         if d_tok.fingerprint() != tokenizer.fingerprint():
             raise IncompatibleModelsError(
                 f"draft tokenizer ({draft_dir}) differs from the target's ({target_dir}): "
-                f"vocabularies {d_tok.vocab_size} vs {tokenizer.vocab_size} tokens with different ids"
+                f"{d_tok.vocab_size} vs {tokenizer.vocab_size} tokens, ids differ"
             )
     if t_cfg.vocab_size != d_cfg.vocab_size:
         raise IncompatibleModelsError(
@@ -78,7 +80,13 @@ def check_compatible(target_dir: Path, draft_dir: Path, tokenizer: Tokenizer) ->
 class LLMEngine:
     def __init__(self, cfg: EngineConfig) -> None:
         self.cfg = cfg
-        if cfg.num_threads:
+        self._restore_cpus = None
+        if cfg.target_cpus:
+            # SSD on CPU: the target keeps its own core(s), the draft worker gets the others.
+            self._restore_cpus = (os.sched_getaffinity(0), torch.get_num_threads())
+            os.sched_setaffinity(0, cfg.target_cpus)
+            torch.set_num_threads(cfg.num_threads or len(cfg.target_cpus))
+        elif cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
         target_dir, draft_dir = resolve_model_dirs(cfg)
         self.target_dir, self.draft_dir = target_dir, draft_dir
@@ -120,9 +128,16 @@ class LLMEngine:
             from saguaro.speculation.sd import DraftProposer
 
             draft = load_model(draft_dir, cfg.dtype, cfg.device)
-            self.proposer = DraftProposer(ModelRunner(draft, num_blocks, cfg.block_size, cfg.device))
+            self.proposer = DraftProposer(
+                ModelRunner(draft, num_blocks, cfg.block_size, cfg.device)
+            )
         elif cfg.mode == "ssd":
-            raise NotImplementedError("mode='ssd' is not implemented yet; use 'sd' or 'ar'")
+            from saguaro.speculation.ssd import SSDProposer
+
+            self.proposer = SSDProposer(
+                cfg, str(draft_dir), self.max_model_len, target.config.vocab_size
+            )
+        self.draft_failure: str | None = None
         self.seqs: dict[int, Sequence] = {}
         self._ids = itertools.count()
         self._seed_rng = torch.Generator().manual_seed(cfg.seed)
@@ -151,8 +166,10 @@ class LLMEngine:
         return ids
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:
-        seed = params.seed if params.seed is not None else int(
-            torch.randint(0, 2**62, (1,), generator=self._seed_rng)
+        seed = (
+            params.seed
+            if params.seed is not None
+            else int(torch.randint(0, 2**62, (1,), generator=self._seed_rng))
         )
         seq = Sequence(
             seq_id=next(self._ids),
@@ -179,6 +196,20 @@ class LLMEngine:
     def close(self) -> None:
         if self.proposer is not None:
             self.proposer.close()
+        if self._restore_cpus is not None:
+            cpus, threads = self._restore_cpus
+            os.sched_setaffinity(0, cpus)
+            torch.set_num_threads(threads)
+            self._restore_cpus = None
+
+    def _drop_proposer(self, why: Exception) -> None:
+        """The draft is gone: finish every request exactly, without speculation (AR)."""
+        log.warning("saguaro: %s; continuing without speculation (AR)", why)
+        assert self.proposer is not None
+        self.proposer.close()
+        self.proposer = None
+        self.scheduler.lookahead = 0
+        self.draft_failure = str(why)
 
     # ---- one step -----------------------------------------------------------------------------
 
@@ -193,7 +224,13 @@ class LLMEngine:
         proposal = None
         if spec:
             assert self.proposer is not None
-            proposal = self.proposer.propose([s.seq for s in spec], [s.k for s in spec])
+            try:
+                proposal = self.proposer.propose([s.seq for s in spec], [s.k for s in spec])
+            except DraftWorkerError as e:
+                self._drop_proposer(e)
+                for s in spec:
+                    s.k = 0
+                spec = []
         t1 = time.perf_counter()
         row = {id(s): i for i, s in enumerate(spec)}
         queries = []
@@ -216,6 +253,8 @@ class LLMEngine:
         if not rounds:
             return []
         self._verify_and_commit(rounds, row, proposal, logits, t1 - t0, t2 - t1)
+        if spec and self.proposer is not None:
+            self.proposer.observe([s.seq for s in spec], t2 - t1)
         return [s.seq for s in rounds]
 
     def _verify_and_commit(

@@ -33,7 +33,7 @@ class RoundRecord:
     wait_s: float = 0.0  # SSD: time the target waited for the draft
 
 
-@dataclass
+@dataclass(eq=False)  # identity semantics: sequences are looked up in queues by identity
 class Sequence:
     seq_id: int
     token_ids: list[int]

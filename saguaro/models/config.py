@@ -53,7 +53,9 @@ class ModelConfig:
     def from_dir(cls, model_dir: str | Path) -> ModelConfig:
         path = Path(model_dir) / "config.json"
         if not path.is_file():
-            raise ModelLoadError(f"{model_dir}: no config.json (not a Hugging Face model directory)")
+            raise ModelLoadError(
+                f"{model_dir}: no config.json (not a Hugging Face model directory)"
+            )
         try:
             raw = json.loads(path.read_text())
         except json.JSONDecodeError as e:
@@ -135,7 +137,9 @@ def _parse_rope_scaling(raw: dict[str, Any], source: str) -> RopeScaling | None:
     if kind in (None, "default"):
         return None
     if kind != "llama3":
-        raise ModelLoadError(f"{source}: unsupported rope_scaling type {kind!r} (supported: llama3)")
+        raise ModelLoadError(
+            f"{source}: unsupported rope_scaling type {kind!r} (supported: llama3)"
+        )
     try:
         return RopeScaling(
             factor=float(rs["factor"]),

@@ -30,7 +30,9 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # [T] int64: KV slot written by each query token
     key_slots: torch.Tensor  # [b, L] int64: slot of each visible key (padding points at slot 0)
     mask: torch.Tensor  # [b, 1, Q, L] bool: True = query may attend to key
-    query_index: torch.Tensor | None  # [b, Q] int64 into the flat T tokens; None if q_i == Q for all
+    query_index: (
+        torch.Tensor | None
+    )  # [b, Q] int64 into the flat T tokens; None if q_i == Q for all
     out_index: torch.Tensor | None  # [T] int64 into the padded b*Q rows; None with query_index
 
 

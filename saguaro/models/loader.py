@@ -89,7 +89,10 @@ def load_model(
     params = dict(model.named_parameters())
     filled: dict[str, torch.Tensor] = {}
     q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
-    shard_sizes = {"self_attn.qkv_proj": [q, kv, kv], "mlp.gate_up_proj": [cfg.intermediate_size] * 2}
+    shard_sizes = {
+        "self_attn.qkv_proj": [q, kv, kv],
+        "mlp.gate_up_proj": [cfg.intermediate_size] * 2,
+    }
     pieces: dict[str, list[torch.Tensor | None]] = {}
     for hf_name, tensor in iter_tensors(files):
         name = hf_name.removeprefix("model.")
@@ -115,7 +118,9 @@ def load_model(
             raise ModelLoadError(f"{model_dir}: lm_head.weight missing and embeddings not tied")
     missing = sorted(set(params) - set(filled))
     if missing:
-        raise ModelLoadError(f"{model_dir}: checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
+        raise ModelLoadError(
+            f"{model_dir}: checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}"
+        )
     for name, tensor in filled.items():
         if tuple(tensor.shape) != tuple(params[name].shape):
             raise ModelLoadError(

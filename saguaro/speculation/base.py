@@ -39,6 +39,9 @@ class Proposer(Protocol):
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> Proposal: ...
 
+    def observe(self, seqs: list[Sequence], target_s: float) -> None:
+        """Called after each round with its sequences (their last record) and verify time."""
+
     def release(self, seq: Sequence) -> None: ...
 
     def close(self) -> None: ...

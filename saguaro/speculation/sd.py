@@ -8,12 +8,73 @@ The draft's KV lives in its own pool, indexed by the engine's block tables.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 
 from saguaro.engine.model_runner import ModelRunner
 from saguaro.engine.sequence import Sequence
-from saguaro.sampling import SamplingTensors, logits_to_probs, sample
+from saguaro.sampling import SamplingParams, SamplingTensors, logits_to_probs, sample
 from saguaro.speculation.base import Proposal
+
+# (draft logits [m, V], chain indices of the m rows, depth) -> q [m, V] to sample from
+ProbsFn = Callable[[torch.Tensor, list[int], int], torch.Tensor]
+
+
+@dataclass
+class Chain:
+    """One sequence to extend by ``k`` draft tokens."""
+
+    block_table: list[int]
+    token_ids: list[int]  # committed tokens
+    start: int  # first index without draft KV (<= len(token_ids) - 1)
+    k: int
+    params: SamplingParams
+    generator: torch.Generator
+
+
+def plain_probs(chains: list[Chain]) -> ProbsFn:
+    def fn(logits: torch.Tensor, rows: list[int], depth: int) -> torch.Tensor:
+        return logits_to_probs(
+            logits, SamplingTensors.from_params([chains[i].params for i in rows])
+        )
+
+    return fn
+
+
+def decode_chains(
+    runner: ModelRunner, chains: list[Chain], probs_fn: ProbsFn
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Autoregressively draft ``chain.k`` tokens for every chain, batched: K forwards in all.
+
+    Returns tokens [n, K] and the q rows they were sampled from [n, K, V]. Draft KV is written
+    for indices ``[start, len + k - 1)``: the last proposal is never fed.
+    """
+    n, k_max = len(chains), max(c.k for c in chains)
+    tokens = torch.zeros(n, k_max, dtype=torch.int64)
+    probs = torch.zeros(n, k_max, runner.config.vocab_size)
+    active = [i for i, c in enumerate(chains) if c.k > 0]
+    queries = [
+        runner.sequence_query(
+            chains[i].block_table, chains[i].start, chains[i].token_ids[chains[i].start :], 1
+        )
+        for i in active
+    ]
+    for depth in range(k_max):
+        q = probs_fn(runner.forward(queries), active, depth)
+        drawn = sample(q, [chains[i].generator for i in active])
+        idx = torch.tensor(active)
+        tokens[idx, depth] = drawn
+        probs[idx, depth] = q
+        active = [i for i in active if chains[i].k > depth + 1]
+        queries = [
+            runner.sequence_query(
+                chains[i].block_table, len(chains[i].token_ids) + depth, [int(tokens[i, depth])], 1
+            )
+            for i in active
+        ]
+    return tokens, probs
 
 
 class DraftProposer:
@@ -23,35 +84,18 @@ class DraftProposer:
         self.runner = runner
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> Proposal:
-        n, k_max = len(seqs), max(ks)
-        vocab = self.runner.config.vocab_size
-        tokens = torch.zeros(n, k_max, dtype=torch.int64)
-        probs = torch.zeros(n, k_max, vocab)
-        active = list(range(n))
-        queries = [
-            self.runner.sequence_query(
-                s.block_table, s.num_draft_computed, s.token_ids[s.num_draft_computed :], 1
-            )
-            for s in seqs
+        chains = [
+            Chain(s.block_table, s.token_ids, s.num_draft_computed, k, s.params, s.generator)
+            for s, k in zip(seqs, ks, strict=True)
         ]
-        for depth in range(k_max):
-            idx = torch.tensor(active)
-            st = SamplingTensors.from_params([seqs[i].params for i in active])
-            q = logits_to_probs(self.runner.forward(queries), st)
-            drawn = sample(q, [seqs[i].generator for i in active])
-            tokens[idx, depth] = drawn
-            probs[idx, depth] = q
-            active = [i for i in active if ks[i] > depth + 1]
-            queries = [
-                self.runner.sequence_query(
-                    seqs[i].block_table, len(seqs[i]) + depth, [int(tokens[i, depth])], 1
-                )
-                for i in active
-            ]
+        tokens, probs = decode_chains(self.runner, chains, plain_probs(chains))
         for s, k in zip(seqs, ks, strict=True):
             s.num_draft_computed = len(s) + k - 1
         greedy = torch.tensor([s.params.greedy for s in seqs])
         return Proposal(tokens, torch.tensor(ks), probs=probs, point_mass=greedy)
+
+    def observe(self, seqs: list[Sequence], target_s: float) -> None:
+        """SD keeps no online statistics."""
 
     def release(self, seq: Sequence) -> None:
         """Nothing to free: the draft's KV shares the sequence's blocks."""

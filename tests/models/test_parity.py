@@ -23,8 +23,13 @@ CASES = {
     "llama-gqa2-untied": ("llama", {}),
     "llama-gqa4-tied-rope-llama3": (
         "llama",
-        dict(num_attention_heads=8, num_key_value_heads=2, tie_word_embeddings=True,
-             rope_scaling=LLAMA3_ROPE, rope_theta=500000.0),
+        dict(
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            tie_word_embeddings=True,
+            rope_scaling=LLAMA3_ROPE,
+            rope_theta=500000.0,
+        ),
     ),
     "llama-mha": ("llama", dict(num_key_value_heads=4)),
     "qwen3-gqa2": ("qwen3", {}),
@@ -66,7 +71,10 @@ def test_greedy_generation_matches_transformers(model_dir):
         ids = llm.tokenizer.encode(prompt)
         with torch.no_grad():
             gen = ref.generate(
-                torch.tensor([ids]), max_new_tokens=24, do_sample=False, eos_token_id=None,
+                torch.tensor([ids]),
+                max_new_tokens=24,
+                do_sample=False,
+                eos_token_id=None,
                 pad_token_id=0,
             )
         assert out.token_ids == gen[0, len(ids) :].tolist()

@@ -1,0 +1,1 @@
+"""Point-to-point transport between the target process and draft workers."""

@@ -1,0 +1,88 @@
+"""A message channel between two ranks over ``torch.distributed`` point-to-point operations.
+
+Rank 0 (the target) hosts the rendezvous store; rank 1 (a draft worker) connects to it, from the
+same machine or another host. Construction opens the store (rank 0 learns its port, so a free
+one can be picked and handed to a worker it launches); :meth:`connect` then blocks until both
+ranks have joined. Each channel owns its own process group (not the global default
+group), so several engines can run side by side in one process, each on its own port.
+
+Wire format of one message: a header ``int64[2] = (kind, nbytes)``, then ``uint8[nbytes]``: the
+pickled message object (tensors inside are pickled by torch). Two sends per message, one
+message per direction per round. Both ends are saguaro processes the user started: pickle is the
+trust boundary, which is why the rendezvous binds to loopback unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import pickle
+import socket
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+class ChannelError(RuntimeError):
+    """The peer died, closed the connection, or did not answer in time."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class Channel:
+    def __init__(
+        self,
+        rank: int,
+        addr: str,
+        port: int,
+        timeout_s: float,
+        world_size: int = 2,
+        backend: str = "gloo",
+    ) -> None:
+        if backend != "gloo":
+            # Control messages are small; NCCL would force them through the GPU for nothing.
+            raise ValueError(f"unsupported channel backend {backend!r} (control channel: gloo)")
+        self.rank = rank
+        self.timeout = timedelta(seconds=timeout_s)
+        try:
+            self.store = dist.TCPStore(
+                addr, port, world_size, rank == 0, timeout=self.timeout, wait_for_workers=False
+            )
+            self.port = self.store.port
+        except (RuntimeError, dist.DistStoreError) as e:
+            raise ChannelError(f"rendezvous store on {addr}:{port} failed: {e}") from e
+        self.addr, self.world_size = addr, world_size
+        self.pg: dist.ProcessGroupGloo | None = None
+
+    def connect(self) -> Channel:
+        try:
+            self.pg = dist.ProcessGroupGloo(self.store, self.rank, self.world_size, self.timeout)
+        except (RuntimeError, dist.DistStoreError) as e:
+            raise ChannelError(f"rendezvous on {self.addr}:{self.port} failed: {e}") from e
+        return self
+
+    def send(self, peer: int, kind: int, obj: Any) -> None:
+        body = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        header = torch.tensor([kind, len(body)], dtype=torch.int64)
+        payload = torch.frombuffer(bytearray(body), dtype=torch.uint8)
+        try:
+            self.pg.send([header], peer, 0).wait(self.timeout)
+            self.pg.send([payload], peer, 1).wait(self.timeout)
+        except RuntimeError as e:
+            raise ChannelError(f"send to rank {peer} failed: {e}") from e
+
+    def recv(self, peer: int, timeout_s: float | None = None) -> tuple[int, Any]:
+        timeout = self.timeout if timeout_s is None else timedelta(seconds=timeout_s)
+        header = torch.empty(2, dtype=torch.int64)
+        try:
+            self.pg.recv([header], peer, 0).wait(timeout)
+            kind, nbytes = (int(x) for x in header)
+            payload = torch.empty(nbytes, dtype=torch.uint8)
+            self.pg.recv([payload], peer, 1).wait(timeout)
+        except RuntimeError as e:
+            raise ChannelError(f"no answer from rank {peer}: {e}") from e
+        return kind, pickle.loads(payload.numpy().tobytes())

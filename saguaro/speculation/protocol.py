@@ -1,0 +1,85 @@
+"""The target <-> draft-worker message protocol (one request and one reply per round).
+
+::
+
+    target (rank 0)                               draft worker (rank 1)
+    HELLO(WorkerConfig)           ───────────────>  load draft, allocate KV
+                                  <───────────────  READY(vocab_size)
+    ROUND(RoundRequest)           ───────────────>  apply outcomes; per sequence: cache hit,
+                                                    or backup (neural: decode now; fast: n-gram)
+                                  <───────────────  SPEC(RoundReply)
+                                                    build the speculation cache for the
+                                                    outcomes of the round just sent
+    ... the target verifies while the worker builds ...
+    ROUND ...
+    SHUTDOWN                      ───────────────>  exit
+
+A request carries, per sequence, the tokens committed since the worker last heard of it (the
+whole prompt for a new sequence): ``s_1..s_k, t`` after a round, from which the worker reads the
+outcome ``(k, t)``. The reply carries, per sequence, the next speculation and, at temperature > 0,
+the exact q rows it was sampled from (none at temperature 0: greedy proposals are point masses).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+HELLO, READY, ROUND, SPEC, SHUTDOWN, ERROR = range(6)
+
+
+@dataclass
+class WorkerConfig:
+    draft_dir: str
+    k: int  # speculation length K
+    fanout: str | list[int]  # "auto" | "geometric" | "empirical" | fixed F_0..F_K
+    budget: int | None  # branches per sequence; None = sized online to fit a verification
+    saguaro_c: float  # Saguaro sampling constant C in (0, 1]
+    max_model_len: int
+    max_num_seqs: int
+    block_size: int
+    dtype: str
+    device: str
+    cpus: list[int] | None  # CPU affinity of the worker process
+    num_threads: int | None
+    seed: int
+
+
+@dataclass
+class SeqUpdate:
+    seq_id: int
+    new_tokens: list[int]  # committed since the last request (whole prompt for a new sequence)
+    temperature: float = 0.0  # sampling settings and seed: sent with a new sequence only
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    new: bool = False
+
+
+@dataclass
+class RoundRequest:
+    updates: list[SeqUpdate]
+    dropped: list[int] = field(default_factory=list)  # finished or aborted sequences
+    backup: str = "neural"  # backup for misses this round: "neural" | "fast"
+    verify_s: float | None = None  # target's last verification time, to size the cache budget
+
+
+@dataclass
+class SeqSpec:
+    seq_id: int
+    tokens: list[int]
+    probs: torch.Tensor | None  # [len(tokens), V] float32 q rows; None = point mass (greedy/n-gram)
+    hit: bool | None  # None for a new sequence (nothing could be prepared yet)
+    backup: str | None  # backup used on a miss
+
+
+@dataclass
+class RoundReply:
+    specs: list[SeqSpec]
+    fanout: list[int]  # F_0..F_K of the cache being built next
+    budget: int
+    build_s: float  # duration of the last cache build (glue + branch decoding)
+    glue_s: float
+    branch_s: float
+    backup_s: float  # time spent on backups before this reply

@@ -1,0 +1,217 @@
+"""SSD, target side: proposals come from a draft worker in its own process.
+
+Each round the proposer sends the worker what the target committed since its last message and
+receives the next speculation for every sequence at once: from the speculation cache on a hit,
+from a backup on a miss (chosen per round by :class:`BackupPolicy` from online estimates). While
+the target verifies, the worker prepares the following round. If the worker dies, errors or does
+not answer within ``draft_timeout_s``, :class:`DraftWorkerError` is raised and the engine carries
+on without it (exactly: it falls back to AR).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import subprocess
+import sys
+import time
+import weakref
+
+import torch
+
+from saguaro.config import EngineConfig
+from saguaro.distributed.channel import Channel, ChannelError
+from saguaro.engine.sequence import Sequence
+from saguaro.errors import SaguaroError
+from saguaro.speculation import protocol as P
+from saguaro.speculation.base import Proposal
+from saguaro.speculation.policy import BackupPolicy
+
+log = logging.getLogger("saguaro")
+
+
+class DraftWorkerError(SaguaroError):
+    """The draft worker died, failed or stopped answering."""
+
+
+def _reap(proc: subprocess.Popen | None) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+class SSDProposer:
+    shares_block_table = False
+
+    def __init__(
+        self, cfg: EngineConfig, draft_dir: str, max_model_len: int, vocab_size: int
+    ) -> None:
+        self.cfg = cfg
+        self.k = cfg.num_speculative_tokens
+        self.vocab_size = vocab_size
+        self.timeout_s = cfg.draft_timeout_s
+        self.policy = BackupPolicy(mode=cfg.backup, K=self.k)
+        self.known: dict[int, int] = {}  # seq_id -> tokens the worker has been sent
+        self.dropped: list[int] = []
+        self.verify_s: float | None = None
+        self.last_reply: P.RoundReply | None = None
+        self.proc: subprocess.Popen | None = None
+        self.closed = False
+        self.channel = Channel(0, cfg.draft_addr, cfg.draft_port, self.timeout_s)
+        if cfg.draft_worker == "spawn":
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "saguaro.speculation.worker",
+                    "--addr",
+                    cfg.draft_addr,
+                    "--port",
+                    str(self.channel.port),
+                    "--timeout",
+                    str(self.timeout_s),
+                ],
+                env={**os.environ, "OMP_NUM_THREADS": str(cfg.draft_threads or 1)},
+            )
+            self._finalizer = weakref.finalize(self, _reap, self.proc)
+            atexit.register(self._finalizer)
+        else:
+            log.info(
+                "waiting for an external draft worker on %s:%d", cfg.draft_addr, self.channel.port
+            )
+        try:
+            self.channel.connect()
+            self.channel.send(
+                1,
+                P.HELLO,
+                P.WorkerConfig(
+                    draft_dir=str(draft_dir),
+                    k=self.k,
+                    fanout=cfg.fanout,
+                    budget=cfg.cache_budget,
+                    saguaro_c=cfg.saguaro_c,
+                    max_model_len=max_model_len,
+                    max_num_seqs=cfg.max_num_seqs,
+                    block_size=cfg.block_size,
+                    dtype=cfg.dtype,
+                    device=cfg.draft_device or cfg.device,
+                    cpus=cfg.draft_cpus,
+                    num_threads=cfg.draft_threads,
+                    seed=cfg.seed,
+                ),
+            )
+            kind, msg = self.channel.recv(1, timeout_s=max(self.timeout_s, 120))
+        except ChannelError as e:
+            self.close()
+            raise DraftWorkerError(f"draft worker did not start: {e}") from e
+        if kind != P.READY:
+            self.close()
+            raise DraftWorkerError(f"draft worker did not start: {msg}")
+
+    def propose(self, seqs: list[Sequence], ks: list[int]) -> Proposal:
+        updates = []
+        for s in seqs:
+            sent = self.known.get(s.seq_id)
+            if sent is None:
+                p = s.params
+                updates.append(
+                    P.SeqUpdate(
+                        s.seq_id,
+                        list(s.token_ids),
+                        p.temperature,
+                        p.top_k,
+                        p.top_p,
+                        p.seed,
+                        new=True,
+                    )
+                )
+            else:
+                updates.append(P.SeqUpdate(s.seq_id, s.token_ids[sent:]))
+            self.known[s.seq_id] = len(s)
+        backup = self.policy.choose(len(seqs))
+        request = P.RoundRequest(updates, self.dropped, backup, self.verify_s)
+        self.dropped = []
+        t0 = time.perf_counter()
+        try:
+            self.channel.send(1, P.ROUND, request)
+            kind, reply = self.channel.recv(1, timeout_s=self.timeout_s)
+        except ChannelError as e:
+            raise DraftWorkerError(self._why(e)) from e
+        if kind != P.SPEC:
+            raise DraftWorkerError(f"draft worker failed:\n{reply}")
+        wait_s = time.perf_counter() - t0
+        self.last_reply = reply
+        n = len(seqs)
+        tokens = torch.zeros(n, self.k, dtype=torch.int64)
+        probs = torch.zeros(n, self.k, self.vocab_size)
+        point_mass = torch.zeros(n, dtype=torch.bool)
+        num_draft = torch.zeros(n, dtype=torch.int64)
+        for i, (spec, k) in enumerate(zip(reply.specs, ks, strict=True)):
+            m = min(len(spec.tokens), k)
+            num_draft[i] = m
+            tokens[i, :m] = torch.tensor(spec.tokens[:m], dtype=torch.int64)
+            if spec.probs is None:
+                point_mass[i] = True
+            else:
+                probs[i, :m] = spec.probs[:m]
+        if reply.backup_s:
+            self.policy.observe_times(self.verify_s or wait_s, backup_s={backup: reply.backup_s})
+        return Proposal(
+            tokens,
+            num_draft,
+            probs=probs,
+            point_mass=point_mass,
+            hit=[s.hit for s in reply.specs],
+            backup=[s.backup for s in reply.specs],
+            wait_s=wait_s,
+        )
+
+    def observe(self, seqs: list[Sequence], target_s: float) -> None:
+        """Feed the backup policy with this round's outcomes and the verification time."""
+        self.verify_s = target_s
+        for s in seqs:
+            r = s.records[-1]
+            if r.hit is not None:
+                self.policy.observe_round(r.hit, r.num_accepted + 1, r.backup)
+        if self.last_reply is not None:
+            self.policy.observe_times(target_s, primary_s=self.last_reply.build_s)
+
+    def release(self, seq: Sequence) -> None:
+        if self.known.pop(seq.seq_id, None) is not None:
+            self.dropped.append(seq.seq_id)
+
+    def stats(self) -> dict:
+        out = {"policy": self.policy.snapshot()}
+        if self.last_reply is not None:
+            r = self.last_reply
+            out.update(
+                fanout=r.fanout,
+                budget=r.budget,
+                build_s=r.build_s,
+                glue_s=r.glue_s,
+                branch_s=r.branch_s,
+            )
+        return out
+
+    def _why(self, err: Exception) -> str:
+        if self.proc is not None and self.proc.poll() is not None:
+            return f"draft worker exited with code {self.proc.returncode}"
+        return f"draft worker stopped answering ({err})"
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self.proc is not None and self.proc.poll() is None and self.channel.pg is not None:
+            try:
+                self.channel.send(1, P.SHUTDOWN, None)
+                self.proc.wait(timeout=5)
+            except (ChannelError, subprocess.TimeoutExpired):
+                pass
+        _reap(self.proc)

@@ -1,0 +1,354 @@
+"""The SSD draft worker: one loop over the protocol in :mod:`saguaro.speculation.protocol`.
+
+Per round it (1) reads each sequence's outcome ``(k, t)`` from the tokens the target committed,
+(2) answers with the cached speculation on a hit, or with a backup on a miss, and then, while
+the target verifies what it just received, (3) builds the speculation cache for that round:
+
+- glue pass: one forward over ``[r, s_1..s_K]`` (plus any committed tokens the draft has not
+  seen) writes the draft KV of the path that may be accepted and gives the draft's logits at
+  every position 1..K+1;
+- candidates: for outcome k < K, the top ``F_k`` draft tokens at position k+1 with ``s_{k+1}``
+  excluded (a rejected token is never the recovery token); for k = K, the top ``F_K`` at K+1;
+- branch decoding: every branch ``(k, t)`` extends ``prefix + s_1..s_k + t`` by K sampled
+  tokens. All branches of all sequences decode together, one forward per depth. A branch sees
+  the committed prefix, the glue tokens up to its fork point and its own earlier tokens, through
+  a per-sequence mask; its KV goes to scratch slots past the glue while its RoPE positions
+  continue its own path. Scratch is overwritten by the next glue pass.
+
+Exactness of a hit: the branch for ``(k, t)`` was sampled, with its q rows recorded, given exactly
+the prefix that the outcome commits; whether it is used depends only on the target's own
+randomness. Saguaro sampling (DESIGN §6) lowers q on the draft's top ``F_{i-1} + 1`` tokens at
+speculation position i; the target verifies against that same q.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+
+import torch
+
+from saguaro.distributed.channel import Channel, ChannelError
+from saguaro.engine.block_manager import BlockManager
+from saguaro.engine.model_runner import ModelRunner, Query, token_slots
+from saguaro.models.loader import load_model
+from saguaro.sampling import SamplingParams, SamplingTensors, saguaro_probs, sample
+from saguaro.speculation import protocol as P
+from saguaro.speculation.fanout import FanoutEstimator
+from saguaro.speculation.ngram import prompt_lookup
+from saguaro.speculation.sd import Chain, decode_chains
+
+log = logging.getLogger("saguaro.worker")
+
+MAX_BUDGET = 64  # branches per sequence the KV pool is sized for
+MAX_RANK = 64  # candidates ranked per position for the fan-out statistics
+FIT = 0.9  # the cache build should take at most this fraction of a verification
+
+
+@dataclass(eq=False)
+class DraftSeq:
+    seq_id: int
+    token_ids: list[int]
+    params: SamplingParams
+    generator: torch.Generator
+    block_table: list[int] = field(default_factory=list)
+    block_hashes: list[int] = field(default_factory=list)
+    computed: int = 0  # committed tokens with valid draft KV
+    written: int = 0  # draft KV written for indices < written by the last glue / backup
+    spec: list[int] = field(default_factory=list)  # speculation the target is verifying
+    cache: dict[tuple[int, int], tuple[list[int], torch.Tensor | None]] = field(
+        default_factory=dict
+    )
+    ranked: list[list[int]] = field(default_factory=list)  # per outcome k: candidate ranking
+
+
+class DraftWorker:
+    def __init__(self, cfg: P.WorkerConfig) -> None:
+        self.cfg = cfg
+        if cfg.cpus:
+            os.sched_setaffinity(0, cfg.cpus)
+        if cfg.num_threads:
+            torch.set_num_threads(cfg.num_threads)
+        model = load_model(cfg.draft_dir, cfg.dtype, cfg.device)
+        self.k = cfg.k
+        self.vocab_size = model.config.vocab_size
+        per_seq = -(-(cfg.max_model_len + (MAX_BUDGET + 2) * cfg.k) // cfg.block_size)
+        num_blocks = per_seq * cfg.max_num_seqs
+        self.bm = BlockManager(num_blocks, cfg.block_size, enable_prefix_caching=False)
+        self.runner = ModelRunner(model, num_blocks, cfg.block_size, cfg.device)
+        self.seqs: dict[int, DraftSeq] = {}
+        self.estimator = FanoutEstimator(cfg.k, max_rank=MAX_RANK)
+        self.fixed = cfg.fanout if isinstance(cfg.fanout, list) else None
+        self.budget = sum(self.fixed) if self.fixed else (cfg.budget or 8)
+        self.fanout = self._allocate()
+        self.glue_s = self.branch_s = self.build_s = 0.0
+        self.pending: list[DraftSeq] = []
+
+    # ---- fan-out ----------------------------------------------------------------------------
+
+    def _allocate(self) -> list[int]:
+        if self.fixed is not None:
+            return list(self.fixed)
+        mode = "geometric" if self.cfg.fanout == "geometric" else "empirical"
+        return self.estimator.allocate(self.budget, self.k, mode, cap=self.vocab_size - 2)
+
+    def _resize_budget(self, verify_s: float | None) -> None:
+        """Size B so glue + K branch steps fit inside one verification (DESIGN §5)."""
+        if self.fixed is not None or self.cfg.budget is not None or not verify_s:
+            return
+        if self.build_s <= 0 or self.branch_s <= 0:
+            return
+        per_branch = self.branch_s / max(self.budget, 1)
+        room = FIT * verify_s - self.glue_s
+        target = max(1, min(MAX_BUDGET, int(room / per_branch)))
+        # move halfway: timings are noisy and the next round's batch may differ
+        self.budget = max(1, (self.budget + target + 1) // 2)
+
+    # ---- one round --------------------------------------------------------------------------
+
+    def handle(self, req: P.RoundRequest) -> P.RoundReply:
+        for sid in req.dropped:
+            seq = self.seqs.pop(sid, None)
+            if seq is not None:
+                self.bm.free_all(seq)
+        self._resize_budget(req.verify_s)
+        self.fanout = self._allocate()
+        specs: dict[int, P.SeqSpec] = {}
+        misses: list[DraftSeq] = []
+        order: list[DraftSeq] = []
+        for u in req.updates:
+            if u.new:
+                params = SamplingParams(temperature=u.temperature, top_k=u.top_k, top_p=u.top_p)
+                seed = u.seed if u.seed is not None else int(torch.randint(0, 2**62, (1,)))
+                # a stream of its own, independent of the target's verification randomness
+                gen = torch.Generator().manual_seed(seed ^ 0x5A6A_0D1A)
+                seq = DraftSeq(u.seq_id, list(u.new_tokens), params, gen)
+                self.seqs[u.seq_id] = seq
+                specs[u.seq_id] = P.SeqSpec(u.seq_id, [], None, None, None)
+                misses.append(seq)
+            else:
+                seq = self.seqs[u.seq_id]
+                k, t = len(u.new_tokens) - 1, u.new_tokens[-1]
+                if seq.ranked:  # ranking[k] ranks the candidates for outcome k
+                    ranking = seq.ranked[k]
+                    rank = ranking.index(t) if t in ranking else None
+                    self.estimator.observe(k, rank, K=len(seq.spec))
+                branch = seq.cache.get((k, t))
+                seq.token_ids.extend(u.new_tokens)
+                seq.computed = min(seq.written, len(seq.token_ids) - 1)
+                seq.cache, seq.ranked = {}, []
+                self.bm.trim(seq, len(seq.token_ids))
+                if branch is not None:
+                    seq.spec = branch[0]
+                    specs[u.seq_id] = P.SeqSpec(u.seq_id, branch[0], branch[1], True, None)
+                else:
+                    specs[u.seq_id] = P.SeqSpec(u.seq_id, [], None, False, None)
+                    misses.append(seq)
+            order.append(seq)
+        t0 = time.perf_counter()
+        if misses:
+            self._backup(misses, req.backup, specs)
+        backup_s = time.perf_counter() - t0
+        self.pending = order
+        return P.RoundReply(
+            specs=[specs[s.seq_id] for s in order],
+            fanout=list(self.fanout),
+            budget=self.budget,
+            build_s=self.build_s,
+            glue_s=self.glue_s,
+            branch_s=self.branch_s,
+            backup_s=backup_s,
+        )
+
+    def _backup(self, misses: list[DraftSeq], kind: str, specs: dict[int, P.SeqSpec]) -> None:
+        if kind == "fast":
+            for seq in misses:
+                seq.spec = prompt_lookup(seq.token_ids, self.k)
+                specs[seq.seq_id].tokens = list(seq.spec)
+                specs[seq.seq_id].backup = "fast"
+            return
+        for seq in misses:
+            self.bm.allocate(seq, len(seq.token_ids) + self.k)
+        chains = [
+            Chain(s.block_table, s.token_ids, s.computed, self.k, s.params, s.generator)
+            for s in misses
+        ]
+        tokens, probs = decode_chains(self.runner, chains, self._probs_fn(misses))
+        for i, seq in enumerate(misses):
+            seq.spec = tokens[i].tolist()
+            seq.written = len(seq.token_ids) + self.k - 1
+            seq.computed = min(seq.written, len(seq.token_ids) - 1)
+            spec = specs[seq.seq_id]
+            spec.tokens = list(seq.spec)
+            spec.probs = None if seq.params.greedy else probs[i].clone()
+            spec.backup = "neural"
+
+    def _probs_fn(self, seqs: list[DraftSeq]):
+        """Saguaro sampling: speculation position i = depth + 1 uses F = F_{i-1} = F_depth."""
+
+        def fn(logits: torch.Tensor, rows: list[int], depth: int) -> torch.Tensor:
+            st = SamplingTensors.from_params([seqs[i].params for i in rows])
+            return saguaro_probs(logits, st, self.fanout[depth], self.cfg.saguaro_c)
+
+        return fn
+
+    # ---- cache build (overlaps the target's verification) ------------------------------------
+
+    def build_pending(self) -> None:
+        seqs, self.pending = self.pending, []
+        if seqs:
+            self.build(seqs)
+
+    def build(self, seqs: list[DraftSeq]) -> None:
+        t0 = time.perf_counter()
+        k_spec = self.k
+        # 1. glue pass
+        queries = []
+        for seq in seqs:
+            n = len(seq.token_ids)
+            self.bm.allocate(seq, n + k_spec)
+            feed = seq.token_ids[seq.computed :] + seq.spec
+            queries.append(
+                self.runner.sequence_query(seq.block_table, seq.computed, feed, len(seq.spec) + 1)
+            )
+            seq.written = n + len(seq.spec)
+        glue_logits = self.runner.forward(queries)
+        t1 = time.perf_counter()
+        # 2. candidates per outcome
+        branches: list[list[tuple[int, int]]] = []
+        offset = 0
+        for seq in seqs:
+            m = len(seq.spec) + 1
+            rows = glue_logits[offset : offset + m]
+            offset += m
+            top = torch.topk(rows, min(MAX_RANK + 1, self.vocab_size), dim=-1).indices.tolist()
+            seq.ranked, seq_branches = [], []
+            for k in range(m):
+                excluded = seq.spec[k] if k < len(seq.spec) else None
+                ranking = [t for t in top[k] if t != excluded][:MAX_RANK]
+                seq.ranked.append(ranking)
+                f = self.fanout[k] if k < len(seq.spec) else self.fanout[self.k]
+                seq_branches.extend((k, t) for t in ranking[:f])
+            branches.append(seq_branches)
+        # 3. branch decoding
+        self._decode_branches(seqs, branches)
+        t2 = time.perf_counter()
+        self.glue_s, self.branch_s, self.build_s = t1 - t0, t2 - t1, t2 - t0
+
+    def _decode_branches(self, seqs: list[DraftSeq], branches: list[list[tuple[int, int]]]) -> None:
+        k = self.k
+        live = [i for i, b in enumerate(branches) if b]
+        if not live:
+            return
+        bs = self.cfg.block_size
+        layout = {}  # seq index -> (base index of scratch, key slots, static mask part)
+        for i in live:
+            seq, nb = seqs[i], len(branches[i])
+            n = len(seq.token_ids)
+            base = n + k  # scratch starts after the longest possible glue
+            self.bm.allocate(seq, base + nb * k)
+            keys = token_slots(seq.block_table, 0, base + nb * k, bs)
+            glue_len = len(seq.spec)
+            mask = torch.zeros(nb, base + nb * k, dtype=torch.bool)
+            mask[:, :n] = True
+            fork = torch.tensor([kk for kk, _ in branches[i]])
+            mask[:, n : n + glue_len] = torch.arange(glue_len).unsqueeze(0) < fork.unsqueeze(1)
+            layout[i] = (base, keys, mask, fork)
+        tokens = {i: torch.tensor([t for _, t in branches[i]]) for i in live}
+        out_tokens = {i: torch.zeros(len(branches[i]), k, dtype=torch.int64) for i in live}
+        out_probs = {i: torch.zeros(len(branches[i]), k, self.vocab_size) for i in live}
+        for depth in range(k):
+            queries = []
+            for i in live:
+                seq = seqs[i]
+                base, keys, mask, fork = layout[i]
+                nb = len(branches[i])
+                n = len(seq.token_ids)
+                own = base + torch.arange(nb) * k + depth  # scratch index of this depth
+                mask[torch.arange(nb), own] = True
+                queries.append(
+                    Query(
+                        token_ids=tokens[i].tolist(),
+                        positions=n + fork + depth,
+                        slots=keys[own],
+                        key_slots=keys,
+                        num_logits=nb,
+                        mask=mask.clone(),
+                    )
+                )
+            logits = self.runner.forward(queries)
+            offset = 0
+            for i in live:
+                seq, nb = seqs[i], len(branches[i])
+                rows = logits[offset : offset + nb]
+                offset += nb
+                st = SamplingTensors.from_params([seq.params] * nb)
+                q = saguaro_probs(rows, st, self.fanout[depth], self.cfg.saguaro_c)
+                drawn = sample(q, [seq.generator] * nb)
+                out_tokens[i][:, depth] = drawn
+                out_probs[i][:, depth] = q
+                tokens[i] = drawn
+        for i in live:
+            seq = seqs[i]
+            greedy = seq.params.greedy
+            for j, key in enumerate(branches[i]):
+                seq.cache[key] = (
+                    out_tokens[i][j].tolist(),
+                    None if greedy else out_probs[i][j].clone(),
+                )
+
+
+def serve(channel: Channel) -> None:
+    """The worker's loop: HELLO, then ROUND -> SPEC (+ cache build) until SHUTDOWN."""
+    kind, cfg = channel.recv(0, timeout_s=600)
+    if kind != P.HELLO:
+        raise ChannelError(f"expected HELLO, got message kind {kind}")
+    try:
+        worker = DraftWorker(cfg)
+    except Exception as e:
+        channel.send(0, P.ERROR, f"draft worker failed to start: {e}")
+        raise
+    channel.send(0, P.READY, worker.vocab_size)
+    idle_timeout = 7 * 24 * 3600.0  # the target may idle for long; its death closes the socket
+    while True:
+        kind, msg = channel.recv(0, timeout_s=idle_timeout)
+        if kind == P.SHUTDOWN:
+            return
+        if kind != P.ROUND:
+            raise ChannelError(f"unexpected message kind {kind}")
+        try:
+            reply = worker.handle(msg)
+        except Exception:
+            channel.send(0, P.ERROR, traceback.format_exc())
+            raise
+        channel.send(0, P.SPEC, reply)
+        worker.build_pending()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="saguaro draft-worker",
+        description="Run an SSD draft worker that joins a target engine's rendezvous.",
+    )
+    parser.add_argument("--addr", default=os.environ.get("MASTER_ADDR", "127.0.0.1"))
+    parser.add_argument("--port", type=int, default=int(os.environ.get("MASTER_PORT", "0")))
+    parser.add_argument("--timeout", type=float, default=60.0, help="rendezvous timeout (s)")
+    args = parser.parse_args(argv)
+    if not args.port:
+        parser.error("--port (or MASTER_PORT) is required")
+    logging.basicConfig(level=logging.INFO, format="[draft-worker] %(message)s")
+    try:
+        serve(Channel(1, args.addr, args.port, args.timeout).connect())
+    except ChannelError as e:
+        log.info("target went away (%s); exiting", e)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

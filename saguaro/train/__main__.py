@@ -1,0 +1,5 @@
+import sys
+
+from saguaro.train import main
+
+sys.exit(main())

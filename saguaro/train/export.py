@@ -1,0 +1,164 @@
+"""Write the checkpoint's two models as Hugging Face directories, with a model card each."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from tokenizers import Tokenizer
+from transformers import GenerationConfig
+
+from saguaro.train.corpus import EOT
+from saguaro.train.models import build_model, n_params
+from saguaro.train.tokenizer import write_hf_tokenizer
+from saguaro.train.trainer import CKPT_NAME, FitConfig
+
+ROLES = ("target", "draft")
+EXPORT_META = "export.json"
+EVAL_RESULTS = "eval.json"
+
+
+def export(run_dir: Path, out: Path) -> dict[str, Any]:
+    state = torch.load(run_dir / CKPT_NAME, map_location="cpu", weights_only=False)
+    cfg = FitConfig.from_dict(state["config"])
+    tok = Tokenizer.from_file(str(run_dir / "tokenizer.json"))
+    vocab, eot = tok.get_vocab_size(), tok.token_to_id(EOT)
+    split = json.loads((run_dir / "split.json").read_text())
+    meta: dict[str, Any] = {
+        "step": state["step"],
+        "total_steps": cfg.total_steps,
+        "tokens_seen": state["step"] * cfg.tokens_per_step,
+        "target_tokens_seen": min(state["step"], cfg.cotrain_steps) * cfg.tokens_per_step,
+        "config": cfg.to_dict(),
+        "corpus": {
+            k: split[k]
+            for k in ("python", "train_files", "heldout_files", "train_tokens", "heldout_tokens")
+        },
+        "params": {},
+    }
+    for role, spec in zip(ROLES, (cfg.target, cfg.draft), strict=True):
+        model = build_model(spec, vocab, eot)
+        model.load_state_dict(state[role])
+        model.generation_config = GenerationConfig(
+            bos_token_id=eot, eos_token_id=eot, pad_token_id=eot
+        )
+        meta["params"][role] = n_params(model)
+        d = out / role
+        if d.exists():  # no stale shards from an earlier export
+            shutil.rmtree(d)
+        model.save_pretrained(d)
+        write_hf_tokenizer(tok, d, model_max_length=model.config.max_position_embeddings)
+    (run_dir / EXPORT_META).write_text(json.dumps(meta, indent=1) + "\n")
+    evaluation = run_dir / EVAL_RESULTS
+    metrics = json.loads(evaluation.read_text()) if evaluation.exists() else None
+    if metrics is not None and metrics.get("step") != meta["step"]:
+        metrics = None  # results of an older checkpoint would mislabel these weights
+    write_cards(out, meta, metrics)
+    return meta
+
+
+def write_cards(out: Path, meta: dict[str, Any], metrics: dict[str, Any] | None) -> None:
+    for role in ROLES:
+        (out / role / "README.md").write_text(render_card(role, meta, metrics))
+
+
+def _spec_line(spec: dict[str, int], params: int) -> str:
+    return (
+        f"{params / 1e6:.2f}M parameters: hidden {spec['hidden']}, {spec['layers']} layers, "
+        f"{spec['heads']} heads / {spec['kv_heads']} KV heads, MLP {spec['intermediate']}"
+    )
+
+
+def render_card(role: str, meta: dict[str, Any], metrics: dict[str, Any] | None) -> str:
+    cfg, params, corpus = meta["config"], meta["params"], meta["corpus"]
+    other = "draft" if role == "target" else "target"
+    lines = [
+        f"# saguaro bundled {role}",
+        "",
+        f"A small Llama-architecture Python code model, the {role} of saguaro's bundled "
+        f"speculative-decoding pair (its partner is `../{other}`). Both share one tokenizer. "
+        "They exist so that saguaro runs offline and so that tests and CPU benchmarks have a "
+        "real, matched pair; they are not useful code assistants.",
+        "",
+        "## Models",
+        "",
+        f"- target: {_spec_line(cfg['target'], params['target'])}",
+        f"- draft: {_spec_line(cfg['draft'], params['draft'])}",
+        "- both: tied embeddings, RoPE theta 10000, RMSNorm, SiLU MLP, fp32 weights, "
+        f"trained at context {cfg['ctx']}",
+        "",
+        "## Data",
+        "",
+        f"The `*.py` files of the CPython {corpus['python']} standard library (tests included, "
+        "site-packages excluded), split by file: a file is held out when the first 4 bytes of "
+        "the SHA-256 of its relative path, as a big-endian integer mod 1000, are below 30. "
+        f"Train: {corpus['train_files']} files, {corpus['train_tokens']:,} tokens; held out: "
+        f"{corpus['heldout_files']} files, {corpus['heldout_tokens']:,} tokens. Each document "
+        "follows an `<|endoftext|>` token, which is also BOS, EOS and padding.",
+        "",
+        "Tokenizer: byte-level BPE, 8192 entries, trained on the train split with `tokenizers`. "
+        "Encoding prepends `<|endoftext|>` (the post-processor and `tokenizer_config.json` "
+        "agree); decoding reproduces source text byte for byte.",
+        "",
+        "## Training",
+        "",
+        f"Seed {cfg['seed']}, AdamW (betas 0.9/0.95, weight decay {cfg['weight_decay']}), "
+        f"{cfg['warmup_steps']} warmup steps then cosine decay to {cfg['min_lr_ratio']} of peak, "
+        f"batches of {cfg['batch']} x {cfg['ctx']} tokens. The target learns by next-token "
+        f"cross-entropy (peak lr {cfg['lr_target']}) for {meta['target_tokens_seen']:,} tokens. "
+        "The draft is distilled from it (KL to the target's softmax, peak lr "
+        f"{cfg['lr_draft']}): on each co-training step it learns from the target's logits of "
+        "that same batch, then alone against the finished target, "
+        f"{meta['tokens_seen']:,} tokens in all (step {meta['step']} of "
+        f"{meta['total_steps']}).",
+        "",
+        "Reproduce (CPU, hours; the run resumes where it stopped):",
+        "",
+        "```",
+        "python -m saguaro.train --run-dir RUN prepare",
+        f"python -m saguaro.train --run-dir RUN fit --tokens {cfg['tokens']} "
+        f"--draft-tokens {cfg['draft_tokens']} --batch {cfg['batch']}",
+        "python -m saguaro.train --run-dir RUN export --out saguaro/bundled",
+        "python -m saguaro.train --run-dir RUN eval --out saguaro/bundled",
+        "```",
+        "",
+        "## Evaluation (held-out split)",
+        "",
+    ]
+    if metrics is None:
+        lines += ["Not evaluated yet: run the `eval` command above.", ""]
+    else:
+        lines += _metric_lines(metrics)
+    return "\n".join(lines)
+
+
+def _metric_lines(m: dict[str, Any]) -> list[str]:
+    k = m["k"]
+    per_pos = ", ".join(f"{i + 1}: {p:.2f}" for i, p in enumerate(m["accept_at_least"]))
+    lines = [
+        "| model | loss (nats/token) | perplexity |",
+        "|---|---|---|",
+        f"| target | {m['loss_target']:.3f} | {m['ppl_target']:.2f} |",
+        f"| draft | {m['loss_draft']:.3f} | {m['ppl_draft']:.2f} |",
+        "",
+        f"Measured on {m['loss_tokens']:,} held-out tokens. The draft's greedy token equals the "
+        f"target's at {m['top1_agreement']:.1%} of held-out positions (teacher forced).",
+        "",
+        f"Greedy speculative decoding at K = {k}, simulated directly with the two models "
+        f"({m['prompts']} held-out prompts of {m['prompt_tokens']} tokens, up to "
+        f"{m['gen_tokens']} new tokens each, {m['target_steps']} target steps): **mean accepted "
+        f"length {m['mean_accepted_length']:.2f}** tokens per target step, bonus included. "
+        f"Share of steps accepting at least i drafted tokens: {per_pos}.",
+        "",
+        "## Greedy samples (target)",
+        "",
+    ]
+    for s in m["samples"]:
+        lines += ["```python", s["prompt"] + s["target"], "```", ""]
+    lines += ["## Greedy samples (draft)", ""]
+    for s in m["samples"][:2]:
+        lines += ["```python", s["prompt"] + s["draft"], "```", ""]
+    return lines

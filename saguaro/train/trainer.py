@@ -1,0 +1,244 @@
+"""Resumable co-training of the target (LM loss) and the draft (distillation from the target).
+
+Phase 1 (`tokens`): each step the target takes its LM step and the draft a distillation step on
+the same batch, against the target's detached logits from that same forward. Phase 2
+(`draft_tokens`): the target is finished; only the draft keeps learning from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from tokenizers import Tokenizer
+from tqdm import tqdm
+
+from saguaro.train.corpus import EOT
+from saguaro.train.data import WindowSampler, load_tokens
+from saguaro.train.models import DRAFT, TARGET, ModelSpec, build_model
+
+CKPT_NAME = "checkpoint.pt"
+
+
+@dataclass
+class FitConfig:
+    target: ModelSpec = TARGET
+    draft: ModelSpec = DRAFT
+    ctx: int = 512
+    batch: int = 8
+    tokens: int = 6_000_000  # phase 1 budget; the target's schedule spans it
+    draft_tokens: int = 500_000  # phase 2 budget; the draft's schedule spans both phases
+    lr_target: float = 2e-3
+    lr_draft: float = 3e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    ce_weight: float = 0.0  # optional CE term added to the draft's KL
+    seed: int = 0
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.ctx * self.batch
+
+    @property
+    def cotrain_steps(self) -> int:
+        return self.tokens // self.tokens_per_step
+
+    @property
+    def total_steps(self) -> int:
+        return self.cotrain_steps + self.draft_tokens // self.tokens_per_step
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> FitConfig:
+        d = dict(d)
+        d["target"] = ModelSpec(**d["target"])
+        d["draft"] = ModelSpec(**d["draft"])
+        return cls(**d)
+
+
+def lr_lambda(warmup: int, total: int, min_ratio: float):
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return f
+
+
+def _optimizer(model: torch.nn.Module, lr: float, wd: float) -> torch.optim.AdamW:
+    # No decay on norms (1-d); the tied embedding is decayed like any matrix.
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": wd}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), eps=1e-8)
+
+
+def distill_loss(
+    draft_logits: torch.Tensor, target_logits: torch.Tensor, labels: torch.Tensor, ce_weight: float
+) -> torch.Tensor:
+    """KL(target || draft) per token, optionally plus the draft's own LM loss."""
+    vocab = draft_logits.size(-1)
+    logp_d = F.log_softmax(draft_logits.reshape(-1, vocab).float(), dim=-1)
+    logp_t = F.log_softmax(target_logits.reshape(-1, vocab).float(), dim=-1)
+    loss = F.kl_div(logp_d, logp_t, log_target=True, reduction="batchmean")
+    if ce_weight:
+        loss = loss + ce_weight * F.nll_loss(logp_d, labels.reshape(-1))
+    return loss
+
+
+class Trainer:
+    """Owns both models, their optimizers and schedules, and the checkpoint in `run_dir`."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        cfg: FitConfig,
+        device: str = "cpu",
+        budget: dict[str, int] | None = None,
+    ) -> None:
+        """`cfg` starts a new run; a checkpoint's own config wins, except for `budget`
+        (`tokens` / `draft_tokens`), which may be re-planned on resume: the cosine then
+        continues from the same step over the new total."""
+        self.run_dir, self.device = run_dir, torch.device(device)
+        ckpt_path = run_dir / CKPT_NAME
+        state = torch.load(ckpt_path, weights_only=False) if ckpt_path.exists() else None
+        if state is not None:
+            cfg = FitConfig.from_dict(state["config"])
+        self.cfg = cfg = dataclasses.replace(cfg, **(budget or {}))
+        tok = Tokenizer.from_file(str(run_dir / "tokenizer.json"))
+        self.vocab_size, self.eot_id = tok.get_vocab_size(), tok.token_to_id(EOT)
+        tokens = load_tokens(run_dir / "train.bin")
+        self.sampler = WindowSampler(tokens, cfg.ctx, cfg.batch, cfg.seed)
+
+        torch.manual_seed(cfg.seed)
+        self.target = build_model(cfg.target, self.vocab_size, self.eot_id).to(self.device)
+        self.draft = build_model(cfg.draft, self.vocab_size, self.eot_id).to(self.device)
+        self.opt_t = _optimizer(self.target, cfg.lr_target, cfg.weight_decay)
+        self.opt_d = _optimizer(self.draft, cfg.lr_draft, cfg.weight_decay)
+        self.sched_t = torch.optim.lr_scheduler.LambdaLR(
+            self.opt_t, lr_lambda(cfg.warmup_steps, cfg.cotrain_steps, cfg.min_lr_ratio)
+        )
+        self.sched_d = torch.optim.lr_scheduler.LambdaLR(
+            self.opt_d, lr_lambda(cfg.warmup_steps, cfg.total_steps, cfg.min_lr_ratio)
+        )
+        self.step = 0
+        if state is not None:
+            self._load(state)
+
+    # -- checkpoints ---------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "config": self.cfg.to_dict(),
+            "step": self.step,
+            "target": self.target.state_dict(),
+            "draft": self.draft.state_dict(),
+            "opt_t": self.opt_t.state_dict(),
+            "opt_d": self.opt_d.state_dict(),
+            "sched_t": self.sched_t.state_dict(),
+            "sched_d": self.sched_d.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+        }
+
+    def _load(self, state: dict[str, Any]) -> None:
+        self.target.load_state_dict(state["target"])
+        self.draft.load_state_dict(state["draft"])
+        self.opt_t.load_state_dict(state["opt_t"])
+        self.opt_d.load_state_dict(state["opt_d"])
+        self.sched_t.load_state_dict(state["sched_t"])
+        self.sched_d.load_state_dict(state["sched_d"])
+        torch.set_rng_state(state["torch_rng"])
+        self.step = state["step"]
+
+    def save(self) -> Path:
+        """Write then rename, so a kill mid-save leaves the previous checkpoint intact."""
+        path = self.run_dir / CKPT_NAME
+        tmp = path.with_suffix(".tmp")
+        torch.save(self.state_dict(), tmp)
+        os.replace(tmp, path)
+        return path
+
+    # -- training ------------------------------------------------------------------------------
+
+    @property
+    def done(self) -> bool:
+        return self.step >= self.cfg.total_steps
+
+    def train_step(self) -> dict[str, float]:
+        cfg = self.cfg
+        x, y = (t.to(self.device) for t in self.sampler.batch_at(self.step))
+        cotrain = self.step < cfg.cotrain_steps
+        self.target.train(cotrain)
+        if cotrain:
+            logits_t = self.target(input_ids=x).logits
+            loss_t = F.cross_entropy(logits_t.reshape(-1, logits_t.size(-1)).float(), y.reshape(-1))
+            self.opt_t.zero_grad(set_to_none=True)
+            loss_t.backward()
+            torch.nn.utils.clip_grad_norm_(self.target.parameters(), cfg.grad_clip)
+            self.opt_t.step()
+            self.sched_t.step()
+            logits_t = logits_t.detach()
+        else:
+            with torch.no_grad():
+                logits_t = self.target(input_ids=x).logits
+            loss_t = F.cross_entropy(logits_t.reshape(-1, logits_t.size(-1)).float(), y.reshape(-1))
+
+        self.draft.train()
+        logits_d = self.draft(input_ids=x).logits
+        loss_d = distill_loss(logits_d, logits_t, y, cfg.ce_weight)
+        self.opt_d.zero_grad(set_to_none=True)
+        loss_d.backward()
+        torch.nn.utils.clip_grad_norm_(self.draft.parameters(), cfg.grad_clip)
+        self.opt_d.step()
+        self.sched_d.step()
+        with torch.no_grad():
+            ce_d = F.cross_entropy(logits_d.reshape(-1, logits_d.size(-1)).float(), y.reshape(-1))
+        self.step += 1
+        return {"loss_t": loss_t.item(), "kl_d": loss_d.item(), "loss_d": ce_d.item()}
+
+    def fit(
+        self, minutes: float | None = None, ckpt_minutes: float = 10.0, log_every: float = 30.0
+    ) -> dict[str, float]:
+        """Train until the plan is done or `minutes` pass; checkpoint on the way and at the end."""
+        stop: list[bool] = []
+        # SIGTERM (kill PID) saves before exiting, so a run can be re-planned losing nothing.
+        previous = signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
+        start = last_ckpt = time.monotonic()
+        deadline = start + minutes * 60 if minutes is not None else math.inf
+        ema: dict[str, float] = {}
+        bar = tqdm(
+            total=self.cfg.total_steps, initial=self.step, unit="step", mininterval=log_every
+        )
+        tokens_done, t0 = 0, time.monotonic()
+        while not self.done and not stop and time.monotonic() < deadline:
+            metrics = self.train_step()
+            tokens_done += self.cfg.tokens_per_step
+            ema = {k: v if k not in ema else 0.95 * ema[k] + 0.05 * v for k, v in metrics.items()}
+            bar.set_postfix(
+                phase=1 if self.step <= self.cfg.cotrain_steps else 2,
+                **{k: f"{v:.3f}" for k, v in ema.items()},
+                tok_s=f"{tokens_done / (time.monotonic() - t0):.0f}",
+                refresh=False,
+            )
+            bar.update()
+            if time.monotonic() - last_ckpt >= ckpt_minutes * 60:
+                self.save()
+                last_ckpt = time.monotonic()
+                bar.write(f"checkpoint at step {self.step}: {ema}")
+        bar.close()
+        self.save()
+        signal.signal(signal.SIGTERM, previous)
+        return ema

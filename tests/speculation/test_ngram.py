@@ -1,0 +1,54 @@
+"""Prompt-lookup proposals for the fast backup (DESIGN §7)."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+
+from saguaro.speculation.ngram import prompt_lookup
+
+
+def test_longest_suffix_most_recent_occurrence():
+    # Suffix (1, 2, 3) occurred at 0 and 6; the most recent (6) is followed by 7, 8.
+    tokens = [1, 2, 3, 4, 5, 9, 1, 2, 3, 7, 8, 5, 1, 2, 3]
+    assert prompt_lookup(tokens, 2) == [7, 8]
+    # A longer match beats a more recent shorter one: (2, 3) recurs last at 7, but (1, 2, 3) too.
+    tokens = [1, 2, 3, 4, 0, 9, 2, 3, 5, 1, 2, 3]
+    assert prompt_lookup(tokens, 1) == [4]
+    assert prompt_lookup(tokens, 1, max_ngram=2) == [5]
+    # Only a unigram recurs: its most recent occurrence.
+    assert prompt_lookup([5, 1, 6, 5, 2, 8, 5], 3) == [2, 8, 5]
+
+
+def test_no_match():
+    assert prompt_lookup([1, 2, 3, 4], 3) == []
+    assert prompt_lookup([7], 3) == []
+    assert prompt_lookup([], 3) == []
+    # A unigram match does not count when min_ngram asks for more.
+    assert prompt_lookup([5, 1, 6, 5], 3, min_ngram=2) == []
+
+
+def test_respects_k_and_end():
+    tokens = [1, 2, 3, 4, 5, 6, 1, 2]
+    assert prompt_lookup(tokens, 3) == [3, 4, 5]
+    assert prompt_lookup(tokens, 0) == []
+    # The match sits just before the end: the proposal is cut at the end of the context.
+    assert prompt_lookup([4, 4, 4, 4], 5) == [4]
+    assert prompt_lookup([1, 2, 9, 1, 2], 10) == [9, 1, 2]
+
+
+def test_rejects_bad_ngram_range():
+    with pytest.raises(ValueError):
+        prompt_lookup([1, 2], 1, max_ngram=1, min_ngram=2)
+
+
+def test_fast_on_long_context():
+    rng = random.Random(0)
+    tokens = [rng.randrange(50) for _ in range(4096)]
+    start = time.perf_counter()
+    for _ in range(20):
+        prompt_lookup(tokens, 5)
+    # < 1 ms each when the machine is idle; generous bound for a shared CI core.
+    assert (time.perf_counter() - start) / 20 < 5e-3

@@ -1,0 +1,195 @@
+"""Synchronous speculative decoding is exact: greedy equality with AR, and the sampled output
+distribution equals the target's (total-variation test against exact enumeration)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+import transformers
+
+from saguaro import LLM, SamplingParams
+from saguaro.sampling import SamplingTensors, logits_to_probs
+from tests.conftest import perturbed_copy, write_tiny_model
+from tests.stats import tv_noise_floor
+
+PROMPTS = [
+    "def add(a, b):",
+    "x",
+    "import os\nimport sys\n",
+    "hello world, this is a longer prompt",
+    "for i in range(10):",
+    "#",
+    "while True:",
+    "return",
+]
+
+
+@pytest.fixture(scope="module")
+def close_draft(tiny_llama, tmp_path_factory):
+    """A draft that agrees with the target often, so rounds accept several tokens."""
+    return perturbed_copy(tiny_llama, tmp_path_factory.mktemp("close"), noise=0.02)
+
+
+@pytest.fixture(scope="module")
+def ar_reference(tiny_llama):
+    llm = LLM(model=str(tiny_llama), max_model_len=256)
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    return {p: o for p, o in zip(PROMPTS, llm.generate(PROMPTS, params), strict=True)}
+
+
+@pytest.mark.parametrize("k", [1, 3, 5, 8])
+@pytest.mark.parametrize("which_draft", ["close", "random"])
+def test_greedy_sd_equals_ar(tiny_llama, tiny_draft, close_draft, ar_reference, k, which_draft):
+    draft = close_draft if which_draft == "close" else tiny_draft
+    llm = LLM(
+        model=str(tiny_llama),
+        draft=str(draft),
+        mode="sd",
+        num_speculative_tokens=k,
+        max_model_len=256,
+        max_num_seqs=8,
+    )
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    for batch in range(1, 9):
+        outs = llm.generate(PROMPTS[:batch], params)
+        for prompt, out in zip(PROMPTS, outs, strict=False):
+            assert out.token_ids == ar_reference[prompt].token_ids, (k, batch, prompt)
+    if which_draft == "close":
+        assert llm.last_run["mean_accepted_length"] > 1.3
+
+
+def test_greedy_sd_stops_like_ar(tiny_llama, close_draft, ar_reference, tmp_path):
+    """Stop strings, stop ids and EOS inside an accepted run end the request at that token."""
+    ref = ar_reference[PROMPTS[0]]
+    stop_tok = ref.token_ids[7]
+    stop_str = ref.text[10:12]
+    for params in (
+        SamplingParams(temperature=0, max_tokens=40, stop_token_ids=[stop_tok]),
+        SamplingParams(temperature=0, max_tokens=40, stop=[stop_str]),
+        SamplingParams(temperature=0, max_tokens=13, ignore_eos=True),
+    ):
+        ar = LLM(model=str(tiny_llama), max_model_len=256).generate(PROMPTS, params)
+        sd = LLM(
+            model=str(tiny_llama),
+            draft=str(close_draft),
+            mode="sd",
+            num_speculative_tokens=5,
+            max_model_len=256,
+        ).generate(PROMPTS, params)
+        for a, s in zip(ar, sd, strict=True):
+            assert (a.token_ids, a.text, a.finish_reason) == (s.token_ids, s.text, s.finish_reason)
+
+
+def test_sd_near_max_model_len_shrinks_rounds(tiny_llama, close_draft):
+    params = SamplingParams(temperature=0, max_tokens=500, ignore_eos=True)
+    ar = LLM(model=str(tiny_llama), max_model_len=40).generate(PROMPTS[:3], params)
+    sd = LLM(
+        model=str(tiny_llama),
+        draft=str(close_draft),
+        mode="sd",
+        num_speculative_tokens=8,
+        max_model_len=40,
+    ).generate(PROMPTS[:3], params)
+    for a, s in zip(ar, sd, strict=True):
+        assert a.token_ids == s.token_ids and s.finish_reason == "length"
+
+
+def test_seeded_sd_reproducible(tiny_llama, close_draft):
+    llm = LLM(model=str(tiny_llama), draft=str(close_draft), mode="sd", max_model_len=256)
+    params = SamplingParams(temperature=0.9, top_p=0.95, seed=7, max_tokens=30, ignore_eos=True)
+    a = llm.generate(PROMPTS[:4], params)
+    b = llm.generate(PROMPTS[:4][::-1], params)[::-1]
+    assert [o.token_ids for o in a] == [o.token_ids for o in b]
+
+
+def test_sd_metrics(tiny_llama, close_draft):
+    llm = LLM(
+        model=str(tiny_llama),
+        draft=str(close_draft),
+        mode="sd",
+        num_speculative_tokens=4,
+        max_model_len=256,
+    )
+    out = llm.generate("def f(x):", SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))
+    m = out[0].metrics
+    assert m["rounds"] == len(llm.engine.seqs[0].records)
+    assert m["mean_accepted_length"] == pytest.approx(1 + m["accepted"] / m["rounds"])
+    assert len(m["per_position_acceptance"]) == 4
+    assert sum(m["accepted_histogram"].values()) == m["rounds"]
+    assert 0 <= m["acceptance_rate"] <= 1
+
+
+# ---- exactness at temperature > 0: enumeration on a vocabulary of 8 ---------------------------
+
+V = 8
+SAMPLES = 12_000
+
+
+@pytest.fixture(scope="module")
+def small_vocab_pair(tmp_path_factory):
+    target = write_tiny_model(tmp_path_factory.mktemp("t8"), "llama", vocab_size=V, init_std=0.3)
+    close = perturbed_copy(target, tmp_path_factory.mktemp("d8"), noise=0.5)
+    far = write_tiny_model(
+        tmp_path_factory.mktemp("f8"),
+        "llama",
+        vocab_size=V,
+        seed=9,
+        hidden_size=32,
+        num_hidden_layers=1,
+        init_std=0.3,
+    )
+    return target, close, far
+
+
+def exact_first_two(target_dir, prompt_ids, params) -> torch.Tensor:
+    """P(t1, t2) by enumeration with the reference implementation: [V, V]."""
+    ref = transformers.AutoModelForCausalLM.from_pretrained(target_dir).eval()
+    st = SamplingTensors.from_params([params])
+    with torch.no_grad():
+        p1 = logits_to_probs(ref(torch.tensor([prompt_ids])).logits[0, -1:], st)[0]
+        seqs = torch.tensor([prompt_ids + [t] for t in range(V)])
+        p2 = logits_to_probs(ref(seqs).logits[:, -1], st.repeat_interleave(V))
+    return p1[:, None] * p2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("temperature, top_p", [(0.7, 1.0), (1.0, 0.8)])
+@pytest.mark.parametrize("which_draft", ["close", "far"])
+def test_sd_first_two_tokens_follow_target(small_vocab_pair, temperature, top_p, which_draft):
+    target, close, far = small_vocab_pair
+    draft = close if which_draft == "close" else far
+    prompt = [1, 4, 2]
+    base = SamplingParams(temperature=temperature, top_p=top_p, max_tokens=4, ignore_eos=True)
+    expected = exact_first_two(target, prompt, base)
+    llm = LLM(
+        model=str(target),
+        draft=str(draft),
+        mode="sd",
+        num_speculative_tokens=3,
+        max_model_len=32,
+        max_num_seqs=2000,
+        num_kv_blocks=2000,
+        block_size=16,
+        max_num_batched_tokens=20000,
+    )
+    counts = torch.zeros(V, V)
+    seeds = itertools.count()
+    for _ in range(SAMPLES // 2000):
+        params = [
+            SamplingParams(
+                temperature=temperature,
+                top_p=top_p,
+                max_tokens=4,
+                ignore_eos=True,
+                seed=next(seeds),
+            )
+            for _ in range(2000)
+        ]
+        for out in llm.generate([prompt] * 2000, params):
+            counts[out.token_ids[0], out.token_ids[1]] += 1
+    tv = 0.5 * (counts / counts.sum() - expected).abs().sum().item()
+    floor = tv_noise_floor(V * V, SAMPLES)
+    assert tv < floor, f"TV {tv:.4f} >= noise floor {floor:.4f}"
+    assert llm.last_run["drafted"] > 0
