@@ -42,15 +42,23 @@ class Channel:
         timeout_s: float,
         world_size: int = 2,
         backend: str = "gloo",
+        connect_timeout_s: float = 300.0,
     ) -> None:
         if backend != "gloo":
             # Control messages are small; NCCL would force them through the GPU for nothing.
             raise ValueError(f"unsupported channel backend {backend!r} (control channel: gloo)")
         self.rank = rank
-        self.timeout = timedelta(seconds=timeout_s)
+        self.timeout = timedelta(seconds=timeout_s)  # per message, once connected
+        # Joining may wait for a peer that is still importing torch and loading its model.
+        self.connect_timeout = timedelta(seconds=connect_timeout_s)
         try:
             self.store = dist.TCPStore(
-                addr, port, world_size, rank == 0, timeout=self.timeout, wait_for_workers=False
+                addr,
+                port,
+                world_size,
+                rank == 0,
+                timeout=self.connect_timeout,
+                wait_for_workers=False,
             )
             self.port = self.store.port
         except (RuntimeError, dist.DistStoreError) as e:
@@ -60,7 +68,9 @@ class Channel:
 
     def connect(self) -> Channel:
         try:
-            self.pg = dist.ProcessGroupGloo(self.store, self.rank, self.world_size, self.timeout)
+            self.pg = dist.ProcessGroupGloo(
+                self.store, self.rank, self.world_size, self.connect_timeout
+            )
         except (RuntimeError, dist.DistStoreError) as e:
             raise ChannelError(f"rendezvous on {self.addr}:{self.port} failed: {e}") from e
         return self
@@ -86,3 +96,8 @@ class Channel:
         except RuntimeError as e:
             raise ChannelError(f"no answer from rank {peer}: {e}") from e
         return kind, pickle.loads(payload.numpy().tobytes())
+
+    def close(self) -> None:
+        """Drop the process group and the store; rank 0's listening port closes with it."""
+        self.pg = None
+        self.store = None

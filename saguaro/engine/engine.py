@@ -138,6 +138,7 @@ class LLMEngine:
                 cfg, str(draft_dir), self.max_model_len, target.config.vocab_size
             )
         self.draft_failure: str | None = None
+        self.num_steps = 0
         self.seqs: dict[int, Sequence] = {}
         self._ids = itertools.count()
         self._seed_rng = torch.Generator().manual_seed(cfg.seed)
@@ -206,7 +207,7 @@ class LLMEngine:
         """The draft is gone: finish every request exactly, without speculation (AR)."""
         log.warning("saguaro: %s; continuing without speculation (AR)", why)
         assert self.proposer is not None
-        self.proposer.close()
+        self.proposer.close(failed=True)
         self.proposer = None
         self.scheduler.lookahead = 0
         self.draft_failure = str(why)
@@ -218,6 +219,7 @@ class LLMEngine:
         batch = self.scheduler.schedule()
         if not batch:
             return []
+        self.num_steps += 1
         rounds = [s for s in batch if s.decode]
         spec = [s for s in rounds if s.k > 0]
         t0 = time.perf_counter()
@@ -228,9 +230,10 @@ class LLMEngine:
                 proposal = self.proposer.propose([s.seq for s in spec], [s.k for s in spec])
             except DraftWorkerError as e:
                 self._drop_proposer(e)
-                for s in spec:
-                    s.k = 0
-                spec = []
+                proposal = None
+            # A proposer may offer fewer than k tokens (a short n-gram match, or none at all).
+            for i, s in enumerate(spec):
+                s.k = int(proposal.num_draft[i]) if proposal is not None else 0
         t1 = time.perf_counter()
         row = {id(s): i for i, s in enumerate(spec)}
         queries = []
@@ -319,18 +322,19 @@ class LLMEngine:
                     break
             if seq.first_token_time is None:
                 seq.first_token_time = now
-            j = row.get(id(s))
+            j = row.get(id(s)) if proposal is not None else None
             seq.records.append(
                 RoundRecord(
                     num_drafted=s.k,
                     num_accepted=k,
                     token=new[-1],
                     committed=committed,
+                    step=self.num_steps,
                     hit=proposal.hit[j] if j is not None and proposal.hit else None,
                     backup=proposal.backup[j] if j is not None and proposal.backup else None,
                     target_s=target_s / len(rounds),
-                    draft_s=draft_s / max(len(row), 1) if s.k else 0.0,
-                    wait_s=proposal.wait_s if j is not None and proposal is not None else 0.0,
+                    draft_s=draft_s / len(row) if j is not None else 0.0,
+                    wait_s=proposal.wait_s if j is not None else 0.0,
                 )
             )
             if seq.is_finished:

@@ -100,5 +100,5 @@ class DraftProposer:
     def release(self, seq: Sequence) -> None:
         """Nothing to free: the draft's KV shares the sequence's blocks."""
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
         """Nothing to shut down in process."""

@@ -35,12 +35,12 @@ class DraftWorkerError(SaguaroError):
     """The draft worker died, failed or stopped answering."""
 
 
-def _reap(proc: subprocess.Popen | None) -> None:
+def _reap(proc: subprocess.Popen | None, grace_s: float = 5.0) -> None:
     if proc is None or proc.poll() is not None:
         return
     proc.terminate()
     try:
-        proc.wait(timeout=5)
+        proc.wait(timeout=grace_s)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
@@ -200,18 +200,28 @@ class SSDProposer:
         return out
 
     def _why(self, err: Exception) -> str:
-        if self.proc is not None and self.proc.poll() is not None:
-            return f"draft worker exited with code {self.proc.returncode}"
-        return f"draft worker stopped answering ({err})"
+        if self.proc is not None:
+            try:  # a dead worker closes its socket first; give it a moment to be reaped
+                return f"draft worker exited with code {self.proc.wait(timeout=1.0)}"
+            except subprocess.TimeoutExpired:
+                pass
+        detail = str(err).split(". This is typically")[0]
+        return f"draft worker stopped answering (timeout {self.timeout_s:g}s: {detail})"
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
+        """Shut the worker down; after a failure, do not wait for it to cooperate."""
         if self.closed:
             return
         self.closed = True
-        if self.proc is not None and self.proc.poll() is None and self.channel.pg is not None:
+        alive = self.proc is None or self.proc.poll() is None  # external: assume alive
+        if alive and not failed and self.channel.pg is not None:
             try:
                 self.channel.send(1, P.SHUTDOWN, None)
-                self.proc.wait(timeout=5)
+                if self.proc is not None:
+                    self.proc.wait(timeout=5)
             except (ChannelError, subprocess.TimeoutExpired):
                 pass
+        if failed and self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
         _reap(self.proc)
+        self.channel.close()

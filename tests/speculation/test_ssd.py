@@ -1,0 +1,259 @@
+"""SSD with a real draft-worker process over gloo: exact with hits, misses and every backup,
+per-sequence backups, fault tolerance, side-by-side engines and external workers."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from saguaro import LLM, SamplingParams
+from saguaro.distributed.channel import free_port
+from tests.conftest import perturbed_copy, write_tiny_model
+from tests.speculation.test_sd import exact_first_two
+from tests.stats import tv_noise_floor
+
+PROMPTS = [
+    "def add(a, b):",
+    "x",
+    "import os\nimport sys\n",
+    "hello world, this is a longer prompt",
+    "for i in range(10):",
+    "#",
+    "while True:",
+    "return",
+]
+GREEDY = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def close_draft(tiny_llama, tmp_path_factory):
+    return perturbed_copy(tiny_llama, tmp_path_factory.mktemp("close"), noise=0.02)
+
+
+@pytest.fixture(scope="module")
+def ar_reference(tiny_llama):
+    llm = LLM(model=str(tiny_llama), max_model_len=256)
+    return {p: o.token_ids for p, o in zip(PROMPTS, llm.generate(PROMPTS, GREEDY), strict=True)}
+
+
+def ssd(target, draft, **kw) -> LLM:
+    kw.setdefault("max_model_len", 256)
+    kw.setdefault("max_num_seqs", 8)
+    kw.setdefault("draft_timeout_s", 60)
+    return LLM(model=str(target), draft=str(draft), mode="ssd", **kw)
+
+
+def check_greedy(llm, ar_reference):
+    for batch in range(1, 9):
+        outs = llm.generate(PROMPTS[:batch], GREEDY)
+        for prompt, out in zip(PROMPTS, outs, strict=False):
+            assert out.token_ids == ar_reference[prompt], (batch, prompt)
+
+
+@pytest.mark.parametrize(
+    "name, k, overrides",
+    [
+        ("hits (draft = target)", 2, dict(draft="target")),
+        ("auto fan-out, close draft", 5, dict(draft="close")),
+        ("misses + neural backup", 5, dict(draft="close", fanout="0", backup="neural")),
+        ("misses + fast backup", 2, dict(draft="close", fanout="0", backup="fast")),
+        ("random draft, fixed fan-out", 2, dict(draft="random", fanout=[2, 1, 1])),
+    ],
+)
+def test_greedy_ssd_equals_ar(
+    tiny_llama, tiny_draft, close_draft, ar_reference, name, k, overrides
+):
+    draft = {"target": tiny_llama, "close": close_draft, "random": tiny_draft}[
+        overrides.pop("draft")
+    ]
+    with ssd(tiny_llama, draft, num_speculative_tokens=k, **overrides) as llm:
+        check_greedy(llm, ar_reference)
+        run = llm.last_run
+        if name.startswith("hits"):
+            assert run["cache_hit_rate"] > 0.9 and run["mean_accepted_length"] > 2.5
+        if name.startswith("misses"):
+            assert run["cache_hit_rate"] == 0
+            assert set(run["backups"]) == {overrides["backup"]}
+
+
+def test_hits_kept_when_others_in_the_batch_miss(tiny_llama, close_draft):
+    """Backups are per sequence: in steps where some sequences miss, the others still hit."""
+    with ssd(
+        tiny_llama, close_draft, num_speculative_tokens=3, fanout=[1, 1, 1, 1], backup="neural"
+    ) as llm:
+        llm.generate(PROMPTS, GREEDY)
+        records = [r for s in llm.engine.seqs.values() for r in s.records if r.hit is not None]
+    by_step = {}
+    for r in records:
+        by_step.setdefault(r.step, []).append(r)
+    mixed = [rs for rs in by_step.values() if any(r.hit for r in rs) and not all(r.hit for r in rs)]
+    assert mixed, "expected steps with both hits and misses"
+    for rs in mixed:
+        hits = [r for r in rs if r.hit]
+        assert all(r.backup is None and r.num_drafted > 0 for r in hits)
+        assert all(r.backup == "neural" for r in rs if not r.hit)
+
+
+def test_metrics(tiny_llama, close_draft):
+    with ssd(tiny_llama, close_draft, num_speculative_tokens=3) as llm:
+        out = llm.generate(PROMPTS[:2], GREEDY)
+        stats = llm.engine.proposer.stats()
+    m = out[0].metrics
+    assert 0 <= m["cache_hit_rate"] <= 1 and m["wait_s"] >= 0
+    assert m["mean_accepted_length_hit"] is None or m["mean_accepted_length_hit"] >= 1
+    assert sum(stats["fanout"]) == stats["budget"] and len(stats["fanout"]) == 4
+    assert stats["policy"]["p_hit"] > 0
+
+
+# ---- exactness at temperature > 0 (vocabulary of 8: exact enumeration) ------------------------
+
+V = 8
+SAMPLES = 8_000
+BATCH = 1_000
+
+
+@pytest.fixture(scope="module")
+def small_vocab_pair(tmp_path_factory):
+    target = write_tiny_model(tmp_path_factory.mktemp("t8"), "llama", vocab_size=V, init_std=0.3)
+    close = perturbed_copy(target, tmp_path_factory.mktemp("d8"), noise=0.5)
+    return target, close
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name, temperature, top_p, overrides",
+    [
+        ("hit path", 1.0, 1.0, dict(fanout=[3, 2, 2, 3])),
+        ("miss + neural backup", 0.7, 1.0, dict(fanout="0", backup="neural")),
+        ("miss + fast backup", 1.0, 1.0, dict(fanout="0", backup="fast")),
+        ("saguaro C=0.3", 1.0, 1.0, dict(fanout=[3, 2, 2, 3], saguaro_c=0.3)),
+        ("top-p 0.8, auto", 0.9, 0.8, dict(cache_budget=6)),
+    ],
+)
+def test_ssd_first_two_tokens_follow_target(small_vocab_pair, name, temperature, top_p, overrides):
+    target, draft = small_vocab_pair
+    prompt = [1, 4, 2]
+    base = SamplingParams(temperature=temperature, top_p=top_p, max_tokens=4, ignore_eos=True)
+    expected = exact_first_two(target, prompt, base)
+    counts = torch.zeros(V, V)
+    seeds = itertools.count()
+    with ssd(
+        target,
+        draft,
+        num_speculative_tokens=3,
+        max_model_len=32,
+        max_num_seqs=BATCH,
+        num_kv_blocks=BATCH,
+        block_size=16,
+        max_num_batched_tokens=20 * BATCH,
+        **overrides,
+    ) as llm:
+        hits = 0
+        for _ in range(SAMPLES // BATCH):
+            params = [
+                SamplingParams(
+                    temperature=temperature,
+                    top_p=top_p,
+                    max_tokens=4,
+                    ignore_eos=True,
+                    seed=next(seeds),
+                )
+                for _ in range(BATCH)
+            ]
+            for out in llm.generate([prompt] * BATCH, params):
+                counts[out.token_ids[0], out.token_ids[1]] += 1
+            hits += llm.last_run["cache_hit_rate"] > 0
+    tv = 0.5 * (counts / counts.sum() - expected).abs().sum().item()
+    floor = tv_noise_floor(V * V, SAMPLES)
+    assert tv < floor, f"{name}: TV {tv:.4f} >= noise floor {floor:.4f}"
+    if "fanout" in overrides and overrides["fanout"] != "0":
+        assert hits, "the hit path was not exercised"
+
+
+# ---- fault tolerance and process management ---------------------------------------------------
+
+
+def _run_with_fault(llm, fault, steps_before=3):
+    eng = llm.engine
+    seqs = [eng.add_request(eng.encode_prompt(p), GREEDY) for p in PROMPTS[:4]]
+    for _ in range(steps_before):
+        eng.step()
+    fault(eng.proposer.proc)
+    t0 = time.monotonic()
+    while eng.has_unfinished():
+        eng.step()
+        assert time.monotonic() - t0 < 60, "generation hung after the draft worker failed"
+    return seqs
+
+
+def test_worker_killed_mid_generation(tiny_llama, close_draft, ar_reference, caplog):
+    with caplog.at_level(logging.WARNING, logger="saguaro"):
+        with ssd(tiny_llama, close_draft, num_speculative_tokens=3) as llm:
+            seqs = _run_with_fault(llm, lambda proc: proc.kill())
+            assert llm.engine.draft_failure and "exited" in llm.engine.draft_failure
+            assert llm.engine.proposer is None
+    for p, s in zip(PROMPTS, seqs, strict=False):
+        assert s.output_token_ids == ar_reference[p]
+    assert "continuing without speculation" in caplog.text
+
+
+def test_worker_that_stops_answering_times_out(tiny_llama, close_draft, ar_reference):
+    with ssd(tiny_llama, close_draft, num_speculative_tokens=3, draft_timeout_s=2) as llm:
+        proc = llm.engine.proposer.proc
+        try:
+            seqs = _run_with_fault(llm, lambda p: os.kill(p.pid, signal.SIGSTOP))
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGCONT)
+        assert "stopped answering" in llm.engine.draft_failure
+    for p, s in zip(PROMPTS, seqs, strict=False):
+        assert s.output_token_ids == ar_reference[p]
+    assert proc.wait(timeout=10) is not None  # reaped
+
+
+def test_two_engines_side_by_side_and_shutdown_reaps(tiny_llama, close_draft, ar_reference):
+    a = ssd(tiny_llama, close_draft, num_speculative_tokens=2)
+    b = ssd(tiny_llama, close_draft, num_speculative_tokens=3)
+    pa, pb = a.engine.proposer, b.engine.proposer
+    assert pa.channel.port != pb.channel.port
+    outs = a.generate(PROMPTS[:2], GREEDY) + b.generate(PROMPTS[:2], GREEDY)
+    assert [o.token_ids for o in outs] == [ar_reference[p] for p in PROMPTS[:2]] * 2
+    a.close()
+    b.close()
+    assert pa.proc.poll() is not None and pb.proc.poll() is not None
+    import socket
+
+    with socket.socket() as s:  # nothing listens on the rendezvous port any more
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", pa.channel.port))
+
+
+def test_external_worker_via_env_rendezvous(tiny_llama, close_draft, ar_reference):
+    """Multi-host layout on one machine: the worker is started on its own (as on another host)
+    with MASTER_ADDR / MASTER_PORT, and the engine waits for it."""
+    port = free_port()
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    worker = subprocess.Popen([sys.executable, "-m", "saguaro.speculation.worker"], env=env)
+    try:
+        with ssd(
+            tiny_llama,
+            close_draft,
+            num_speculative_tokens=2,
+            draft_worker="external",
+            draft_port=port,
+        ) as llm:
+            outs = llm.generate(PROMPTS[:3], GREEDY)
+        assert [o.token_ids for o in outs] == [ar_reference[p] for p in PROMPTS[:3]]
+        assert worker.wait(timeout=10) == 0
+    finally:
+        if worker.poll() is None:
+            worker.kill()
