@@ -1,4 +1,4 @@
-"""Command line: ``saguaro generate | train-pair``."""
+"""Command line: ``saguaro generate | draft-worker | train-pair``."""
 
 from __future__ import annotations
 
@@ -19,6 +19,33 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--max-model-len", type=int)
     p.add_argument("--threads", type=int, help="torch threads for this process")
+    ssd = p.add_argument_group("SSD (--mode ssd)")
+    ssd.add_argument(
+        "--fanout",
+        default="auto",
+        help="auto | geometric | empirical | F_0,...,F_K (per-outcome branch counts)",
+    )
+    ssd.add_argument("--cache-budget", type=int, help="branches per sequence (default: online)")
+    ssd.add_argument("--saguaro-c", type=float, default=1.0, help="Saguaro sampling C in (0, 1]")
+    ssd.add_argument("--backup", choices=["auto", "neural", "fast"], default="auto")
+    ssd.add_argument("--draft-cpus", type=_cpus, help="cores for the draft worker, e.g. 1 or 2-3")
+    ssd.add_argument("--target-cpus", type=_cpus, help="cores for the target, e.g. 0")
+    ssd.add_argument("--no-pin", action="store_true", help="do not pin processes to cores")
+    ssd.add_argument("--draft-port", type=int, default=0, help="rendezvous port (0: free port)")
+    ssd.add_argument("--draft-addr", default="127.0.0.1", help="rendezvous address")
+    ssd.add_argument(
+        "--external-draft",
+        action="store_true",
+        help="wait for a draft worker started with `saguaro draft-worker` (e.g. on another host)",
+    )
+
+
+def _cpus(spec: str) -> list[int]:
+    out: list[int] = []
+    for part in spec.split(","):
+        lo, _, hi = part.partition("-")
+        out.extend(range(int(lo), int(hi or lo) + 1))
+    return out
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:
@@ -43,6 +70,16 @@ def build_llm(args: argparse.Namespace) -> Any:
         device=args.device,
         max_model_len=args.max_model_len,
         num_threads=args.threads,
+        fanout=args.fanout,
+        cache_budget=args.cache_budget,
+        saguaro_c=args.saguaro_c,
+        backup=args.backup,
+        draft_cpus=args.draft_cpus,
+        target_cpus=args.target_cpus,
+        pin_cpus=not args.no_pin,
+        draft_port=args.draft_port,
+        draft_addr=args.draft_addr,
+        draft_worker="external" if args.external_draft else "spawn",
     )
 
 
@@ -106,6 +143,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["train-pair"]:
         return cmd_train_pair(argv[1:])
+    if argv[:1] == ["draft-worker"]:
+        from saguaro.speculation.worker import main as worker_main
+
+        return worker_main(argv[1:])
     parser = argparse.ArgumentParser(prog="saguaro", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="complete one prompt")
@@ -115,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     _sampling_args(gen)
     gen.set_defaults(func=cmd_generate)
     sub.add_parser("train-pair", help="train the bundled draft/target pair (see --help)")
+    sub.add_parser("draft-worker", help="run an SSD draft worker that joins a target (see --help)")
     args = parser.parse_args(argv)
     try:
         return args.func(args)

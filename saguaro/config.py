@@ -7,9 +7,10 @@ from dataclasses import dataclass
 
 import torch
 
+from saguaro.speculation.fanout import parse_fanout
+
 MODES = ("ar", "sd", "ssd")
 BACKUPS = ("auto", "neural", "fast")
-FANOUT_MODES = ("auto", "geometric", "empirical")
 
 
 @dataclass
@@ -70,10 +71,7 @@ class EngineConfig:
         if self.cache_budget is not None and self.cache_budget < 0:
             raise ValueError(f"cache_budget must be >= 0, got {self.cache_budget}")
         if isinstance(self.fanout, str):
-            if self.fanout not in FANOUT_MODES:
-                from saguaro.speculation.fanout import parse_fanout
-
-                self.fanout = parse_fanout(self.fanout, self.num_speculative_tokens)
+            self.fanout = parse_fanout(self.fanout, self.num_speculative_tokens)
         elif len(self.fanout) != self.num_speculative_tokens + 1 or min(self.fanout) < 0:
             raise ValueError(
                 f"fanout must list K+1={self.num_speculative_tokens + 1} non-negative counts, "
