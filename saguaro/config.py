@@ -25,7 +25,8 @@ class EngineConfig:
     max_num_seqs: int = 16
     max_num_batched_tokens: int = 2048
     block_size: int = 16
-    num_kv_blocks: int | None = None  # None: enough for max_num_seqs full-length sequences
+    num_kv_blocks: int | None = None  # None: max_num_seqs full-length sequences, within kv_cache_gb
+    kv_cache_gb: float = 4.0  # memory cap for the target KV pool when num_kv_blocks is unset
     enable_prefix_caching: bool = True
     seed: int = 0
     num_threads: int | None = None  # torch intra-op threads in this process (None: leave as is)

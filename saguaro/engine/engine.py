@@ -35,9 +35,6 @@ from saguaro.speculation.ssd import DraftWorkerError
 
 log = logging.getLogger("saguaro")
 
-# Default KV pool when num_kv_blocks is unset: room for this many full-length sequences.
-_DEFAULT_POOL_SEQS = 4
-
 
 @dataclass
 class LoadedModels:
@@ -107,7 +104,14 @@ class LLMEngine:
             t for t in [self.tokenizer.eos_token_id] if t is not None
         )
         blocks_per_seq = -(-self.max_model_len // cfg.block_size)
-        num_blocks = cfg.num_kv_blocks or blocks_per_seq * min(cfg.max_num_seqs, _DEFAULT_POOL_SEQS)
+        num_blocks = cfg.num_kv_blocks or max(
+            blocks_per_seq,
+            min(
+                blocks_per_seq * cfg.max_num_seqs,
+                int(cfg.kv_cache_gb * 2**30)
+                // ModelRunner.kv_bytes_per_block(target, cfg.block_size),
+            ),
+        )
         if num_blocks < blocks_per_seq:
             raise ValueError(
                 f"num_kv_blocks={num_blocks} cannot hold one sequence of max_model_len="

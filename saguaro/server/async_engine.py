@@ -1,0 +1,237 @@
+"""Serve a single-threaded ``LLMEngine`` to asyncio code from one background thread.
+
+Every call into the engine (add, step, abort) happens on the loop thread. Request handlers talk
+to it only through a command list guarded by a condition variable, and receive outputs on a
+per-request ``asyncio.Queue`` fed with ``call_soon_threadsafe``. With nothing to run the thread
+blocks on the condition, so an idle server uses no CPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from saguaro.engine.engine import LLMEngine
+from saguaro.engine.sequence import Sequence
+from saguaro.sampling import SamplingParams
+
+log = logging.getLogger("saguaro.server")
+
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+
+
+@dataclass
+class StreamEvent:
+    """What one request gained in one engine step (several tokens under speculation)."""
+
+    text: str  # text safe to show, new since the previous event
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str | None = None  # "stop" | "length" | "abort" on the last event
+    error: str | None = None  # the engine failed; also the last event
+
+    @property
+    def final(self) -> bool:
+        return self.finish_reason is not None or self.error is not None
+
+
+@dataclass
+class Histogram:
+    bounds: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)  # per bucket; the last one is +Inf
+    total: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.counts = [0] * (len(self.bounds) + 1)
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.total += value
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+
+@dataclass
+class EngineStats:
+    """Totals over the server's life, written by the loop thread, read by ``/metrics``."""
+
+    accepted_length: Histogram  # tokens committed per decoding round (1 + accepted)
+    finished: Counter[str] = field(default_factory=Counter)  # requests by finish reason
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    ssd_rounds: int = 0
+    ssd_hits: int = 0
+    latency: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))
+    ttft: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))
+    tpot: Histogram = field(default_factory=lambda: Histogram(TPOT_BUCKETS))
+
+    def record(self, seq: Sequence, reason: str, now: float) -> None:
+        self.finished[reason] += 1
+        self.prompt_tokens += seq.num_prompt_tokens
+        self.generation_tokens += seq.num_output_tokens
+        end = seq.finish_time or now
+        self.latency.observe(end - seq.arrival_time)
+        if seq.first_token_time is not None:
+            self.ttft.observe(seq.first_token_time - seq.arrival_time)
+            if seq.num_output_tokens > 1:
+                self.tpot.observe((end - seq.first_token_time) / (seq.num_output_tokens - 1))
+        for r in seq.records:
+            self.accepted_length.observe(1 + r.num_accepted)
+            self.drafted_tokens += r.num_drafted
+            self.accepted_tokens += r.num_accepted
+            if r.hit is not None:
+                self.ssd_rounds += 1
+                self.ssd_hits += r.hit
+
+
+class RequestStream:
+    """One submitted request: iterate it for ``StreamEvent``s; ``cancel()`` aborts it."""
+
+    def __init__(self, owner: AsyncEngine, prompt_ids: list[int], params: SamplingParams):
+        self.owner = owner
+        self.prompt_ids = prompt_ids
+        self.params = params
+        self.loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue[StreamEvent] = asyncio.Queue()
+        self.done = False
+
+    async def __aiter__(self) -> AsyncIterator[StreamEvent]:
+        while not self.done:
+            event = await self.queue.get()
+            self.done = event.final
+            yield event
+
+    def cancel(self) -> None:
+        if not self.done:
+            self.owner._post(("abort", self))
+
+    def _deliver(self, event: StreamEvent) -> None:
+        """Called on the loop thread."""
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+        except RuntimeError:  # the client's event loop is gone: nobody is listening
+            pass
+
+
+@dataclass
+class _Active:
+    stream: RequestStream
+    seq: Sequence
+    sent: int = 0  # characters of text already delivered
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self.stats = EngineStats(Histogram(tuple(range(1, engine.cfg.lookahead + 2))))
+        self.stats_lock = threading.Lock()
+        self._cond = threading.Condition()
+        self._commands: list[tuple[str, RequestStream | None]] = []
+        self._active: dict[RequestStream, _Active] = {}
+        self._thread: threading.Thread | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="saguaro-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Abort whatever is in flight and join the loop thread (the engine stays usable)."""
+        if self._thread is not None:
+            self._post(("stop", None))
+            self._thread.join()
+            self._thread = None
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams) -> RequestStream:
+        """Queue a validated prompt (see ``LLMEngine.encode_prompt``); call from the event loop."""
+        stream = RequestStream(self, prompt_ids, params)
+        self._post(("add", stream))
+        return stream
+
+    def _post(self, command: tuple[str, RequestStream | None]) -> None:
+        with self._cond:
+            self._commands.append(command)
+            self._cond.notify()
+
+    # ---- the loop thread ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._commands and not self.engine.has_unfinished():
+                    self._cond.wait()
+                commands, self._commands = self._commands, []
+            for kind, stream in commands:
+                if kind == "stop":
+                    for active in list(self._active.values()):
+                        self._abort(active)
+                    return
+                assert stream is not None
+                if kind == "add":
+                    self._add(stream)
+                elif stream in self._active:  # abort; a finished request has left already
+                    self._abort(self._active[stream])
+            if self.engine.has_unfinished():
+                self._step()
+
+    def _add(self, stream: RequestStream) -> None:
+        try:
+            seq = self.engine.add_request(stream.prompt_ids, stream.params)
+        except Exception as e:  # fail this request, never the loop thread
+            log.exception("cannot add request")
+            stream._deliver(StreamEvent("", len(stream.prompt_ids), 0, error=str(e)))
+            return
+        self._active[stream] = _Active(stream, seq)
+
+    def _step(self) -> None:
+        try:
+            seqs = self.engine.step()
+        except Exception as e:  # a failed step must not take the server down with it
+            log.exception("engine step failed; failing %d requests", len(self._active))
+            for active in list(self._active.values()):
+                self.engine.abort(active.seq.seq_id)
+                seq = active.seq
+                event = StreamEvent("", seq.num_prompt_tokens, seq.num_output_tokens)
+                event.error = f"engine failure: {e}"
+                self._finish(active, event)
+            return
+        by_id = {a.seq.seq_id: a for a in self._active.values()}
+        for seq in seqs:
+            active = by_id.get(seq.seq_id)
+            if active is None:
+                continue
+            # Everything committed this step goes out in one event: no per-token lag.
+            text = seq.text if seq.is_finished else self.engine.detok.stream_text(seq)
+            delta = text[active.sent :]
+            active.sent = max(active.sent, len(text))
+            event = StreamEvent(delta, seq.num_prompt_tokens, seq.num_output_tokens)
+            if seq.is_finished:
+                event.finish_reason = seq.finish_reason
+                self._finish(active, event)
+            elif delta:
+                active.stream._deliver(event)
+
+    def _abort(self, active: _Active) -> None:
+        seq = active.seq
+        self.engine.abort(seq.seq_id)
+        self._finish(active, StreamEvent("", seq.num_prompt_tokens, seq.num_output_tokens, "abort"))
+
+    def _finish(self, active: _Active, event: StreamEvent) -> None:
+        del self._active[active.stream]
+        with self.stats_lock:
+            self.stats.record(active.seq, event.finish_reason or "error", time.perf_counter())
+        active.stream._deliver(event)

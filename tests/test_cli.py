@@ -1,0 +1,96 @@
+"""The command line: generate in every mode, stream, and clear errors with exit code 2."""
+
+from __future__ import annotations
+
+from saguaro.cli import main
+
+
+def test_generate_prints_completion_and_summary(tiny_llama, capsys):
+    assert (
+        main(
+            [
+                "generate",
+                "def f",
+                "--model",
+                str(tiny_llama),
+                "--max-tokens",
+                "6",
+                "--ignore-eos",
+                "--max-model-len",
+                "128",
+            ]
+        )
+        == 0
+    )
+    out, err = capsys.readouterr()
+    assert out.startswith("def f") and len(out) > len("def f\n")
+    assert "6 tokens" in err and "tok/s" in err
+
+
+def test_generate_sd_streams_and_reports_acceptance(tiny_llama, tiny_draft, capsys):
+    args = [
+        "generate",
+        "def f",
+        "--model",
+        str(tiny_llama),
+        "--draft",
+        str(tiny_draft),
+        "--mode",
+        "sd",
+        "--k",
+        "3",
+        "--max-tokens",
+        "8",
+        "--ignore-eos",
+        "--stream",
+        "--temperature",
+        "0.8",
+        "--seed",
+        "1",
+        "--max-model-len",
+        "128",
+    ]
+    assert main(args) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("def f")
+    assert "[sd]" in err and "mean accepted length" in err
+
+
+def test_generate_ssd_with_flags(tiny_llama, tiny_draft, capsys):
+    args = [
+        "generate",
+        "x",
+        "--model",
+        str(tiny_llama),
+        "--draft",
+        str(tiny_draft),
+        "--mode",
+        "ssd",
+        "--k",
+        "2",
+        "--fanout",
+        "2,1,1",
+        "--backup",
+        "fast",
+        "--saguaro-c",
+        "0.5",
+        "--max-tokens",
+        "6",
+        "--ignore-eos",
+        "--no-pin",
+        "--max-model-len",
+        "128",
+    ]
+    assert main(args) == 0
+    assert "cache hit rate" in capsys.readouterr().err
+
+
+def test_errors_exit_2_with_message(tiny_llama, capsys):
+    assert main(["generate", "x", "--model", "/nonexistent/model"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["generate", "x", "--model", str(tiny_llama), "--top-p", "1.5"]) == 2
+    assert "top_p" in capsys.readouterr().err
+    assert main(["generate", "x", "--model", str(tiny_llama), "--mode", "sd"]) == 2
+    assert "draft" in capsys.readouterr().err
+    assert main(["generate", "x", "--model", str(tiny_llama), "--fanout", "1,2"]) == 2
+    assert "fan-out" in capsys.readouterr().err
