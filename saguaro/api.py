@@ -123,6 +123,12 @@ class LLM:
         self.last_run["tokens_per_s"] = (
             self.last_run["output_tokens"] / elapsed if elapsed else None
         )
+        proposer = self.engine.proposer
+        if proposer is not None and hasattr(proposer, "stats"):
+            batch = min(len(seqs), self.config.max_num_seqs)
+            self.last_run["ssd"] = proposer.stats(batch)
+        if self.engine.draft_failure:
+            self.last_run["draft_failure"] = self.engine.draft_failure
         return [self._output(p, s) for p, s in added]
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> Iterator[str]:

@@ -186,8 +186,15 @@ class SSDProposer:
         if self.known.pop(seq.seq_id, None) is not None:
             self.dropped.append(seq.seq_id)
 
-    def stats(self) -> dict:
-        out = {"policy": self.policy.snapshot()}
+    def stats(self, batch: int = 1) -> dict:
+        """Fan-out, budget, cache-build timings, policy estimates, and the DESIGN §7 speedup
+        over AR predicted from them for a batch of ``batch`` sequences."""
+        kind = self.policy.choose(batch)
+        out = {
+            "policy": self.policy.snapshot(),
+            "backup_choice": kind,
+            "predicted_speedup": self.policy.predicted(batch, kind),
+        }
         if self.last_reply is not None:
             r = self.last_reply
             out.update(
