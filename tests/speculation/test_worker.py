@@ -1,0 +1,84 @@
+"""The draft worker's speculation cache, in process: every prepared branch is exactly what the
+draft would produce for that outcome's prefix, and outcomes are read back correctly."""
+
+from __future__ import annotations
+
+import pytest
+
+from saguaro import LLM, SamplingParams
+from saguaro.speculation import protocol as P
+from saguaro.speculation.worker import DraftWorker
+
+
+def make_worker(draft_dir, k, fanout, **kw) -> DraftWorker:
+    cfg = P.WorkerConfig(
+        draft_dir=str(draft_dir),
+        k=k,
+        fanout=fanout,
+        budget=None,
+        saguaro_c=1.0,
+        max_model_len=256,
+        max_num_seqs=4,
+        block_size=16,
+        dtype="float32",
+        device="cpu",
+        cpus=None,
+        num_threads=None,
+        seed=0,
+    )
+    for key, value in kw.items():
+        setattr(cfg, key, value)
+    return DraftWorker(cfg)
+
+
+@pytest.mark.parametrize("k, fanout", [(3, [2, 2, 1, 3]), (2, [1, 0, 4])])
+def test_every_branch_equals_sequential_greedy_decoding(tiny_draft, k, fanout):
+    worker = make_worker(tiny_draft, k, fanout)
+    reference = LLM(model=str(tiny_draft), max_model_len=256)
+    greedy = SamplingParams(temperature=0, max_tokens=k, ignore_eos=True)
+    prompts = [[5, 17, 99, 3, 42, 8, 61], [200, 1, 2, 3]]
+    worker.handle(
+        P.RoundRequest(
+            [P.SeqUpdate(i, p, new=True) for i, p in enumerate(prompts)], backup="neural"
+        )
+    )
+    worker.build_pending()
+    for sid, prompt in enumerate(prompts):
+        seq = worker.seqs[sid]
+        # the neural first speculation is the draft's own greedy continuation
+        assert seq.spec == reference.generate([prompt], greedy)[0].token_ids
+        assert len(seq.cache) == sum(fanout[:k]) + fanout[k]
+        for (kk, t), (tokens, probs) in seq.cache.items():
+            assert probs is None  # greedy: point masses, nothing to ship
+            if kk < k:
+                assert t != seq.spec[kk]  # the drafted token is never a recovery candidate
+            prefix = prompt + seq.spec[:kk] + [t]
+            assert tokens == reference.generate([prefix], greedy)[0].token_ids, (kk, t)
+
+
+def test_outcomes_hit_and_miss(tiny_draft):
+    k = 2
+    worker = make_worker(tiny_draft, k, [2, 2, 2])
+    worker.handle(P.RoundRequest([P.SeqUpdate(0, [1, 2, 3, 4], new=True)], backup="neural"))
+    worker.build_pending()
+    seq = worker.seqs[0]
+    (kk, t), (branch, _) = next(iter(seq.cache.items()))
+    committed = seq.spec[:kk] + [t]
+    reply = worker.handle(P.RoundRequest([P.SeqUpdate(0, committed)], backup="fast"))
+    spec = reply.specs[0]
+    assert spec.hit and spec.tokens == branch and spec.backup is None
+    assert seq.token_ids == [1, 2, 3, 4] + committed
+    worker.build_pending()
+    # an outcome no branch prepared: (k=0, t=s_1), the drafted token is never a candidate
+    reply = worker.handle(P.RoundRequest([P.SeqUpdate(0, [seq.spec[0]])], backup="fast"))
+    assert reply.specs[0].hit is False and reply.specs[0].backup == "fast"
+
+
+def test_dropped_sequences_free_their_blocks(tiny_draft):
+    worker = make_worker(tiny_draft, 2, [1, 1, 1])
+    free = worker.bm.num_free_blocks
+    worker.handle(P.RoundRequest([P.SeqUpdate(7, list(range(40)), new=True)]))
+    worker.build_pending()
+    assert worker.bm.num_free_blocks < free
+    worker.handle(P.RoundRequest([], dropped=[7]))
+    assert worker.bm.num_free_blocks == free and 7 not in worker.seqs
