@@ -1,4 +1,4 @@
-"""Command line: ``saguaro generate | draft-worker | train-pair``."""
+"""Command line: ``saguaro generate | bench | draft-worker | train-pair``."""
 
 from __future__ import annotations
 
@@ -143,6 +143,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["train-pair"]:
         return cmd_train_pair(argv[1:])
+    if argv[:1] == ["bench"]:
+        from saguaro.bench import bench_main
+
+        return bench_main(argv[1:])
     if argv[:1] == ["draft-worker"]:
         from saguaro.speculation.worker import main as worker_main
 
@@ -157,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     gen.set_defaults(func=cmd_generate)
     sub.add_parser("train-pair", help="train the bundled draft/target pair (see --help)")
     sub.add_parser("draft-worker", help="run an SSD draft worker that joins a target (see --help)")
+    sub.add_parser("bench", help="benchmark AR / SD / SSD / HF assisted generation (see --help)")
     args = parser.parse_args(argv)
     try:
         return args.func(args)

