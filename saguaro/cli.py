@@ -1,4 +1,4 @@
-"""Command line: ``saguaro generate | bench | draft-worker | train-pair``."""
+"""Command line: ``saguaro generate | chat | serve | bench | draft-worker | train-pair``."""
 
 from __future__ import annotations
 
@@ -143,6 +143,14 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["train-pair"]:
         return cmd_train_pair(argv[1:])
+    if argv[:1] == ["serve"]:
+        from saguaro.server.app import serve_main
+
+        return serve_main(argv[1:])
+    if argv[:1] == ["chat"]:
+        from saguaro.server.chat import chat_main
+
+        return chat_main(argv[1:])
     if argv[:1] == ["bench"]:
         from saguaro.bench import bench_main
 
@@ -162,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("train-pair", help="train the bundled draft/target pair (see --help)")
     sub.add_parser("draft-worker", help="run an SSD draft worker that joins a target (see --help)")
     sub.add_parser("bench", help="benchmark AR / SD / SSD / HF assisted generation (see --help)")
+    sub.add_parser("serve", help="OpenAI-compatible HTTP server (see --help)")
+    sub.add_parser("chat", help="terminal chat with live speculation metrics (see --help)")
     args = parser.parse_args(argv)
     try:
         return args.func(args)

@@ -40,8 +40,8 @@ class SamplingParams:
             raise ValueError(f"top_k must be an int >= -1 (0 or -1 disable it), got {self.top_k!r}")
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
             raise ValueError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
-        if self.seed is not None and not _is_int(self.seed):
-            raise ValueError(f"seed must be an int or None, got {self.seed!r}")
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < 2**64):
+            raise ValueError(f"seed must be an int in [0, 2**64) or None, got {self.seed!r}")
 
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         for s in stop:

@@ -104,6 +104,7 @@ class RequestStream:
         self.params = params
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue[StreamEvent] = asyncio.Queue()
+        self.seq_id: int | None = None  # set on the loop thread once the engine has it
         self.done = False
 
     async def __aiter__(self) -> AsyncIterator[StreamEvent]:
@@ -116,19 +117,17 @@ class RequestStream:
         if not self.done:
             self.owner._post(("abort", self))
 
-    def _deliver(self, event: StreamEvent) -> None:
-        """Called on the loop thread."""
-        try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
-        except RuntimeError:  # the client's event loop is gone: nobody is listening
-            pass
-
 
 @dataclass
 class _Active:
     stream: RequestStream
     seq: Sequence
     sent: int = 0  # characters of text already delivered
+
+
+def _put_all(items: list[tuple[RequestStream, StreamEvent]]) -> None:
+    for stream, event in items:
+        stream.queue.put_nowait(event)
 
 
 class AsyncEngine:
@@ -138,8 +137,10 @@ class AsyncEngine:
         self.stats_lock = threading.Lock()
         self._cond = threading.Condition()
         self._commands: list[tuple[str, RequestStream | None]] = []
-        self._active: dict[RequestStream, _Active] = {}
         self._thread: threading.Thread | None = None
+        # Loop-thread state.
+        self._active: dict[int, _Active] = {}  # by seq_id
+        self._outbox: list[tuple[RequestStream, StreamEvent]] = []
 
     @property
     def running(self) -> bool:
@@ -179,23 +180,39 @@ class AsyncEngine:
                 if kind == "stop":
                     for active in list(self._active.values()):
                         self._abort(active)
+                    self._flush()
                     return
                 assert stream is not None
                 if kind == "add":
                     self._add(stream)
-                elif stream in self._active:  # abort; a finished request has left already
-                    self._abort(self._active[stream])
+                elif stream.seq_id in self._active:  # abort; a finished request has left
+                    self._abort(self._active[stream.seq_id])
             if self.engine.has_unfinished():
                 self._step()
+            self._flush()
+
+    def _flush(self) -> None:
+        """Hand this iteration's events over: one wake-up per event loop, not per request."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[RequestStream, StreamEvent]]] = {}
+        for stream, event in self._outbox:
+            by_loop.setdefault(stream.loop, []).append((stream, event))
+        self._outbox = []
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, items)
+            except RuntimeError:  # that event loop has closed: nobody is listening
+                pass
 
     def _add(self, stream: RequestStream) -> None:
         try:
             seq = self.engine.add_request(stream.prompt_ids, stream.params)
         except Exception as e:  # fail this request, never the loop thread
             log.exception("cannot add request")
-            stream._deliver(StreamEvent("", len(stream.prompt_ids), 0, error=str(e)))
+            event = StreamEvent("", len(stream.prompt_ids), 0, error=str(e))
+            self._outbox.append((stream, event))
             return
-        self._active[stream] = _Active(stream, seq)
+        stream.seq_id = seq.seq_id
+        self._active[seq.seq_id] = _Active(stream, seq)
 
     def _step(self) -> None:
         try:
@@ -203,15 +220,14 @@ class AsyncEngine:
         except Exception as e:  # a failed step must not take the server down with it
             log.exception("engine step failed; failing %d requests", len(self._active))
             for active in list(self._active.values()):
-                self.engine.abort(active.seq.seq_id)
                 seq = active.seq
+                self.engine.abort(seq.seq_id)
                 event = StreamEvent("", seq.num_prompt_tokens, seq.num_output_tokens)
                 event.error = f"engine failure: {e}"
                 self._finish(active, event)
             return
-        by_id = {a.seq.seq_id: a for a in self._active.values()}
         for seq in seqs:
-            active = by_id.get(seq.seq_id)
+            active = self._active.get(seq.seq_id)
             if active is None:
                 continue
             # Everything committed this step goes out in one event: no per-token lag.
@@ -223,7 +239,7 @@ class AsyncEngine:
                 event.finish_reason = seq.finish_reason
                 self._finish(active, event)
             elif delta:
-                active.stream._deliver(event)
+                self._outbox.append((active.stream, event))
 
     def _abort(self, active: _Active) -> None:
         seq = active.seq
@@ -231,7 +247,7 @@ class AsyncEngine:
         self._finish(active, StreamEvent("", seq.num_prompt_tokens, seq.num_output_tokens, "abort"))
 
     def _finish(self, active: _Active, event: StreamEvent) -> None:
-        del self._active[active.stream]
+        del self._active[active.seq.seq_id]
         with self.stats_lock:
             self.stats.record(active.seq, event.finish_reason or "error", time.perf_counter())
-        active.stream._deliver(event)
+        self._outbox.append((active.stream, event))
