@@ -134,13 +134,20 @@ class DraftWorker:
             else:
                 seq = self.seqs[u.seq_id]
                 k, t = len(u.new_tokens) - 1, u.new_tokens[-1]
-                if seq.ranked:  # ranking[k] ranks the candidates for outcome k
+                # An outcome of the speculation commits s_1..s_k, t. Anything else (the target
+                # also ran rounds without asking us) can only be a miss: a branch is used only
+                # for the exact prefix it was sampled under.
+                matched = _common_prefix(u.new_tokens, seq.spec)
+                outcome = k <= len(seq.spec) and matched >= k
+                if outcome and seq.ranked:  # ranked[k] ranks the candidates for outcome k
                     ranking = seq.ranked[k]
                     rank = ranking.index(t) if t in ranking else None
                     self.estimator.observe(k, rank, K=len(seq.spec))
-                branch = seq.cache.get((k, t))
+                branch = seq.cache.get((k, t)) if outcome else None
+                old_len = len(seq.token_ids)
                 seq.token_ids.extend(u.new_tokens)
-                seq.computed = min(seq.written, len(seq.token_ids) - 1)
+                # glue KV is valid for r and the accepted speculation only
+                seq.computed = min(seq.written, old_len + matched, len(seq.token_ids) - 1)
                 seq.cache, seq.ranked = {}, []
                 self.bm.trim(seq, len(seq.token_ids))
                 if branch is not None:
@@ -301,6 +308,15 @@ class DraftWorker:
                     out_tokens[i][j].tolist(),
                     None if greedy else out_probs[i][j].clone(),
                 )
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def serve(channel: Channel) -> None:

@@ -16,13 +16,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from saguaro.train.data import load_tokens
 from saguaro.train.export import EVAL_RESULTS, EXPORT_META, write_cards
 
-# Prompts in the style of HumanEval: a signature and docstring, the body left to the model.
+# HumanEval-style prompts. HumanEval's own end in a newline, which splits the newline from the
+# indentation that BPE merges it with in training ("\n   " is one token); both kinds are shown.
 SAMPLE_PROMPTS = (
-    "def fibonacci(n):\n",
+    "def fibonacci(n):",
     'def is_palindrome(text: str) -> bool:\n    """Return True if text reads the same '
     'backwards."""\n',
-    "class Stack:\n    def __init__(self):\n",
-    "import os\n\n\ndef list_python_files(root):\n",
+    "class Stack:\n    def __init__(self):",
+    "import os\n\n\ndef list_python_files(root):",
 )
 
 

@@ -155,6 +155,11 @@ def _metric_lines(m: dict[str, Any]) -> list[str]:
         "",
         "## Greedy samples (target)",
         "",
+        "A prompt that ends in a newline leaves a lone newline token where training text "
+        "almost always has the newline merged with the next line's indentation (`\\n   ` is one "
+        "token), so these small models continue such prompts worse than prompts that stop "
+        "at the end of a line.",
+        "",
     ]
     for s in m["samples"]:
         lines += ["```python", s["prompt"] + s["target"], "```", ""]

@@ -85,6 +85,14 @@ def test_greedy_ssd_equals_ar(
             assert set(run["backups"]) == {overrides["backup"]}
 
 
+def test_tight_token_budget(tiny_llama, close_draft, ar_reference):
+    """A token budget that cuts rounds short, sometimes to no proposal at all: the target then
+    commits tokens the worker did not speculate on, which must never count as a hit."""
+    with ssd(tiny_llama, close_draft, num_speculative_tokens=3, max_num_batched_tokens=6) as llm:
+        outs = llm.generate(PROMPTS[:4], GREEDY)
+    assert [o.token_ids for o in outs] == [ar_reference[p] for p in PROMPTS[:4]]
+
+
 def test_hits_kept_when_others_in_the_batch_miss(tiny_llama, close_draft):
     """Backups are per sequence: in steps where some sequences miss, the others still hit."""
     with ssd(

@@ -82,3 +82,22 @@ def test_dropped_sequences_free_their_blocks(tiny_draft):
     assert worker.bm.num_free_blocks < free
     worker.handle(P.RoundRequest([], dropped=[7]))
     assert worker.bm.num_free_blocks == free and 7 not in worker.seqs
+
+
+def test_tokens_committed_outside_a_round_are_a_miss(tiny_draft):
+    """If the target commits more than one round's worth (rounds it ran without the worker),
+    no branch may be used: each was sampled for one exact prefix."""
+    k = 2
+    worker = make_worker(tiny_draft, k, [3, 3, 3])
+    worker.handle(P.RoundRequest([P.SeqUpdate(0, [1, 2, 3, 4], new=True)], backup="neural"))
+    worker.build_pending()
+    seq = worker.seqs[0]
+    (kk, t), _ = next(iter(seq.cache.items()))
+    extra = 5 if kk == 0 else seq.spec[0]
+    committed = [extra] + seq.spec[:kk] + [t]  # one extra token ahead of the outcome
+    reply = worker.handle(P.RoundRequest([P.SeqUpdate(0, committed)], backup="neural"))
+    assert reply.specs[0].hit is False
+    assert seq.token_ids == [1, 2, 3, 4] + committed
+    reference = LLM(model=str(tiny_draft), max_model_len=256)
+    greedy = SamplingParams(temperature=0, max_tokens=k, ignore_eos=True)
+    assert reply.specs[0].tokens == reference.generate([seq.token_ids], greedy)[0].token_ids
