@@ -162,8 +162,8 @@ def _metric_lines(m: dict[str, Any]) -> list[str]:
         "",
     ]
     for s in m["samples"]:
-        lines += ["```python", s["prompt"] + s["target"], "```", ""]
+        lines += ["```text", s["prompt"] + s["target"], "```", ""]
     lines += ["## Greedy samples (draft)", ""]
     for s in m["samples"][:2]:
-        lines += ["```python", s["prompt"] + s["draft"], "```", ""]
+        lines += ["```text", s["prompt"] + s["draft"], "```", ""]
     return lines
