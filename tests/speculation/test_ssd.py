@@ -18,19 +18,9 @@ import torch
 from saguaro import LLM, SamplingParams
 from saguaro.distributed.channel import free_port
 from tests.conftest import perturbed_copy, write_tiny_model
-from tests.speculation.test_sd import exact_first_two
+from tests.speculation.test_sd import PROMPTS, exact_first_two
 from tests.stats import tv_noise_floor
 
-PROMPTS = [
-    "def add(a, b):",
-    "x",
-    "import os\nimport sys\n",
-    "hello world, this is a longer prompt",
-    "for i in range(10):",
-    "#",
-    "while True:",
-    "return",
-]
 GREEDY = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
 
 
