@@ -125,3 +125,60 @@ def perturbed_copy(src: Path, dst: Path, noise: float, seed: int = 0) -> Path:
     }
     save_file(noisy, str(dst / "model.safetensors"), metadata={"format": "pt"})
     return dst
+
+
+# ---- speculation fixtures shared by the SD and SSD tests ----------------------------------------
+
+PROMPTS = [
+    "def add(a, b):",
+    "x",
+    "import os\nimport sys\n",
+    "hello world, this is a longer prompt",
+    "for i in range(10):",
+    "#",
+    "while True:",
+    "return",
+]
+SMALL_VOCAB = 8  # small enough to enumerate the law of the first two tokens exactly
+
+
+@pytest.fixture(scope="session")
+def close_draft(tiny_llama, tmp_path_factory):
+    """A draft that agrees with ``tiny_llama`` often, so rounds accept several tokens."""
+    return perturbed_copy(tiny_llama, tmp_path_factory.mktemp("close"), noise=0.02)
+
+
+@pytest.fixture(scope="session")
+def small_vocab_pair(tmp_path_factory):
+    """(target, close draft, far draft) over a vocabulary of ``SMALL_VOCAB`` tokens."""
+    v = SMALL_VOCAB
+    target = write_tiny_model(tmp_path_factory.mktemp("t8"), "llama", vocab_size=v, init_std=0.3)
+    close = perturbed_copy(target, tmp_path_factory.mktemp("d8"), noise=0.5)
+    far = write_tiny_model(
+        tmp_path_factory.mktemp("f8"),
+        "llama",
+        vocab_size=v,
+        seed=9,
+        hidden_size=32,
+        num_hidden_layers=1,
+        init_std=0.3,
+    )
+    return target, close, far
+
+
+def exact_first_two(target_dir: Path, prompt_ids: list[int], params) -> torch.Tensor:
+    """P(t1, t2) [V, V] by enumeration with the reference implementation (transformers), under
+    the request's sampling transforms."""
+    import transformers
+
+    from saguaro.sampling import SamplingTensors, logits_to_probs
+
+    ref = transformers.AutoModelForCausalLM.from_pretrained(target_dir).eval()
+    st = SamplingTensors.from_params([params])
+    with torch.no_grad():
+        logits = ref(torch.tensor([prompt_ids])).logits[0, -1:]
+        vocab = logits.shape[-1]
+        p1 = logits_to_probs(logits, st)[0]
+        seqs = torch.tensor([prompt_ids + [t] for t in range(vocab)])
+        p2 = logits_to_probs(ref(seqs).logits[:, -1], st.repeat_interleave(vocab))
+    return p1[:, None] * p2

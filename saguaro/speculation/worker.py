@@ -285,7 +285,7 @@ class DraftWorker:
                         slots=keys[own],
                         key_slots=keys,
                         num_logits=nb,
-                        mask=mask.clone(),
+                        mask=mask,  # copied into the batch mask before the next depth edits it
                     )
                 )
             logits = self.runner.forward(queries)

@@ -7,29 +7,10 @@ import itertools
 
 import pytest
 import torch
-import transformers
 
 from saguaro import LLM, SamplingParams
-from saguaro.sampling import SamplingTensors, logits_to_probs
-from tests.conftest import perturbed_copy, write_tiny_model
+from tests.conftest import PROMPTS, SMALL_VOCAB, exact_first_two
 from tests.stats import tv_noise_floor
-
-PROMPTS = [
-    "def add(a, b):",
-    "x",
-    "import os\nimport sys\n",
-    "hello world, this is a longer prompt",
-    "for i in range(10):",
-    "#",
-    "while True:",
-    "return",
-]
-
-
-@pytest.fixture(scope="module")
-def close_draft(tiny_llama, tmp_path_factory):
-    """A draft that agrees with the target often, so rounds accept several tokens."""
-    return perturbed_copy(tiny_llama, tmp_path_factory.mktemp("close"), noise=0.02)
 
 
 @pytest.fixture(scope="module")
@@ -123,35 +104,8 @@ def test_sd_metrics(tiny_llama, close_draft):
 
 # ---- exactness at temperature > 0: enumeration on a vocabulary of 8 ---------------------------
 
-V = 8
+V = SMALL_VOCAB
 SAMPLES = 12_000
-
-
-@pytest.fixture(scope="module")
-def small_vocab_pair(tmp_path_factory):
-    target = write_tiny_model(tmp_path_factory.mktemp("t8"), "llama", vocab_size=V, init_std=0.3)
-    close = perturbed_copy(target, tmp_path_factory.mktemp("d8"), noise=0.5)
-    far = write_tiny_model(
-        tmp_path_factory.mktemp("f8"),
-        "llama",
-        vocab_size=V,
-        seed=9,
-        hidden_size=32,
-        num_hidden_layers=1,
-        init_std=0.3,
-    )
-    return target, close, far
-
-
-def exact_first_two(target_dir, prompt_ids, params) -> torch.Tensor:
-    """P(t1, t2) by enumeration with the reference implementation: [V, V]."""
-    ref = transformers.AutoModelForCausalLM.from_pretrained(target_dir).eval()
-    st = SamplingTensors.from_params([params])
-    with torch.no_grad():
-        p1 = logits_to_probs(ref(torch.tensor([prompt_ids])).logits[0, -1:], st)[0]
-        seqs = torch.tensor([prompt_ids + [t] for t in range(V)])
-        p2 = logits_to_probs(ref(seqs).logits[:, -1], st.repeat_interleave(V))
-    return p1[:, None] * p2
 
 
 @pytest.mark.slow

@@ -17,16 +17,10 @@ import torch
 
 from saguaro import LLM, SamplingParams
 from saguaro.distributed.channel import free_port
-from tests.conftest import perturbed_copy, write_tiny_model
-from tests.speculation.test_sd import PROMPTS, exact_first_two
+from tests.conftest import PROMPTS, SMALL_VOCAB, exact_first_two
 from tests.stats import tv_noise_floor
 
 GREEDY = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
-
-
-@pytest.fixture(scope="module")
-def close_draft(tiny_llama, tmp_path_factory):
-    return perturbed_copy(tiny_llama, tmp_path_factory.mktemp("close"), noise=0.02)
 
 
 @pytest.fixture(scope="module")
@@ -114,16 +108,9 @@ def test_metrics(tiny_llama, close_draft):
 
 # ---- exactness at temperature > 0 (vocabulary of 8: exact enumeration) ------------------------
 
-V = 8
+V = SMALL_VOCAB
 SAMPLES = 8_000
 BATCH = 1_000
-
-
-@pytest.fixture(scope="module")
-def small_vocab_pair(tmp_path_factory):
-    target = write_tiny_model(tmp_path_factory.mktemp("t8"), "llama", vocab_size=V, init_std=0.3)
-    close = perturbed_copy(target, tmp_path_factory.mktemp("d8"), noise=0.5)
-    return target, close
 
 
 @pytest.mark.slow
@@ -138,7 +125,7 @@ def small_vocab_pair(tmp_path_factory):
     ],
 )
 def test_ssd_first_two_tokens_follow_target(small_vocab_pair, name, temperature, top_p, overrides):
-    target, draft = small_vocab_pair
+    target, draft, _ = small_vocab_pair
     prompt = [1, 4, 2]
     base = SamplingParams(temperature=temperature, top_p=top_p, max_tokens=4, ignore_eos=True)
     expected = exact_first_two(target, prompt, base)
