@@ -38,6 +38,9 @@ def _parser() -> argparse.ArgumentParser:
     fit.add_argument("--seed", type=int, default=defaults.seed)
     fit.add_argument("--minutes", type=float, default=None, help="stop (and save) after this")
     fit.add_argument("--ckpt-minutes", type=float, default=10.0)
+    fit.add_argument(
+        "--init-from", type=Path, default=None, help="continue an export (DIR/target, DIR/draft)"
+    )
     fit.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
 
     exp = sub.add_parser("export", help="write both HF model dirs from the latest checkpoint")
@@ -69,7 +72,19 @@ def main(argv: list[str] | None = None) -> int:
         budget = {
             k: v for k, v in (("tokens", args.tokens), ("draft_tokens", args.draft_tokens)) if v
         }
+        prior = {}
+        if args.init_from is not None:
+            from saguaro.train.export import TRAINING_META, fit_args
+
+            meta = json.loads((args.init_from / "target" / TRAINING_META).read_text())
+            prior = {
+                "init_from": str(args.init_from),
+                "prior_target_tokens": meta["target_tokens_seen"],
+                "prior_draft_tokens": meta["tokens_seen"],
+                "prior_fit": fit_args(meta["config"]),
+            }
         cfg = FitConfig(
+            **prior,
             ctx=args.ctx,
             batch=args.batch,
             lr_target=args.lr_target,

@@ -19,6 +19,7 @@ from saguaro.train.trainer import CKPT_NAME, FitConfig
 ROLES = ("target", "draft")
 EXPORT_META = "export.json"
 EVAL_RESULTS = "eval.json"
+TRAINING_META = "training.json"  # written beside each model, read by `fit --init-from`
 
 
 def export(run_dir: Path, out: Path) -> dict[str, Any]:
@@ -30,8 +31,9 @@ def export(run_dir: Path, out: Path) -> dict[str, Any]:
     meta: dict[str, Any] = {
         "step": state["step"],
         "total_steps": cfg.total_steps,
-        "tokens_seen": state["step"] * cfg.tokens_per_step,
-        "target_tokens_seen": min(state["step"], cfg.cotrain_steps) * cfg.tokens_per_step,
+        "tokens_seen": cfg.prior_draft_tokens + state["step"] * cfg.tokens_per_step,
+        "target_tokens_seen": cfg.prior_target_tokens
+        + min(state["step"], cfg.cotrain_steps) * cfg.tokens_per_step,
         "config": cfg.to_dict(),
         "corpus": {
             k: split[k]
@@ -51,6 +53,8 @@ def export(run_dir: Path, out: Path) -> dict[str, Any]:
             shutil.rmtree(d)
         model.save_pretrained(d)
         write_hf_tokenizer(tok, d, model_max_length=model.config.max_position_embeddings)
+    for role in ROLES:
+        (out / role / TRAINING_META).write_text(json.dumps(meta, indent=1) + "\n")
     (run_dir / EXPORT_META).write_text(json.dumps(meta, indent=1) + "\n")
     evaluation = run_dir / EVAL_RESULTS
     metrics = json.loads(evaluation.read_text()) if evaluation.exists() else None
@@ -115,12 +119,11 @@ def render_card(role: str, meta: dict[str, Any], metrics: dict[str, Any] | None)
         f"{meta['tokens_seen']:,} tokens in all (step {meta['step']} of "
         f"{meta['total_steps']}).",
         "",
+        *_lineage(cfg),
         "Reproduce (CPU, hours; the run resumes where it stopped):",
         "",
         "```",
-        "python -m saguaro.train --run-dir RUN prepare",
-        f"python -m saguaro.train --run-dir RUN fit --tokens {cfg['tokens']} "
-        f"--draft-tokens {cfg['draft_tokens']} --batch {cfg['batch']}",
+        *_fit_commands(cfg),
         "python -m saguaro.train --run-dir RUN export --out saguaro/bundled",
         "python -m saguaro.train --run-dir RUN eval --out saguaro/bundled",
         "```",
@@ -133,6 +136,43 @@ def render_card(role: str, meta: dict[str, Any], metrics: dict[str, Any] | None)
     else:
         lines += _metric_lines(metrics)
     return "\n".join(lines)
+
+
+def _lineage(cfg: dict[str, Any]) -> list[str]:
+    if not cfg.get("init_from"):
+        return []
+    return [
+        "This run continued an earlier export (its weights, with fresh optimizers, schedules and "
+        f"data order): that export had trained the target on {cfg['prior_target_tokens']:,} "
+        f"tokens and the draft on {cfg['prior_draft_tokens']:,}; the totals above include them, "
+        "and the settings above are the continuation's.",
+        "",
+    ]
+
+
+def fit_args(cfg: dict[str, Any]) -> str:
+    """The `fit` arguments that reproduce a run with this config."""
+    args = f"--tokens {cfg['tokens']} --draft-tokens {cfg['draft_tokens']} --batch {cfg['batch']}"
+    defaults = FitConfig()
+    for name in ("seed", "lr_target", "lr_draft", "warmup_steps"):
+        if cfg[name] != getattr(defaults, name):
+            args += f" --{name.replace('_', '-')} {cfg[name]}"
+    return args
+
+
+def _fit_commands(cfg: dict[str, Any]) -> list[str]:
+    prepare = "python -m saguaro.train --run-dir RUN prepare"
+    fit = "python -m saguaro.train --run-dir RUN fit " + fit_args(cfg)
+    if not cfg.get("init_from"):
+        return [prepare, fit]
+    # `prepare` is deterministic, so both stages train on the same split and tokenizer.
+    return [
+        prepare.replace("RUN", "RUN1"),
+        f"python -m saguaro.train --run-dir RUN1 fit {cfg['prior_fit']}",
+        "python -m saguaro.train --run-dir RUN1 export --out STAGE1",
+        prepare,
+        f"{fit} --init-from STAGE1",
+    ]
 
 
 def _metric_lines(m: dict[str, Any]) -> list[str]:

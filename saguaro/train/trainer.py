@@ -44,6 +44,12 @@ class FitConfig:
     grad_clip: float = 1.0
     ce_weight: float = 0.0  # optional CE term added to the draft's KL
     seed: int = 0
+    # A run may continue an earlier export (fresh optimizers and schedules); the tokens that
+    # export had seen are carried so the model card counts the whole training.
+    init_from: str | None = None
+    prior_target_tokens: int = 0
+    prior_draft_tokens: int = 0
+    prior_fit: str = ""  # the `fit` arguments of the run that made that export
 
     @property
     def tokens_per_step(self) -> int:
@@ -99,6 +105,22 @@ def distill_loss(
     return loss
 
 
+def init_from_export(src: Path, tok: Tokenizer, models: dict[str, torch.nn.Module]) -> None:
+    """Load `src/<role>/model.safetensors` into each model; the tokenizers must be identical."""
+    from safetensors.torch import load_file
+
+    for role, model in models.items():
+        d = src / role
+        theirs = Tokenizer.from_file(str(d / "tokenizer.json"))
+        if theirs.get_vocab() != tok.get_vocab():
+            raise ValueError(f"{d}: its tokenizer differs from this run's; cannot continue it")
+        weights = load_file(d / "model.safetensors")
+        missing, unexpected = model.load_state_dict(weights, strict=False)
+        # The tied head is stored once, as the embedding.
+        if unexpected or set(missing) - {"lm_head.weight"}:
+            raise ValueError(f"{d}: weights do not fit this run's {role} shape")
+
+
 class Trainer:
     """Owns both models, their optimizers and schedules, and the checkpoint in `run_dir`."""
 
@@ -137,6 +159,8 @@ class Trainer:
         self.step = 0
         if state is not None:
             self._load(state)
+        elif cfg.init_from is not None:
+            init_from_export(Path(cfg.init_from), tok, {"target": self.target, "draft": self.draft})
 
     # -- checkpoints ---------------------------------------------------------------------------
 

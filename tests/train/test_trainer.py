@@ -1,4 +1,5 @@
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -86,3 +87,51 @@ def test_fit_stops_on_deadline_and_replans_budget(run_dir: Path) -> None:
     assert replanned.cfg.cotrain_steps == 4
     replanned.fit()
     assert replanned.done and replanned.step == replanned.cfg.total_steps == 6
+
+
+def test_a_run_continues_an_export_and_counts_its_tokens(run_dir: Path, tmp_path: Path) -> None:
+    import json
+    import shutil
+
+    from saguaro.train.export import TRAINING_META, export
+
+    torch.set_num_threads(1)
+    first = Trainer(run_dir, CFG)
+    first.fit()
+    stage1 = export(run_dir, tmp_path / "stage1")
+
+    second_dir = tmp_path / "run2"
+    second_dir.mkdir()
+    for name in ("tokenizer.json", "train.bin", "heldout.bin", "split.json"):
+        shutil.copy(run_dir / name, second_dir / name)
+    meta1 = json.loads((tmp_path / "stage1" / "target" / TRAINING_META).read_text())
+    cfg2 = replace(
+        CFG,
+        init_from=str(tmp_path / "stage1"),
+        prior_target_tokens=meta1["target_tokens_seen"],
+        prior_draft_tokens=meta1["tokens_seen"],
+        prior_fit="--tokens 512 --draft-tokens 128 --batch 2",
+    )
+    second = Trainer(second_dir, cfg2)
+    for a, b in ((first.target, second.target), (first.draft, second.draft)):
+        assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters(), strict=True))
+    second.fit()
+    stage2 = export(second_dir, tmp_path / "stage2")
+    assert stage2["target_tokens_seen"] == 2 * stage1["target_tokens_seen"]
+    assert stage2["tokens_seen"] == 2 * stage1["tokens_seen"]
+    card = (tmp_path / "stage2" / "target" / "README.md").read_text()
+    assert "--init-from STAGE1" in card and "--tokens 512 --draft-tokens 128" in card
+
+
+def test_continuing_an_export_with_another_tokenizer_is_refused(
+    run_dir: Path, tiny_tree: Path, tmp_path: Path
+) -> None:
+    from saguaro.train.export import export
+
+    torch.set_num_threads(1)
+    Trainer(run_dir, CFG).save()
+    export(run_dir, tmp_path / "stage1")
+    other = tmp_path / "other"
+    prepare(PrepareConfig(tiny_tree, other, vocab_size=280, heldout_permille=300))
+    with pytest.raises(ValueError, match="tokenizer differs"):
+        Trainer(other, replace(CFG, init_from=str(tmp_path / "stage1")))
