@@ -93,8 +93,9 @@ class Generation:
     requests: list[RequestResult]
     records: list[list[RoundRecord]] = field(default_factory=list)  # per request (saguaro)
     target_forwards: int | None = None  # hf-assisted: target forward passes (one per round)
-    predicted_speedup: float | None = None  # SSD: DESIGN §7 from the engine's online estimates
+    predicted_speedup: float | None = None  # SSD: DESIGN §7, relative to one verification
     ssd_stats: dict[str, Any] | None = None
+    ssd_totals: dict[str, float] | None = None  # SSD: draft-side seconds during this call
     draft_failure: str | None = None
 
 
@@ -149,6 +150,7 @@ class SaguaroBackend:
 
     def generate(self, prompts: list[list[int]], params: list[SamplingParams]) -> Generation:
         engine = self.llm.engine
+        before = dict(engine.proposer.totals) if self.variant.mode == "ssd" else None
         outs = self.llm.generate(prompts, params)
         # generate() adds its requests last, in order: they are the newest sequences.
         seqs = list(engine.seqs.values())[-len(prompts) :]
@@ -171,6 +173,7 @@ class SaguaroBackend:
         if self.variant.mode == "ssd" and proposer is not None:
             gen.ssd_stats = proposer.stats(len(prompts))
             gen.predicted_speedup = gen.ssd_stats["predicted_speedup"]
+            gen.ssd_totals = {k: v - before[k] for k, v in proposer.totals.items()}
         return gen
 
     def close(self) -> None:
@@ -590,10 +593,45 @@ class Row:
     bonus_accuracy: float | None  # P(cache hit | previous round accepted all K)
     speedup_vs_ar: float | None = None
     speedup_vs_sd: float | None = None
-    predicted_speedup: float | None = None  # SSD: DESIGN §7 prediction over AR
+    predicted_speedup: float | None = None  # SSD: DESIGN §7 prediction over AR (see round_costs)
     draft_failures: list[str] = field(default_factory=list)
     speculation: dict[str, Any] = field(default_factory=dict)  # engine metrics (DESIGN §10)
     ssd: dict[str, Any] | None = None  # last round's fan-out, budget, timings; policy inputs
+    round_costs: dict[str, float] | None = None  # SSD: mean ms per engine round, by part
+
+
+def round_costs(group: list[Run]) -> dict[str, float] | None:
+    """Where an SSD engine round's wall time goes, in mean milliseconds per round.
+
+    One engine round = one draft request + one batched target forward + verification. Its wall
+    time is the decode time (each call's elapsed time after its first token) over the rounds;
+    ``target_forward`` is the verification forward, ``waited`` the time from sending the request
+    to holding the speculation (cache lookup, backups, any unfinished cache build, messaging),
+    ``target_other`` the rest (scheduling, verification arithmetic, commit). The draft's side:
+    ``glue``, ``branches`` (branch decoding), ``build`` (their sum, overlapped with the target's
+    forward) and ``backup`` (on the critical path, inside ``waited``).
+    """
+    totals = [r.gen.ssd_totals for r in group]
+    if any(t is None for t in totals):
+        return None
+    rounds = sum(t["rounds"] for t in totals)
+    if not rounds:
+        return None
+    records = [rec for r in group for s in r.gen.records for rec in s if rec.hit is not None]
+    decode_s = sum(r.gen.elapsed_s - max((q.ttft_s or 0.0) for q in r.gen.requests) for r in group)
+    ms = 1000.0 / rounds
+    out = {
+        "rounds": rounds,
+        "round": decode_s * ms,
+        "target_forward": sum(rec.target_s for rec in records) * ms,
+        # Every sequence of a round records the round's wait: average over the records.
+        "waited": 1000.0 * _mean([rec.wait_s for rec in records]) if records else 0.0,
+    }
+    out["target_other"] = out["round"] - out["target_forward"] - out["waited"]
+    for name in ("glue", "branches", "build", "backup"):
+        key = "branch_s" if name == "branches" else f"{name}_s"
+        out[name] = sum(t[key] for t in totals) * ms
+    return out
 
 
 def aggregate(runs: list[Run], variants: list[Variant]) -> list[Row]:
@@ -649,6 +687,7 @@ def aggregate(runs: list[Run], variants: list[Variant]) -> list[Row]:
                 draft_failures=sorted({r.gen.draft_failure for r in group if r.gen.draft_failure}),
                 speculation=spec if v.mode in SPEC_MODES else {},
                 ssd=last_ssd,
+                round_costs=round_costs(group) if v.mode == "ssd" else None,
             )
         )
     # Speedups within a cell: over AR, and over SD with the same K.
@@ -657,9 +696,23 @@ def aggregate(runs: list[Run], variants: list[Variant]) -> list[Row]:
         ar = index.get((row.dataset, row.temperature, row.batch_size, "ar", None))
         sd = index.get((row.dataset, row.temperature, row.batch_size, "sd", row.k))
         row.speedup_vs_ar = _ratio(row.tokens_per_s, ar.tokens_per_s if ar else None)
+        if row.predicted_speedup is not None:
+            row.predicted_speedup = _on_this_machine(row, ar)
         if row.mode != "ar":
             row.speedup_vs_sd = _ratio(row.tokens_per_s, sd.tokens_per_s if sd else None)
     return rows
+
+
+def _on_this_machine(row: Row, ar: Row | None) -> float | None:
+    """DESIGN §7 counts time in verifications and takes an AR step to cost one, as on a GPU. Here
+    an AR step costs ``ar.tpot_s`` (measured in the same cell) and a verification forward
+    ``round_costs['target_forward']``, so the prediction scales by their ratio. The prediction's
+    inputs (p_hit, E, T_p, T_b, the verification time) are all measured; what it leaves out is
+    the target's per-round overhead beyond its forward (``target_other``) and messaging."""
+    costs = row.round_costs
+    if ar is None or ar.tpot_s is None or not costs or not costs["target_forward"]:
+        return None
+    return row.predicted_speedup * 1000.0 * ar.tpot_s / costs["target_forward"]
 
 
 # ---- entry point ------------------------------------------------------------------------------

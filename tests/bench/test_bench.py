@@ -84,6 +84,12 @@ def test_bench_writes_report(tiny_llama, prompt_file, tmp_path):
     assert ssd["speedup_vs_sd"] is not None and ssd["predicted_speedup"] > 0
     assert 0 <= ssd["cache_hit_rate"] <= 1 and 0 <= ssd["bonus_accuracy"] <= 1
     assert {"fanout", "budget", "policy"} <= set(ssd["ssd"])
+    costs = ssd["round_costs"]
+    assert costs["rounds"] > 0 and costs["round"] > 0 and costs["target_forward"] > 0
+    parts = costs["target_forward"] + costs["target_other"] + costs["waited"]
+    assert parts == pytest.approx(costs["round"])
+    assert costs["build"] == pytest.approx(costs["glue"] + costs["branches"])
+    assert by[("sd", 1, 0.0)]["round_costs"] is None
     for mode in ("sd", "ssd", "hf-assisted"):
         assert by[(mode, 2, 1.0)]["mean_accepted_length"] >= 1
     # Interleaved: within one batch of prompts the modes follow each other A B C D.
@@ -93,6 +99,7 @@ def test_bench_writes_report(tiny_llama, prompt_file, tmp_path):
     md = (out / "results.md").read_text()
     assert "Greedy correctness check: passed" in md
     assert "| batch | mode | tok/s |" in md and "| 2 | hf-assisted |" in md
+    assert "**SSD round breakdown**" in md and "| prompts | 0 | 2 | ssd |" in md
     assert res["command"] in md
     for name in PLOTS:
         data = (out / name).read_bytes()
@@ -181,3 +188,19 @@ def test_quick_preset_yields_to_explicit_flags():
         "hf-assisted k=2", "hf-assisted k=4",
     ]  # fmt: skip
     assert runner.parse_config(["--prompts", "x.jsonl"]).datasets == ()
+
+
+def test_prediction_is_converted_to_this_machines_ar_step():
+    """DESIGN §7 counts in verifications; an AR step here costs less than a verification."""
+
+    def row(mode, **kw):
+        fields = {f: None for f in runner.Row.__dataclass_fields__}
+        fields.update(dataset="d", temperature=0.0, batch_size=1, variant=mode, mode=mode)
+        fields.update(requests=1, output_tokens=1, elapsed_s=1.0, tokens_per_s=1.0, k=None)
+        fields.update(draft_failures=[], speculation={}, **kw)
+        return runner.Row(**fields)
+
+    ssd = row("ssd", predicted_speedup=2.0, round_costs={"target_forward": 15.0})
+    ar = row("ar", tpot_s=0.010)
+    assert runner._on_this_machine(ssd, ar) == pytest.approx(2.0 * 10 / 15)
+    assert runner._on_this_machine(ssd, None) is None
