@@ -74,6 +74,34 @@ def marginal_fanout(
     units (flat curves) are spread evenly. Positions stop at ``cap``; if `cap (K+1) < B` the result
     sums to `cap (K+1)`.
     """
+    fanout = [0] * len(pos_probs)
+    for j, _ in _greedy_units(budget, pos_probs, hit_curves, cap):
+        fanout[j] += 1
+    return fanout
+
+
+def hit_rates(
+    budget: int,
+    pos_probs: Sequence[float],
+    hit_curves: Sequence[Sequence[float]],
+    cap: int | None = None,
+) -> list[float]:
+    """The hit rate of the :func:`marginal_fanout` allocation of every budget 0..``budget``: entry
+    B is `sum_k P(k) H_k(F_k)` for the best B units (on the concave majorants, so it is concave
+    and non-decreasing in B)."""
+    rates = [0.0]
+    for _, gain in _greedy_units(budget, pos_probs, hit_curves, cap):
+        rates.append(rates[-1] + gain)
+    return rates + [rates[-1]] * (budget + 1 - len(rates))
+
+
+def _greedy_units(
+    budget: int,
+    pos_probs: Sequence[float],
+    hit_curves: Sequence[Sequence[float]],
+    cap: int | None,
+):
+    """Yield (position, gain) for each budget unit the greedy marginal-gain allocation hands out."""
     _check_budget(budget, cap)
     if len(pos_probs) != len(hit_curves):
         raise ValueError(f"{len(pos_probs)} position probabilities but {len(hit_curves)} curves")
@@ -87,17 +115,15 @@ def marginal_fanout(
     def entry(j: int, f: int) -> tuple[float, int, int]:
         return (-pos_probs[j] * (hit(j, f + 1) - hit(j, f)), f, j)
 
-    fanout = [0] * len(pos_probs)
     heap = [entry(j, 0) for j in range(len(pos_probs))] if cap != 0 else []
     heapq.heapify(heap)
     for _ in range(budget):
         if not heap:
             break
-        _, f, j = heapq.heappop(heap)
-        fanout[j] = f + 1
+        gain, f, j = heapq.heappop(heap)
+        yield j, -gain
         if cap is None or f + 1 < cap:
             heapq.heappush(heap, entry(j, f + 1))
-    return fanout
 
 
 @dataclass
@@ -202,6 +228,18 @@ class FanoutEstimator:
         """Smoothed H_k(0..max_f) for outcome k of a round speculating ``K`` tokens: the chance that
         the true t ranks within the draft's top F. Non-decreasing, flat beyond ``max_rank``."""
         return self._curve(self._row(k, K), max_f, self._pooled())
+
+    def expected_tokens(self, K: int | None = None) -> float:
+        """Expected tokens a round speculating K' = ``K`` tokens commits: `sum_k P(k) (k + 1)`."""
+        return sum(p * (k + 1) for k, p in enumerate(self.pos_probs(K)))
+
+    def hit_rates(self, budget: int, K: int | None = None, cap: int | None = None) -> list[float]:
+        """The best achievable hit rate for every budget 0..``budget`` (see :func:`hit_rates`)."""
+        K = self.K if K is None else K
+        pooled = self._pooled()
+        max_f = budget if cap is None else min(cap, budget)
+        curves = [self._curve(self._row(k, K), max_f, pooled) for k in range(K + 1)]
+        return hit_rates(budget, self.pos_probs(K), curves, cap)
 
     def allocate(
         self, budget: int, K: int | None = None, mode: str = "geometric", cap: int | None = None

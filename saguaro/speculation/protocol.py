@@ -62,7 +62,8 @@ class RoundRequest:
     updates: list[SeqUpdate]
     dropped: list[int] = field(default_factory=list)  # finished or aborted sequences
     backup: str = "neural"  # backup for misses this round: "neural" | "fast"
-    verify_s: float | None = None  # target's last verification time, to size the cache budget
+    verify_s: float | None = None  # target's last verification forward (seconds)
+    window_s: float | None = None  # target's time from our last reply to this request
 
 
 @dataclass
@@ -77,8 +78,9 @@ class SeqSpec:
 @dataclass
 class RoundReply:
     specs: list[SeqSpec]
-    fanout: list[int]  # F_0..F_K of the cache being built next
+    fanout: list[int]  # F_0..F_d of the cache being built next
     budget: int
+    depth: int  # d <= K: tokens per cached branch
     build_s: float  # duration of the last cache build (glue + branch decoding)
     glue_s: float
     branch_s: float

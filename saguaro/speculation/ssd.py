@@ -60,6 +60,7 @@ class SSDProposer:
         self.known: dict[int, int] = {}  # seq_id -> tokens the worker has been sent
         self.dropped: list[int] = []
         self.verify_s: float | None = None
+        self.replied_at: float | None = None
         self.last_reply: P.RoundReply | None = None
         # Cumulative per-round draft-side seconds (callers diff two snapshots for a window).
         self.totals = dict.fromkeys(("rounds", "glue_s", "branch_s", "build_s", "backup_s"), 0.0)
@@ -137,9 +138,13 @@ class SSDProposer:
                 updates.append(P.SeqUpdate(s.seq_id, s.token_ids[sent:]))
             self.known[s.seq_id] = len(s)
         backup = self.policy.choose(len(seqs))
-        request = P.RoundRequest(updates, self.dropped, backup, self.verify_s)
-        self.dropped = []
         t0 = time.perf_counter()
+        window = None
+        if self.replied_at is not None and self.verify_s:
+            # Capped: an idle engine between requests is not time the worker can plan on.
+            window = min(t0 - self.replied_at, 3 * self.verify_s)
+        request = P.RoundRequest(updates, self.dropped, backup, self.verify_s, window)
+        self.dropped = []
         try:
             self.channel.send(1, P.ROUND, request)
             kind, reply = self.channel.recv(1, timeout_s=self.timeout_s)
@@ -147,7 +152,8 @@ class SSDProposer:
             raise DraftWorkerError(self._why(e)) from e
         if kind != P.SPEC:
             raise DraftWorkerError(f"draft worker failed:\n{reply}")
-        wait_s = time.perf_counter() - t0
+        self.replied_at = time.perf_counter()
+        wait_s = self.replied_at - t0
         self.last_reply = reply
         self.totals["rounds"] += 1
         for name in ("glue_s", "branch_s", "build_s", "backup_s"):
@@ -207,6 +213,7 @@ class SSDProposer:
             out.update(
                 fanout=r.fanout,
                 budget=r.budget,
+                depth=r.depth,
                 build_s=r.build_s,
                 glue_s=r.glue_s,
                 branch_s=r.branch_s,

@@ -41,13 +41,14 @@ from saguaro.sampling import SamplingParams, SamplingTensors, saguaro_probs, sam
 from saguaro.speculation import protocol as P
 from saguaro.speculation.fanout import FanoutEstimator
 from saguaro.speculation.ngram import prompt_lookup
+from saguaro.speculation.planner import BuildCosts, plan_build
 from saguaro.speculation.sd import Chain, decode_chains
 
 log = logging.getLogger("saguaro.worker")
 
 MAX_BUDGET = 64  # branches per sequence the KV pool is sized for
 MAX_RANK = 64  # candidates ranked per position for the fan-out statistics
-FIT = 0.9  # the cache build should take at most this fraction of a verification
+FIT = 0.9  # plan the cache build against this fraction of the target's window
 
 
 @dataclass(eq=False)
@@ -84,30 +85,56 @@ class DraftWorker:
         self.seqs: dict[int, DraftSeq] = {}
         self.estimator = FanoutEstimator(cfg.k, max_rank=MAX_RANK)
         self.fixed = cfg.fanout if isinstance(cfg.fanout, list) else None
+        # B and d are planned online (planner.py) unless the user fixed the fan-out or budget.
+        self.planned = self.fixed is None and cfg.budget is None
         self.budget = sum(self.fixed) if self.fixed else (cfg.budget or 8)
-        self.fanout = self._allocate()
+        self.depth = self.k
+        self.costs = BuildCosts()
+        self._fanouts: dict[int, list[int]] = {}
         self.glue_s = self.branch_s = self.build_s = 0.0
+        self.backup_kind = "neural"
         self.pending: list[DraftSeq] = []
 
     # ---- fan-out ----------------------------------------------------------------------------
 
-    def _allocate(self) -> list[int]:
-        if self.fixed is not None:
-            return list(self.fixed)
-        mode = "geometric" if self.cfg.fanout == "geometric" else "empirical"
-        return self.estimator.allocate(self.budget, self.k, mode, cap=self.vocab_size - 2)
+    def fanout(self, m: int) -> list[int]:
+        """F_0..F_m for a round speculating m tokens, at the current budget (memoised per plan).
+        A fixed fan-out F_0..F_K serves shorter rounds with its bonus entry F_K last."""
+        if m not in self._fanouts:
+            if self.fixed is not None:
+                self._fanouts[m] = self.fixed[:m] + [self.fixed[self.k]]
+            else:
+                mode = "geometric" if self.cfg.fanout == "geometric" else "empirical"
+                cap = self.vocab_size - 2
+                self._fanouts[m] = self.estimator.allocate(self.budget, m, mode, cap=cap)
+        return self._fanouts[m]
 
-    def _resize_budget(self, verify_s: float | None) -> None:
-        """Size B so glue + K branch steps fit inside one verification (DESIGN §5)."""
-        if self.fixed is not None or self.cfg.budget is not None or not verify_s:
+    def _plan(self, num_seqs: int, verify_s: float | None) -> None:
+        """Choose B and d for the next build from the online costs and statistics."""
+        window = self.costs.window.value or verify_s
+        glue = self.costs.glue.value
+        depth_s = self.costs.depth_s
+        if not self.planned or not window or glue is None or depth_s(1) is None:
             return
-        if self.build_s <= 0 or self.branch_s <= 0:
-            return
-        per_branch = self.branch_s / max(self.budget, 1)
-        room = FIT * verify_s - self.glue_s
-        target = max(1, min(MAX_BUDGET, int(room / per_branch)))
-        # move halfway: timings are noisy and the next round's batch may differ
-        self.budget = max(1, (self.budget + target + 1) // 2)
+        backup_s = 0.0
+        miss_tokens = 1.0  # a fast backup: the round commits the target's token, rarely more
+        if self.backup_kind == "neural":
+            backup_s = self.costs.backup.value or self.k * depth_s(num_seqs)
+            miss_tokens = self.estimator.expected_tokens(self.k)
+        plan = plan_build(
+            window_s=FIT * window,
+            glue_s=glue,
+            depth_s=depth_s,
+            hit_rates=self.estimator.hit_rates(MAX_BUDGET, self.depth, cap=self.vocab_size - 2),
+            expected_tokens=[self.estimator.expected_tokens(d) for d in range(self.k + 1)],
+            miss_tokens=miss_tokens,
+            backup_s=backup_s,
+            num_seqs=num_seqs,
+            max_budget=MAX_BUDGET,
+        )
+        if (plan.budget, plan.depth) != (self.budget, self.depth):
+            self.budget, self.depth = plan.budget, plan.depth
+            self._fanouts = {}
 
     # ---- one round --------------------------------------------------------------------------
 
@@ -116,8 +143,9 @@ class DraftWorker:
             seq = self.seqs.pop(sid, None)
             if seq is not None:
                 self.bm.free_all(seq)
-        self._resize_budget(req.verify_s)
-        self.fanout = self._allocate()
+        if req.window_s:
+            self.costs.window.update(req.window_s)
+        self.backup_kind, self.verify_s = req.backup, req.verify_s
         specs: dict[int, P.SeqSpec] = {}
         misses: list[DraftSeq] = []
         order: list[DraftSeq] = []
@@ -161,11 +189,14 @@ class DraftWorker:
         if misses:
             self._backup(misses, req.backup, specs)
         backup_s = time.perf_counter() - t0
+        if misses and req.backup == "neural":
+            self.costs.backup.update(backup_s)
         self.pending = order
         return P.RoundReply(
             specs=[specs[s.seq_id] for s in order],
-            fanout=list(self.fanout),
+            fanout=list(self.fanout(self.depth)),
             budget=self.budget,
+            depth=self.depth,
             build_s=self.build_s,
             glue_s=self.glue_s,
             branch_s=self.branch_s,
@@ -197,10 +228,11 @@ class DraftWorker:
 
     def _probs_fn(self, seqs: list[DraftSeq]):
         """Saguaro sampling: speculation position i = depth + 1 uses F = F_{i-1} = F_depth."""
+        fanout = self.fanout(self.k)
 
         def fn(logits: torch.Tensor, rows: list[int], depth: int) -> torch.Tensor:
             st = SamplingTensors.from_params([seqs[i].params for i in rows])
-            return saguaro_probs(logits, st, self.fanout[depth], self.cfg.saguaro_c)
+            return saguaro_probs(logits, st, fanout[depth], self.cfg.saguaro_c)
 
         return fn
 
@@ -212,6 +244,7 @@ class DraftWorker:
             self.build(seqs)
 
     def build(self, seqs: list[DraftSeq]) -> None:
+        self._plan(len(seqs), self.verify_s)
         t0 = time.perf_counter()
         k_spec = self.k
         # 1. glue pass
@@ -234,21 +267,24 @@ class DraftWorker:
             rows = glue_logits[offset : offset + m]
             offset += m
             top = torch.topk(rows, min(MAX_RANK + 1, self.vocab_size), dim=-1).indices.tolist()
+            fanout = self.fanout(m - 1)
             seq.ranked, seq_branches = [], []
             for k in range(m):
                 excluded = seq.spec[k] if k < len(seq.spec) else None
                 ranking = [t for t in top[k] if t != excluded][:MAX_RANK]
                 seq.ranked.append(ranking)
-                f = self.fanout[k] if k < len(seq.spec) else self.fanout[self.k]
-                seq_branches.extend((k, t) for t in ranking[:f])
+                seq_branches.extend((k, t) for t in ranking[: fanout[k]])
             branches.append(seq_branches)
         # 3. branch decoding
         self._decode_branches(seqs, branches)
         t2 = time.perf_counter()
         self.glue_s, self.branch_s, self.build_s = t1 - t0, t2 - t1, t2 - t0
+        self.costs.glue.update(self.glue_s)
 
     def _decode_branches(self, seqs: list[DraftSeq], branches: list[list[tuple[int, int]]]) -> None:
-        k = self.k
+        """Decode every branch for d = ``self.depth`` tokens; scratch starts after the longest
+        possible glue (K + 1 positions), each branch owning d slots."""
+        k, fanout = self.depth, self.fanout(self.depth)
         live = [i for i, b in enumerate(branches) if b]
         if not live:
             return
@@ -257,7 +293,7 @@ class DraftWorker:
         for i in live:
             seq, nb = seqs[i], len(branches[i])
             n = len(seq.token_ids)
-            base = n + k  # scratch starts after the longest possible glue
+            base = n + self.k
             self.bm.allocate(seq, base + nb * k)
             keys = token_slots(seq.block_table, 0, base + nb * k, bs)
             glue_len = len(seq.spec)
@@ -269,7 +305,9 @@ class DraftWorker:
         tokens = {i: torch.tensor([t for _, t in branches[i]]) for i in live}
         out_tokens = {i: torch.zeros(len(branches[i]), k, dtype=torch.int64) for i in live}
         out_probs = {i: torch.zeros(len(branches[i]), k, self.vocab_size) for i in live}
+        num_branches = sum(len(branches[i]) for i in live)
         for depth in range(k):
+            t0 = time.perf_counter()
             queries = []
             for i in live:
                 seq = seqs[i]
@@ -295,11 +333,12 @@ class DraftWorker:
                 rows = logits[offset : offset + nb]
                 offset += nb
                 st = SamplingTensors.from_params([seq.params] * nb)
-                q = saguaro_probs(rows, st, self.fanout[depth], self.cfg.saguaro_c)
+                q = saguaro_probs(rows, st, fanout[depth], self.cfg.saguaro_c)
                 drawn = sample(q, [seq.generator] * nb)
                 out_tokens[i][:, depth] = drawn
                 out_probs[i][:, depth] = q
                 tokens[i] = drawn
+            self.costs.observe_depth(num_branches, time.perf_counter() - t0)
         for i in live:
             seq = seqs[i]
             greedy = seq.params.greedy

@@ -63,7 +63,9 @@ def test_greedy_ssd_equals_ar(
         check_greedy(llm, ar_reference)
         run = llm.last_run
         if name.startswith("hits"):
-            assert run["cache_hit_rate"] > 0.9 and run["mean_accepted_length"] > 2.5
+            # The planner may shorten speculation (the draft costs as much as the target), but
+            # every drafted token is the target's own.
+            assert run["cache_hit_rate"] > 0.9 and run["acceptance_rate"] > 0.95
         if name.startswith("misses"):
             assert run["cache_hit_rate"] == 0
             assert set(run["backups"]) == {overrides["backup"]}
@@ -102,7 +104,8 @@ def test_metrics(tiny_llama, close_draft):
     m = out[0].metrics
     assert 0 <= m["cache_hit_rate"] <= 1 and m["wait_s"] >= 0
     assert m["mean_accepted_length_hit"] is None or m["mean_accepted_length_hit"] >= 1
-    assert sum(stats["fanout"]) == stats["budget"] and len(stats["fanout"]) == 4
+    assert sum(stats["fanout"]) == stats["budget"] and 1 <= stats["depth"] <= 3
+    assert len(stats["fanout"]) == stats["depth"] + 1
     assert stats["policy"]["p_hit"] > 0
 
 
@@ -122,6 +125,7 @@ BATCH = 1_000
         ("miss + fast backup", 1.0, 1.0, dict(fanout="0", backup="fast")),
         ("saguaro C=0.3", 1.0, 1.0, dict(fanout=[3, 2, 2, 3], saguaro_c=0.3)),
         ("top-p 0.8, auto", 0.9, 0.8, dict(cache_budget=6)),
+        ("planned budget and depth", 1.0, 1.0, dict()),
     ],
 )
 def test_ssd_first_two_tokens_follow_target(small_vocab_pair, name, temperature, top_p, overrides):

@@ -101,3 +101,27 @@ def test_tokens_committed_outside_a_round_are_a_miss(tiny_draft):
     reference = LLM(model=str(tiny_draft), max_model_len=256)
     greedy = SamplingParams(temperature=0, max_tokens=k, ignore_eos=True)
     assert reply.specs[0].tokens == reference.generate([seq.token_ids], greedy)[0].token_ids
+
+
+def test_shallow_branches_are_the_drafts_first_tokens(tiny_draft):
+    """A planned depth d < K caches d-token branches, each the draft's own continuation of its
+    outcome's prefix, and a hit serves those d tokens."""
+    k, fanout = 3, [2, 1, 1, 2]
+    worker = make_worker(tiny_draft, k, fanout)
+    worker.depth = 2
+    reference = LLM(model=str(tiny_draft), max_model_len=256)
+    greedy = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+    prompt = [5, 17, 99, 3, 42, 8, 61]
+    worker.handle(P.RoundRequest([P.SeqUpdate(0, prompt, new=True)], backup="neural"))
+    worker.build_pending()
+    seq = worker.seqs[0]
+    assert len(seq.spec) == k  # the neural backup still drafts K
+    assert len(seq.cache) == sum(fanout)
+    for (kk, t), (tokens, _) in seq.cache.items():
+        assert tokens == reference.generate([prompt + seq.spec[:kk] + [t]], greedy)[0].token_ids
+    (kk, t), (branch, _) = next(iter(seq.cache.items()))
+    reply = worker.handle(P.RoundRequest([P.SeqUpdate(0, seq.spec[:kk] + [t])], backup="neural"))
+    assert reply.specs[0].hit and reply.specs[0].tokens == branch and len(branch) == 2
+    worker.build_pending()  # outcomes of a 2-token round: F_0, F_1 and the bonus F_K
+    assert {kk for kk, _ in seq.cache} == {0, 1, 2}
+    assert len(seq.cache) == fanout[0] + fanout[1] + fanout[k]
