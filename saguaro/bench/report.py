@@ -186,7 +186,8 @@ ROUND_COLUMNS = (
     ("waited", "waited"),
     ("draft glue", "glue"),
     ("draft branches", "branches"),
-    ("backup", "backup"),
+    ("handle", "handle"),
+    ("of which backup", "backup"),
 )
 
 
@@ -199,7 +200,8 @@ def round_table(rows: list[Row]) -> str:
     head += ["budget B", "hit rate", "predicted × AR", "achieved × AR", "achieved / predicted"]
     parts = [
         "**SSD round breakdown** (mean ms per engine round; the draft's glue and branches "
-        "overlap the target's forward, its backups fall inside *waited*)\n",
+        "overlap the target's forward; its answer (*handle*, backups included) falls inside "
+        "*waited*, the rest of which is the build's overrun and messaging)\n",
         "| " + " | ".join(head) + " |",
         "|" + "|".join("---" if i < 4 else "---:" for i in range(len(head))) + "|",
     ]

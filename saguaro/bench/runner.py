@@ -609,7 +609,8 @@ def round_costs(group: list[Run]) -> dict[str, float] | None:
     to holding the speculation (cache lookup, backups, any unfinished cache build, messaging),
     ``target_other`` the rest (scheduling, verification arithmetic, commit). The draft's side:
     ``glue``, ``branches`` (branch decoding), ``build`` (their sum, overlapped with the target's
-    forward) and ``backup`` (on the critical path, inside ``waited``).
+    forward), and on the critical path, inside ``waited``: ``handle`` (answering the request,
+    ``backup`` included). What is left of ``waited`` is the build's overrun and messaging.
     """
     totals = [r.gen.ssd_totals for r in group]
     if any(t is None for t in totals):
@@ -628,7 +629,7 @@ def round_costs(group: list[Run]) -> dict[str, float] | None:
         "waited": 1000.0 * _mean([rec.wait_s for rec in records]) if records else 0.0,
     }
     out["target_other"] = out["round"] - out["target_forward"] - out["waited"]
-    for name in ("glue", "branches", "build", "backup"):
+    for name in ("glue", "branches", "build", "backup", "handle"):
         key = "branch_s" if name == "branches" else f"{name}_s"
         out[name] = sum(t[key] for t in totals) * ms
     return out

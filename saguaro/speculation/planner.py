@@ -1,17 +1,20 @@
 """How much speculation cache to build each round: budget B and branch depth d (DESIGN §5).
 
-The draft worker builds the cache for round T while the target verifies it. Building costs
-`T_build(B, d) = T_glue + d * T_depth(n B)` for n sequences (one batched forward per depth over
-all n B branches), and pays off through the hit rate `p(B)` (the best allocation of B branches,
-from :class:`FanoutEstimator`) and the tokens a hit brings, `E(d)` (expected commits of a round
-speculating d tokens). A build longer than the target's window W (its time between our reply
-and its next request) delays every round; a miss delays the batch by a backup. Per round:
+The draft worker builds the cache for round T while the target verifies it. For n sequences a
+build costs `T_build(B, d) = T_fixed + d T_depth(n B)`: a fixed part (glue pass, candidate
+ranking), then one batched forward per depth over all n B branches. It pays off through the hit
+rate p(B) (the best allocation of B branches, from :class:`FanoutEstimator`) and the tokens a
+hit brings, E(d) (expected commits of a round speculating d tokens). A build longer than the
+target's window W (its time between our reply and its next request) delays the round; a miss
+delays the batch by a backup. Per round:
 
     tokens(B, d) = p(B) E(d) + (1 - p(B)) E_miss
     time(B, d)   = max(W, T_build(B, d)) + (1 - p(B)^n) T_backup
 
-The planner picks the (B, d) with the most tokens per second, over B = 1..max_budget and
-d = 1..K. On a GPU T_depth barely grows with B and d = K wins; on a CPU the fixed cost of a
+The planner picks the (B, d) with the most tokens per second over B = 0..max_budget and
+d = 1..K. B = 0 builds no branches: every round misses, as in synchronous SD with the draft
+working on demand, and candidates are still ranked so the hit statistics keep learning. On a
+GPU T_depth barely grows with B, and wide, full-depth caches win; on a CPU the fixed cost of a
 forward makes short, narrow caches pay. d < K is exact: a cached branch of d tokens is a valid
 speculation of length d (the target verifies whatever length it is given), and d depends only
 on timings, never on sampled tokens.
@@ -41,16 +44,17 @@ class _Ema:
 
 @dataclass
 class BuildCosts:
-    """Online seconds: the glue pass, one branch depth over m branches, a backup, the window."""
+    """Online seconds: a build's fixed part (glue pass, ranking), one branch depth over m
+    branches, a backup, the target's window."""
 
     alpha: float = 0.1
-    glue: _Ema = field(init=False)
+    fixed: _Ema = field(init=False)
     backup: _Ema = field(init=False)
     window: _Ema = field(init=False)
     _moments: list[float] = field(init=False)  # EMAs of 1, m, t, m^2, m t
 
     def __post_init__(self) -> None:
-        self.glue, self.backup, self.window = (_Ema(self.alpha) for _ in range(3))
+        self.fixed, self.backup, self.window = (_Ema(self.alpha) for _ in range(3))
         self._moments = [0.0] * 5
 
     def observe_depth(self, m: int, seconds: float) -> None:
@@ -86,7 +90,7 @@ class Plan:
 def plan_build(
     *,
     window_s: float,
-    glue_s: float,
+    fixed_s: float,
     depth_s,  # callable: branches in the batch -> seconds of one depth
     hit_rates: list[float],  # p(B) for B = 0..max_budget
     expected_tokens: list[float],  # E(d) for d = 0..K
@@ -96,17 +100,17 @@ def plan_build(
     max_budget: int,
 ) -> Plan:
     """The (B, d) with the highest predicted tokens per second (see the module docstring)."""
-    best: Plan | None = None
     max_depth = len(expected_tokens) - 1
+    no_cache = miss_tokens / (max(window_s, fixed_s) + backup_s)
+    best = Plan(0, max_depth, no_cache)
     for b in range(1, max_budget + 1):
         p = hit_rates[min(b, len(hit_rates) - 1)]
         per_depth = depth_s(num_seqs * b)
         stall = (1.0 - p**num_seqs) * backup_s
         for d in range(1, max_depth + 1):
             tokens = p * expected_tokens[d] + (1.0 - p) * miss_tokens
-            seconds = max(window_s, glue_s + d * per_depth) + stall
+            seconds = max(window_s, fixed_s + d * per_depth) + stall
             rate = tokens / seconds
-            if best is None or rate > best.rate:
+            if rate > best.rate:
                 best = Plan(b, d, rate)
-    assert best is not None, "max_budget and K must be >= 1"
     return best

@@ -81,6 +81,7 @@ class RoundReply:
     fanout: list[int]  # F_0..F_d of the cache being built next
     budget: int
     depth: int  # d <= K: tokens per cached branch
+    handle_s: float  # from this request's arrival to this reply (backups included)
     build_s: float  # duration of the last cache build (glue + branch decoding)
     glue_s: float
     branch_s: float

@@ -63,7 +63,9 @@ class SSDProposer:
         self.replied_at: float | None = None
         self.last_reply: P.RoundReply | None = None
         # Cumulative per-round draft-side seconds (callers diff two snapshots for a window).
-        self.totals = dict.fromkeys(("rounds", "glue_s", "branch_s", "build_s", "backup_s"), 0.0)
+        self.totals = dict.fromkeys(
+            ("rounds", "glue_s", "branch_s", "build_s", "backup_s", "handle_s"), 0.0
+        )
         self.proc: subprocess.Popen | None = None
         self.closed = False
         self.channel = Channel(0, cfg.draft_addr, cfg.draft_port, self.timeout_s)
@@ -156,7 +158,7 @@ class SSDProposer:
         wait_s = self.replied_at - t0
         self.last_reply = reply
         self.totals["rounds"] += 1
-        for name in ("glue_s", "branch_s", "build_s", "backup_s"):
+        for name in ("glue_s", "branch_s", "build_s", "backup_s", "handle_s"):
             self.totals[name] += getattr(reply, name)
         n = len(seqs)
         tokens = torch.zeros(n, self.k, dtype=torch.int64)

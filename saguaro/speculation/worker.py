@@ -112,9 +112,9 @@ class DraftWorker:
     def _plan(self, num_seqs: int, verify_s: float | None) -> None:
         """Choose B and d for the next build from the online costs and statistics."""
         window = self.costs.window.value or verify_s
-        glue = self.costs.glue.value
+        fixed = self.costs.fixed.value
         depth_s = self.costs.depth_s
-        if not self.planned or not window or glue is None or depth_s(1) is None:
+        if not self.planned or not window or fixed is None or depth_s(1) is None:
             return
         backup_s = 0.0
         miss_tokens = 1.0  # a fast backup: the round commits the target's token, rarely more
@@ -123,7 +123,7 @@ class DraftWorker:
             miss_tokens = self.estimator.expected_tokens(self.k)
         plan = plan_build(
             window_s=FIT * window,
-            glue_s=glue,
+            fixed_s=fixed,
             depth_s=depth_s,
             hit_rates=self.estimator.hit_rates(MAX_BUDGET, self.depth, cap=self.vocab_size - 2),
             expected_tokens=[self.estimator.expected_tokens(d) for d in range(self.k + 1)],
@@ -139,6 +139,7 @@ class DraftWorker:
     # ---- one round --------------------------------------------------------------------------
 
     def handle(self, req: P.RoundRequest) -> P.RoundReply:
+        start = time.perf_counter()
         for sid in req.dropped:
             seq = self.seqs.pop(sid, None)
             if seq is not None:
@@ -197,6 +198,7 @@ class DraftWorker:
             fanout=list(self.fanout(self.depth)),
             budget=self.budget,
             depth=self.depth,
+            handle_s=time.perf_counter() - start,
             build_s=self.build_s,
             glue_s=self.glue_s,
             branch_s=self.branch_s,
@@ -244,8 +246,8 @@ class DraftWorker:
             self.build(seqs)
 
     def build(self, seqs: list[DraftSeq]) -> None:
-        self._plan(len(seqs), self.verify_s)
         t0 = time.perf_counter()
+        self._plan(len(seqs), self.verify_s)
         k_spec = self.k
         # 1. glue pass
         queries = []
@@ -276,18 +278,21 @@ class DraftWorker:
                 seq_branches.extend((k, t) for t in ranking[: fanout[k]])
             branches.append(seq_branches)
         # 3. branch decoding
-        self._decode_branches(seqs, branches)
+        depths_s = self._decode_branches(seqs, branches)
         t2 = time.perf_counter()
         self.glue_s, self.branch_s, self.build_s = t1 - t0, t2 - t1, t2 - t0
-        self.costs.glue.update(self.glue_s)
+        self.costs.fixed.update(self.build_s - depths_s)
 
-    def _decode_branches(self, seqs: list[DraftSeq], branches: list[list[tuple[int, int]]]) -> None:
+    def _decode_branches(
+        self, seqs: list[DraftSeq], branches: list[list[tuple[int, int]]]
+    ) -> float:
         """Decode every branch for d = ``self.depth`` tokens; scratch starts after the longest
-        possible glue (K + 1 positions), each branch owning d slots."""
+        possible glue (K + 1 positions), each branch owning d slots. Returns the seconds spent
+        in the depth steps."""
         k, fanout = self.depth, self.fanout(self.depth)
         live = [i for i, b in enumerate(branches) if b]
         if not live:
-            return
+            return 0.0
         bs = self.cfg.block_size
         layout = {}  # seq index -> (base index of scratch, key slots, static mask part)
         for i in live:
@@ -306,6 +311,7 @@ class DraftWorker:
         out_tokens = {i: torch.zeros(len(branches[i]), k, dtype=torch.int64) for i in live}
         out_probs = {i: torch.zeros(len(branches[i]), k, self.vocab_size) for i in live}
         num_branches = sum(len(branches[i]) for i in live)
+        depths_s = 0.0
         for depth in range(k):
             t0 = time.perf_counter()
             queries = []
@@ -338,7 +344,9 @@ class DraftWorker:
                 out_tokens[i][:, depth] = drawn
                 out_probs[i][:, depth] = q
                 tokens[i] = drawn
-            self.costs.observe_depth(num_branches, time.perf_counter() - t0)
+            seconds = time.perf_counter() - t0
+            depths_s += seconds
+            self.costs.observe_depth(num_branches, seconds)
         for i in live:
             seq = seqs[i]
             greedy = seq.params.greedy
@@ -347,6 +355,7 @@ class DraftWorker:
                     out_tokens[i][j].tolist(),
                     None if greedy else out_probs[i][j].clone(),
                 )
+        return depths_s
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

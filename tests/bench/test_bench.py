@@ -53,9 +53,10 @@ def args(model, draft, prompts, out, *extra: str) -> list[str]:
 def test_bench_writes_report(tiny_llama, prompt_file, tmp_path):
     out = tmp_path / "out"
     # The target drafts for itself: every proposal is accepted, so even 8-token requests have
-    # full rounds followed by another round, which bonus accuracy needs.
+    # full rounds followed by another round, which bonus accuracy needs. A fixed fan-out: the
+    # planner would rightly build no cache for a draft as costly as its target.
     argv = args(
-        tiny_llama, tiny_llama, prompt_file, out, "--k", "2",
+        tiny_llama, tiny_llama, prompt_file, out, "--k", "2", "--fanout", "2",
         "--modes", "ar,sd,ssd,hf-assisted", "--batch-sizes", "1,2", "--temperatures", "0,1",
     )  # fmt: skip
     assert bench_main(argv) == 0

@@ -19,7 +19,7 @@ def plan(window_ms, glue_ms, depth_ms, estimator=None, backup_ms=10.0, num_seqs=
     est = estimator or FanoutEstimator(K)
     return plan_build(
         window_s=window_ms / 1000,
-        glue_s=glue_ms / 1000,
+        fixed_s=glue_ms / 1000,
         depth_s=lambda m: depth_ms(m) / 1000,
         hit_rates=est.hit_rates(64, K),
         expected_tokens=[est.expected_tokens(d) for d in range(K + 1)],
@@ -42,6 +42,18 @@ def test_costly_forwards_make_the_cache_shallow_and_narrow():
     assert p.depth < K and p.budget < 16
     build = 3 + p.depth * (2.5 + 0.17 * p.budget)
     assert build <= 11 + 2.5  # at most about one depth past the window
+
+
+def test_a_cache_that_rarely_hits_is_not_built():
+    """Branches that overrun the window cost time; when candidates almost never contain the
+    outcome they are not worth it. (Branches that fit in the window are free.)"""
+    est = FanoutEstimator(K)
+    for _ in range(500):
+        est.observe(0, None)
+    p = plan(window_ms=5, glue_ms=3, depth_ms=lambda m: 2.5 + 0.17 * m, estimator=est)
+    assert p.budget == 0
+    hopeful = plan(window_ms=5, glue_ms=3, depth_ms=lambda m: 2.5 + 0.17 * m)
+    assert hopeful.budget > 0  # under the prior's hit curve a cache pays
 
 
 def test_batches_shrink_the_budget_per_sequence():

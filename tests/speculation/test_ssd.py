@@ -46,7 +46,8 @@ def check_greedy(llm, ar_reference):
 @pytest.mark.parametrize(
     "name, k, overrides",
     [
-        ("hits (draft = target)", 2, dict(draft="target")),
+        # A fixed fan-out: for a draft as costly as its target the planner builds no cache.
+        ("hits (draft = target)", 2, dict(draft="target", fanout=[2, 2, 2])),
         ("auto fan-out, close draft", 5, dict(draft="close")),
         ("misses + neural backup", 5, dict(draft="close", fanout="0", backup="neural")),
         ("misses + fast backup", 2, dict(draft="close", fanout="0", backup="fast")),
@@ -63,9 +64,7 @@ def test_greedy_ssd_equals_ar(
         check_greedy(llm, ar_reference)
         run = llm.last_run
         if name.startswith("hits"):
-            # The planner may shorten speculation (the draft costs as much as the target), but
-            # every drafted token is the target's own.
-            assert run["cache_hit_rate"] > 0.9 and run["acceptance_rate"] > 0.95
+            assert run["cache_hit_rate"] > 0.9 and run["mean_accepted_length"] > 2.5
         if name.startswith("misses"):
             assert run["cache_hit_rate"] == 0
             assert set(run["backups"]) == {overrides["backup"]}
