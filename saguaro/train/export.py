@@ -35,6 +35,7 @@ def export(run_dir: Path, out: Path) -> dict[str, Any]:
         "target_tokens_seen": cfg.prior_target_tokens
         + min(state["step"], cfg.cotrain_steps) * cfg.tokens_per_step,
         "config": cfg.to_dict(),
+        "replans": state.get("replans", []),
         "corpus": {
             k: split[k]
             for k in ("python", "train_files", "heldout_files", "train_tokens", "heldout_tokens")
@@ -120,6 +121,7 @@ def render_card(role: str, meta: dict[str, Any], metrics: dict[str, Any] | None)
         f"{meta['total_steps']}).",
         "",
         *_lineage(cfg),
+        *_replans(meta.get("replans", [])),
         "Reproduce (CPU, hours; the run resumes where it stopped):",
         "",
         "```",
@@ -158,6 +160,16 @@ def fit_args(cfg: dict[str, Any]) -> str:
         if cfg[name] != getattr(defaults, name):
             args += f" --{name.replace('_', '-')} {cfg[name]}"
     return args
+
+
+def _replans(replans: list[dict[str, int]]) -> list[str]:
+    lines = [
+        f"At step {r['step']} the budget was re-planned from "
+        + " and ".join(f"`{k}` {v:,}" for k, v in r.items() if k != "step")
+        + " to the one above; the schedules followed the earlier plan until then."
+        for r in replans
+    ]
+    return [*lines, ""] if lines else []
 
 
 def _fit_commands(cfg: dict[str, Any]) -> list[str]:

@@ -137,8 +137,14 @@ class Trainer:
         self.run_dir, self.device = run_dir, torch.device(device)
         ckpt_path = run_dir / CKPT_NAME
         state = torch.load(ckpt_path, weights_only=False) if ckpt_path.exists() else None
+        # Earlier plans of a re-planned run, so its card can say how the schedule really went.
+        self.replans: list[dict[str, int]] = []
         if state is not None:
             cfg = FitConfig.from_dict(state["config"])
+            self.replans = state.get("replans", [])
+            planned = {k: getattr(cfg, k) for k in (budget or {})}
+            if planned != (budget or {}):
+                self.replans = [*self.replans, {"step": state["step"], **planned}]
         self.cfg = cfg = dataclasses.replace(cfg, **(budget or {}))
         tok = Tokenizer.from_file(str(run_dir / "tokenizer.json"))
         self.vocab_size, self.eot_id = tok.get_vocab_size(), tok.token_to_id(EOT)
@@ -175,6 +181,7 @@ class Trainer:
             "sched_t": self.sched_t.state_dict(),
             "sched_d": self.sched_d.state_dict(),
             "torch_rng": torch.get_rng_state(),
+            "replans": self.replans,
         }
 
     def _load(self, state: dict[str, Any]) -> None:

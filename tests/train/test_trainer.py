@@ -85,6 +85,7 @@ def test_fit_stops_on_deadline_and_replans_budget(run_dir: Path) -> None:
     assert trainer.step == 0 and (run_dir / "checkpoint.pt").exists()
     replanned = Trainer(run_dir, CFG, budget={"tokens": 64 * 4})
     assert replanned.cfg.cotrain_steps == 4
+    assert replanned.replans == [{"step": 0, "tokens": CFG.tokens}]
     replanned.fit()
     assert replanned.done and replanned.step == replanned.cfg.total_steps == 6
 
