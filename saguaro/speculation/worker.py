@@ -87,7 +87,10 @@ class DraftWorker:
         self.fixed = cfg.fanout if isinstance(cfg.fanout, list) else None
         # B and d are planned online (planner.py) unless the user fixed the fan-out or budget.
         self.planned = self.fixed is None and cfg.budget is None
-        self.budget = sum(self.fixed) if self.fixed else (cfg.budget or 8)
+        if self.fixed is not None:
+            self.budget = sum(self.fixed)
+        else:
+            self.budget = 8 if cfg.budget is None else cfg.budget
         self.depth = self.k
         self.costs = BuildCosts()
         self._fanouts: dict[int, list[int]] = {}

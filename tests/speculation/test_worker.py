@@ -125,3 +125,13 @@ def test_shallow_branches_are_the_drafts_first_tokens(tiny_draft):
     worker.build_pending()  # outcomes of a 2-token round: F_0, F_1 and the bonus F_K
     assert {kk for kk, _ in seq.cache} == {0, 1, 2}
     assert len(seq.cache) == fanout[0] + fanout[1] + fanout[k]
+
+
+def test_budget_zero_builds_no_branches_but_still_ranks(tiny_draft):
+    worker = make_worker(tiny_draft, 2, "auto", budget=0)
+    worker.handle(P.RoundRequest([P.SeqUpdate(0, [1, 2, 3, 4], new=True)], backup="neural"))
+    worker.build_pending()
+    seq = worker.seqs[0]
+    assert seq.cache == {} and len(seq.ranked) == 3 and all(seq.ranked)
+    reply = worker.handle(P.RoundRequest([P.SeqUpdate(0, [seq.spec[0], 7])], backup="neural"))
+    assert reply.specs[0].hit is False and reply.specs[0].backup == "neural"
