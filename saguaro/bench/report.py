@@ -179,6 +179,38 @@ def markdown_table(rows: list[Row]) -> str:
     return "\n".join(parts)
 
 
+def summary_table(rows: list[Row]) -> str:
+    """One line per (dataset, temperature, batch): total tok/s of every variant side by side, then
+    SSD against SD and AR with its hit rate and the accepted lengths. Ready for a README."""
+    variants = list(dict.fromkeys(r.variant for r in rows))
+    cells: dict[tuple[str, float, int], dict[str, Row]] = {}
+    for r in rows:
+        cells.setdefault((r.dataset, r.temperature, r.batch_size), {})[r.variant] = r
+    ssd = next((v for v in variants if v.startswith("ssd")), None)
+    sd = next((v for v in variants if v.startswith("sd")), None)
+    head = ["dataset", "T", "batch", *(f"{v} tok/s" for v in variants)]
+    if ssd:
+        head += [f"{ssd} × {sd}" if sd else None, f"{ssd} × ar", "hit rate", "acc. len"]
+        head = [h for h in head if h]
+    lines = [
+        "| " + " | ".join(head) + " |",
+        "|" + "|".join("---" if i < 2 else "---:" for i in range(len(head))) + "|",
+    ]
+    for (dataset, temp, batch), by in sorted(cells.items()):
+        line = [dataset, f"{temp:g}", str(batch)]
+        line += [_cell(by[v].tokens_per_s if v in by else None, "{:.1f}") for v in variants]
+        if ssd:
+            row = by.get(ssd)
+            if sd:
+                line.append(_cell(row.speedup_vs_sd if row else None, "{:.2f}×"))
+            line.append(_cell(row.speedup_vs_ar if row else None, "{:.2f}×"))
+            line.append(_cell(row.cache_hit_rate if row else None, "{:.0%}"))
+            lengths = [by[v].mean_accepted_length for v in variants if v in by and v != "ar"]
+            line.append(" / ".join(_cell(x, "{:.2f}") for x in lengths))
+        lines.append("| " + " | ".join(line) + " |")
+    return "\n".join(lines) + "\n"
+
+
 ROUND_COLUMNS = (
     ("round", "round"),
     ("target fwd", "target_forward"),
@@ -296,7 +328,8 @@ def markdown(meta: dict[str, Any], rows: list[Row], correctness: dict[str, Any])
         "in the same cell).",
     ]
     lines += [f"- **draft failure (fell back to AR): {f}**" for f in failures]
-    lines += ["", markdown_table(rows), round_table(rows)]
+    lines += ["", "**Summary** (output tok/s in total; acc. len of each speculative mode)", ""]
+    lines += [summary_table(rows), markdown_table(rows), round_table(rows)]
     lines += [f"![{p.removesuffix('.png')}]({p})" for p in PLOTS]
     return "\n".join(lines) + "\n"
 

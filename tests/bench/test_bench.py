@@ -100,6 +100,8 @@ def test_bench_writes_report(tiny_llama, prompt_file, tmp_path):
     md = (out / "results.md").read_text()
     assert "Greedy correctness check: passed" in md
     assert "| batch | mode | tok/s |" in md and "| 2 | hf-assisted |" in md
+    assert "| dataset | T | batch | ar tok/s | sd tok/s | ssd tok/s | hf-assisted tok/s |" in md
+    assert "| prompts | 1 | 2 |" in md
     assert "**SSD round breakdown**" in md and "| prompts | 0 | 2 | ssd |" in md
     assert res["command"] in md
     for name in PLOTS:
