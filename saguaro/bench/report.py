@@ -229,7 +229,14 @@ def round_table(rows: list[Row]) -> str:
     if not ssd:
         return ""
     head = ["dataset", "T", "batch", "mode", *(c[0] for c in ROUND_COLUMNS)]
-    head += ["budget B", "hit rate", "predicted × AR", "achieved × AR", "achieved / predicted"]
+    head += [
+        "build overran",
+        "budget B",
+        "hit rate",
+        "predicted × AR",
+        "achieved × AR",
+        "achieved / predicted",
+    ]
     parts = [
         "**SSD round breakdown** (mean ms per engine round; the draft's glue and branches "
         "overlap the target's forward; its answer (*handle*, backups included) falls inside "
@@ -243,6 +250,7 @@ def round_table(rows: list[Row]) -> str:
         cells = [r.dataset, f"{r.temperature:g}", str(r.batch_size), r.variant]
         cells += [f"{c[key]:.1f}" for _, key in ROUND_COLUMNS]
         cells += [
+            f"{c['overran']:.0%}",
             "–" if budget is None else str(budget),
             _cell(r.cache_hit_rate, "{:.0%}"),
             _cell(r.predicted_speedup, "{:.2f}×"),

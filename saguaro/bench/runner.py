@@ -611,6 +611,7 @@ def round_costs(group: list[Run]) -> dict[str, float] | None:
     ``glue``, ``branches`` (branch decoding), ``build`` (their sum, overlapped with the target's
     forward), and on the critical path, inside ``waited``: ``handle`` (answering the request,
     ``backup`` included). What is left of ``waited`` is the build's overrun and messaging.
+    ``overran``: the share of rounds whose request found the worker still building.
     """
     totals = [r.gen.ssd_totals for r in group]
     if any(t is None for t in totals):
@@ -632,6 +633,7 @@ def round_costs(group: list[Run]) -> dict[str, float] | None:
     for name in ("glue", "branches", "build", "backup", "handle"):
         key = "branch_s" if name == "branches" else f"{name}_s"
         out[name] = sum(t[key] for t in totals) * ms
+    out["overran"] = sum(t["overran"] for t in totals) / rounds
     return out
 
 

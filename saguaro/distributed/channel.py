@@ -6,10 +6,13 @@ one can be picked and handed to a worker it launches); :meth:`connect` then bloc
 ranks have joined. Each channel owns its own process group (not the global default
 group), so several engines can run side by side in one process, each on its own port.
 
-Wire format of one message: a header ``int64[2] = (kind, nbytes)``, then ``uint8[nbytes]``: the
-pickled message object (tensors inside are pickled by torch). Two sends per message, one
-message per direction per round. Both ends are saguaro processes the user started: pickle is the
-trust boundary, which is why the rendezvous binds to loopback unless told otherwise.
+Wire format of one message: ``uint8[FIRST]`` holding a header ``int64[2] = (kind, nbytes)`` and
+the first bytes of the pickled message object (tensors inside are pickled by torch), zero-padded;
+then, only if the object did not fit, ``uint8[nbytes - room]`` with the rest. One send per
+message as a rule (a round's request, a greedy reply) and one message per direction per round:
+a second small send right behind a first one waited milliseconds on the socket. Both ends are
+saguaro processes the user started: pickle is the trust boundary, which is why the rendezvous
+binds to loopback unless told otherwise.
 """
 
 from __future__ import annotations
@@ -21,6 +24,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+FIRST = 64 * 1024  # bytes of the first (fixed-size) part of every message
+_HEADER = 16  # int64 kind, int64 nbytes
 
 
 class ChannelError(RuntimeError):
@@ -77,25 +83,37 @@ class Channel:
 
     def send(self, peer: int, kind: int, obj: Any) -> None:
         body = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-        header = torch.tensor([kind, len(body)], dtype=torch.int64)
-        payload = torch.frombuffer(bytearray(body), dtype=torch.uint8)
+        room = FIRST - _HEADER
+        first = torch.zeros(FIRST, dtype=torch.uint8)
+        first[:_HEADER] = torch.tensor([kind, len(body)], dtype=torch.int64).view(torch.uint8)
+        head = body[:room]
+        if head:
+            first[_HEADER : _HEADER + len(head)] = torch.frombuffer(
+                bytearray(head), dtype=torch.uint8
+            )
         try:
-            self.pg.send([header], peer, 0).wait(self.timeout)
-            self.pg.send([payload], peer, 1).wait(self.timeout)
+            self.pg.send([first], peer, 0).wait(self.timeout)
+            if len(body) > room:
+                rest = torch.frombuffer(bytearray(body[room:]), dtype=torch.uint8)
+                self.pg.send([rest], peer, 1).wait(self.timeout)
         except RuntimeError as e:
             raise ChannelError(f"send to rank {peer} failed: {e}") from e
 
     def recv(self, peer: int, timeout_s: float | None = None) -> tuple[int, Any]:
         timeout = self.timeout if timeout_s is None else timedelta(seconds=timeout_s)
-        header = torch.empty(2, dtype=torch.int64)
+        first = torch.empty(FIRST, dtype=torch.uint8)
+        room = FIRST - _HEADER
         try:
-            self.pg.recv([header], peer, 0).wait(timeout)
-            kind, nbytes = (int(x) for x in header)
-            payload = torch.empty(nbytes, dtype=torch.uint8)
-            self.pg.recv([payload], peer, 1).wait(timeout)
+            self.pg.recv([first], peer, 0).wait(timeout)
+            kind, nbytes = (int(x) for x in first[:_HEADER].view(torch.int64))
+            body = first[_HEADER : _HEADER + min(nbytes, room)].numpy().tobytes()
+            if nbytes > room:
+                rest = torch.empty(nbytes - room, dtype=torch.uint8)
+                self.pg.recv([rest], peer, 1).wait(timeout)
+                body += rest.numpy().tobytes()
         except RuntimeError as e:
             raise ChannelError(f"no answer from rank {peer}: {e}") from e
-        return kind, pickle.loads(payload.numpy().tobytes())
+        return kind, pickle.loads(body)
 
     def close(self) -> None:
         """Drop the process group and the store; rank 0's listening port closes with it."""

@@ -86,3 +86,4 @@ class RoundReply:
     glue_s: float
     branch_s: float
     backup_s: float  # time spent on backups before this reply
+    idle_s: float = 0.0  # how long the worker waited for this request after its last build

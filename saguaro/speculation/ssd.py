@@ -30,6 +30,8 @@ from saguaro.speculation.policy import BackupPolicy
 
 log = logging.getLogger("saguaro")
 
+OVERRUN_IDLE_S = 5e-4  # a worker idle for less than this before a request was still busy
+
 
 class DraftWorkerError(SaguaroError):
     """The draft worker died, failed or stopped answering."""
@@ -64,7 +66,7 @@ class SSDProposer:
         self.last_reply: P.RoundReply | None = None
         # Cumulative per-round draft-side seconds (callers diff two snapshots for a window).
         self.totals = dict.fromkeys(
-            ("rounds", "glue_s", "branch_s", "build_s", "backup_s", "handle_s"), 0.0
+            ("rounds", "glue_s", "branch_s", "build_s", "backup_s", "handle_s", "overran"), 0.0
         )
         self.proc: subprocess.Popen | None = None
         self.closed = False
@@ -160,6 +162,8 @@ class SSDProposer:
         self.totals["rounds"] += 1
         for name in ("glue_s", "branch_s", "build_s", "backup_s", "handle_s"):
             self.totals[name] += getattr(reply, name)
+        # The request found the worker still building: the build overran the target's window.
+        self.totals["overran"] += reply.idle_s < OVERRUN_IDLE_S
         n = len(seqs)
         tokens = torch.zeros(n, self.k, dtype=torch.int64)
         probs = torch.zeros(n, self.k, self.vocab_size)

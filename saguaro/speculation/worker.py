@@ -383,6 +383,7 @@ def serve(channel: Channel) -> None:
     channel.send(0, P.READY, worker.vocab_size)
     idle_timeout = 7 * 24 * 3600.0  # the target may idle for long; its death closes the socket
     while True:
+        ready = time.perf_counter()
         kind, msg = channel.recv(0, timeout_s=idle_timeout)
         if kind == P.SHUTDOWN:
             return
@@ -393,6 +394,8 @@ def serve(channel: Channel) -> None:
         except Exception:
             channel.send(0, P.ERROR, traceback.format_exc())
             raise
+        # Zero when the request was already waiting: the build overran the target's window.
+        reply.idle_s = time.perf_counter() - ready - reply.handle_s
         channel.send(0, P.SPEC, reply)
         worker.build_pending()
 

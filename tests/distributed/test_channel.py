@@ -1,0 +1,44 @@
+"""The target <-> worker message channel: one fixed-size send for small messages, a second for
+whatever does not fit, objects (tensors included) intact both ways."""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from saguaro.distributed.channel import FIRST, Channel, free_port
+
+
+def test_small_and_large_messages_round_trip():
+    port = free_port()
+    target = Channel(0, "127.0.0.1", port, timeout_s=30)
+    messages = [
+        (2, {"tokens": [1, 2, 3]}),
+        (3, None),
+        (4, torch.arange(3 * FIRST // 4, dtype=torch.float32)),  # 3x FIRST bytes: two sends
+        (5, b"x" * (FIRST - 16)),  # pickled, just over the first part: the edge
+    ]
+    echoed = []
+
+    def worker() -> None:
+        ch = Channel(1, "127.0.0.1", port, timeout_s=30).connect()
+        for _ in messages:
+            kind, obj = ch.recv(0)
+            ch.send(0, kind + 10, obj)
+        ch.close()
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    target.connect()
+    for kind, obj in messages:
+        target.send(1, kind, obj)
+        echoed.append(target.recv(1))
+    thread.join(timeout=30)
+    target.close()
+    for (kind, obj), (got_kind, got) in zip(messages, echoed, strict=True):
+        assert got_kind == kind + 10
+        if isinstance(obj, torch.Tensor):
+            assert torch.equal(got, obj)
+        else:
+            assert got == obj
