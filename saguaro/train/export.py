@@ -164,12 +164,14 @@ def fit_args(cfg: dict[str, Any]) -> str:
 
 def _replans(replans: list[dict[str, int]]) -> list[str]:
     lines = [
-        f"At step {r['step']} the budget was re-planned from "
+        f"- at step {r['step']}, re-planned from "
         + " and ".join(f"`{k}` {v:,}" for k, v in r.items() if k != "step")
-        + " to the one above; the schedules followed the earlier plan until then."
         for r in replans
     ]
-    return [*lines, ""] if lines else []
+    if not lines:
+        return []
+    head = "The budget was re-planned during the run (the schedules follow the plan in force):"
+    return [head, "", *lines, "- to the budget above", ""]
 
 
 def _fit_commands(cfg: dict[str, Any]) -> list[str]:
