@@ -190,7 +190,8 @@ def summary_table(rows: list[Row]) -> str:
     sd = next((v for v in variants if v.startswith("sd")), None)
     head = ["dataset", "T", "batch", *(f"{v} tok/s" for v in variants)]
     if ssd:
-        head += [f"{ssd} × {sd}" if sd else None, f"{ssd} × ar", "hit rate", "acc. len"]
+        spec = " / ".join(v for v in variants if v != "ar")
+        head += [f"{ssd} × {sd}" if sd else None, f"{ssd} × ar", "hit rate", f"acc. len ({spec})"]
         head = [h for h in head if h]
     lines = [
         "| " + " | ".join(head) + " |",
@@ -336,7 +337,7 @@ def markdown(meta: dict[str, Any], rows: list[Row], correctness: dict[str, Any])
         "in the same cell).",
     ]
     lines += [f"- **draft failure (fell back to AR): {f}**" for f in failures]
-    lines += ["", "**Summary** (output tok/s in total; acc. len of each speculative mode)", ""]
+    lines += ["", "**Summary** (output tok/s in total)", ""]
     lines += [summary_table(rows), markdown_table(rows), round_table(rows)]
     lines += [f"![{p.removesuffix('.png')}]({p})" for p in PLOTS]
     return "\n".join(lines) + "\n"

@@ -603,8 +603,8 @@ class Row:
 def round_costs(group: list[Run]) -> dict[str, float] | None:
     """Where an SSD engine round's wall time goes, in mean milliseconds per round.
 
-    One engine round = one draft request + one batched target forward + verification. Its wall
-    time is the decode time (each call's elapsed time after its first token) over the rounds;
+    One engine round = one draft request + one batched target forward + verification; its wall
+    time runs from one draft request to the next while sequences are in flight. Per round:
     ``target_forward`` is the verification forward, ``waited`` the time from sending the request
     to holding the speculation (cache lookup, backups, any unfinished cache build, messaging),
     ``target_other`` the rest (scheduling, verification arithmetic, commit). The draft's side:
@@ -617,17 +617,18 @@ def round_costs(group: list[Run]) -> dict[str, float] | None:
     if any(t is None for t in totals):
         return None
     rounds = sum(t["rounds"] for t in totals)
-    if not rounds:
+    timed = sum(t["timed_rounds"] for t in totals)
+    if not rounds or not timed:
         return None
-    records = [rec for r in group for s in r.gen.records for rec in s if rec.hit is not None]
-    decode_s = sum(r.gen.elapsed_s - max((q.ttft_s or 0.0) for q in r.gen.requests) for r in group)
+    records = [rec for r in group for s in r.gen.records for rec in s]
+    # Every sequence of a round records the round's forward share and its wait.
+    per_round = len(records) / rounds
     ms = 1000.0 / rounds
     out = {
         "rounds": rounds,
-        "round": decode_s * ms,
+        "round": 1000.0 * sum(t["round_s"] for t in totals) / timed,
         "target_forward": sum(rec.target_s for rec in records) * ms,
-        # Every sequence of a round records the round's wait: average over the records.
-        "waited": 1000.0 * _mean([rec.wait_s for rec in records]) if records else 0.0,
+        "waited": sum(rec.wait_s for rec in records) * ms / per_round if records else 0.0,
     }
     out["target_other"] = out["round"] - out["target_forward"] - out["waited"]
     for name in ("glue", "branches", "build", "backup", "handle"):

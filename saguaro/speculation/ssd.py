@@ -68,6 +68,9 @@ class SSDProposer:
         self.totals = dict.fromkeys(
             ("rounds", "glue_s", "branch_s", "build_s", "backup_s", "handle_s", "overran"), 0.0
         )
+        # Wall time from one request to the next while sequences are in flight: whole rounds.
+        self.totals |= {"timed_rounds": 0.0, "round_s": 0.0}
+        self.round_started: float | None = None
         self.proc: subprocess.Popen | None = None
         self.closed = False
         self.channel = Channel(0, cfg.draft_addr, cfg.draft_port, self.timeout_s)
@@ -143,6 +146,10 @@ class SSDProposer:
             self.known[s.seq_id] = len(s)
         backup = self.policy.choose(len(seqs))
         t0 = time.perf_counter()
+        if self.round_started is not None:
+            self.totals["timed_rounds"] += 1
+            self.totals["round_s"] += t0 - self.round_started
+        self.round_started = t0
         window = None
         if self.replied_at is not None and self.verify_s:
             # Capped: an idle engine between requests is not time the worker can plan on.
@@ -202,6 +209,8 @@ class SSDProposer:
     def release(self, seq: Sequence) -> None:
         if self.known.pop(seq.seq_id, None) is not None:
             self.dropped.append(seq.seq_id)
+        if not self.known:  # idle until the next request: not part of any round
+            self.round_started = None
 
     def stats(self, batch: int = 1) -> dict:
         """Fan-out, budget, cache-build timings (the last round's, and cumulative ``totals``),

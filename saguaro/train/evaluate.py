@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
+from saguaro.train.costs import cost_regime
 from saguaro.train.data import load_tokens
 from saguaro.train.export import EVAL_RESULTS, EXPORT_META, write_cards
 
@@ -156,6 +157,8 @@ def evaluate(run_dir: Path, out: Path, windows: int, n_prompts: int, k: int) -> 
             sample[role] = hf_tok.decode(new, skip_special_tokens=True)
         samples.append(sample)
     metrics["samples"] = samples
+    # Last, on an otherwise idle process: these are timings.
+    metrics["costs"] = cost_regime(out / "target", out / "draft")
 
     (run_dir / EVAL_RESULTS).write_text(json.dumps(metrics, indent=1) + "\n")
     write_cards(out, meta, metrics)

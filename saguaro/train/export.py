@@ -189,6 +189,42 @@ def _fit_commands(cfg: dict[str, Any]) -> list[str]:
     ]
 
 
+def _cost_lines(c: dict[str, Any] | None) -> list[str]:
+    if c is None:
+        return []
+    t, d, k = c["target"], c["draft"], c["k"]
+    verify = t["t_k1"]
+    return [
+        "## Cost regime (measured with the saguaro engine)",
+        "",
+        f"One thread, {c['context']}-token context, medians of 30 runs, K = {k} "
+        f"(`python scripts/cost_regime.py`, {c['date']}, {c['machine']}):",
+        "",
+        f"| model | T(1 position) | T(K+1 = {k + 1} positions) | T(8 branches, one depth) |",
+        "|---|---:|---:|---:|",
+        f"| target | {t['t1']:.2f} ms | {verify:.2f} ms (verify) | |",
+        f"| draft | {d['t1']:.2f} ms | {d['t_k1']:.2f} ms (glue) | {d['branch8']:.2f} ms |",
+        "",
+        f"- `K x T_draft(1) = {c['drafting_ms']:.2f} ms` against `0.5 x T_verify = "
+        f"{0.5 * verify:.2f} ms`: "
+        + (
+            "drafting is a real cost, so hiding it is worth doing."
+            if c["drafting_is_real"]
+            else "drafting is too cheap for SSD to matter."
+        ),
+        f"- `T_glue + K x T_draft(8 branches) = {c['build8_ms']:.2f} ms` against `T_verify = "
+        f"{verify:.2f} ms`: "
+        + (
+            "a cache of 8 full-depth branches fits inside one verification."
+            if c["cache8_fits"]
+            else "a cache of 8 full-depth branches does not fit inside one verification; a "
+            "draft forward is dominated by its fixed cost, so the SSD worker plans a shallower "
+            "or narrower cache online (`saguaro/speculation/planner.py`)."
+        ),
+        "",
+    ]
+
+
 def _metric_lines(m: dict[str, Any]) -> list[str]:
     k = m["k"]
     per_pos = ", ".join(f"{i + 1}: {p:.2f}" for i, p in enumerate(m["accept_at_least"]))
@@ -211,6 +247,7 @@ def _metric_lines(m: dict[str, Any]) -> list[str]:
         f"cross-check: {m['mean_accepted_length']:.2f} over {m['target_steps']} target steps "
         f"(at least i: {per_pos}).",
         "",
+        *_cost_lines(m.get("costs")),
         "## Greedy samples (target)",
         "",
         "A prompt that ends in a newline leaves a lone newline token where training text "
