@@ -209,8 +209,8 @@ class SSDProposer:
     def release(self, seq: Sequence) -> None:
         if self.known.pop(seq.seq_id, None) is not None:
             self.dropped.append(seq.seq_id)
-        if not self.known:  # idle until the next request: not part of any round
-            self.round_started = None
+        if not self.known:  # idle until the next request: not part of any round or window
+            self.round_started = self.replied_at = None
 
     def stats(self, batch: int = 1) -> dict:
         """Fan-out, budget, cache-build timings (the last round's, and cumulative ``totals``),
