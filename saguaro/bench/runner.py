@@ -150,7 +150,9 @@ class SaguaroBackend:
 
     def generate(self, prompts: list[list[int]], params: list[SamplingParams]) -> Generation:
         engine = self.llm.engine
-        before = dict(engine.proposer.totals) if self.variant.mode == "ssd" else None
+        # SSD's proposer is gone once its worker failed (the engine carries on with AR).
+        ssd = engine.proposer if self.variant.mode == "ssd" else None
+        before = dict(ssd.totals) if ssd is not None else None
         outs = self.llm.generate(prompts, params)
         # generate() adds its requests last, in order: they are the newest sequences.
         seqs = list(engine.seqs.values())[-len(prompts) :]
@@ -169,11 +171,10 @@ class SaguaroBackend:
             records=[list(s.records) for s in seqs],
             draft_failure=engine.draft_failure,
         )
-        proposer = engine.proposer
-        if self.variant.mode == "ssd" and proposer is not None:
-            gen.ssd_stats = proposer.stats(len(prompts))
+        if ssd is not None and engine.proposer is ssd:
+            gen.ssd_stats = ssd.stats(len(prompts))
             gen.predicted_speedup = gen.ssd_stats["predicted_speedup"]
-            gen.ssd_totals = {k: v - before[k] for k, v in proposer.totals.items()}
+            gen.ssd_totals = {k: v - before[k] for k, v in ssd.totals.items()}
         return gen
 
     def close(self) -> None:

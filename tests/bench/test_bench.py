@@ -208,3 +208,18 @@ def test_prediction_is_converted_to_this_machines_ar_step():
     ar = row("ar", tpot_s=0.010)
     assert runner._on_this_machine(ssd, ar) == pytest.approx(2.0 * 10 / 15)
     assert runner._on_this_machine(ssd, None) is None
+
+
+def test_ssd_backend_after_its_worker_failed(tiny_llama, close_draft):
+    """Once the draft worker is gone the engine runs AR; the bench keeps measuring and says so."""
+    cfg = runner.BenchConfig(model=str(tiny_llama), draft=str(close_draft), device="cpu")
+    backend = runner.SaguaroBackend(runner.Variant("ssd", 2, "auto", "ssd"), cfg, 128, 2)
+    params = [runner.SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)]
+    try:
+        assert backend.generate([[1, 2, 3]], params).ssd_totals["rounds"] > 0
+        backend.llm.engine._drop_proposer(RuntimeError("worker gone"))
+        gen = backend.generate([[1, 2, 3]], params)
+    finally:
+        backend.close()
+    assert len(gen.requests[0].token_ids) == 8
+    assert gen.ssd_totals is None and "worker gone" in gen.draft_failure
