@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 FIRST = 64 * 1024  # bytes of the first (fixed-size) part of every message
 _HEADER = 16  # int64 kind, int64 nbytes
+_ROOM = FIRST - _HEADER  # body bytes the first part carries
 
 
 class ChannelError(RuntimeError):
@@ -83,18 +84,17 @@ class Channel:
 
     def send(self, peer: int, kind: int, obj: Any) -> None:
         body = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-        room = FIRST - _HEADER
         first = torch.zeros(FIRST, dtype=torch.uint8)
         first[:_HEADER] = torch.tensor([kind, len(body)], dtype=torch.int64).view(torch.uint8)
-        head = body[:room]
+        head = body[:_ROOM]
         if head:
             first[_HEADER : _HEADER + len(head)] = torch.frombuffer(
                 bytearray(head), dtype=torch.uint8
             )
         try:
             self.pg.send([first], peer, 0).wait(self.timeout)
-            if len(body) > room:
-                rest = torch.frombuffer(bytearray(body[room:]), dtype=torch.uint8)
+            if len(body) > _ROOM:
+                rest = torch.frombuffer(bytearray(body[_ROOM:]), dtype=torch.uint8)
                 self.pg.send([rest], peer, 1).wait(self.timeout)
         except RuntimeError as e:
             raise ChannelError(f"send to rank {peer} failed: {e}") from e
@@ -102,13 +102,12 @@ class Channel:
     def recv(self, peer: int, timeout_s: float | None = None) -> tuple[int, Any]:
         timeout = self.timeout if timeout_s is None else timedelta(seconds=timeout_s)
         first = torch.empty(FIRST, dtype=torch.uint8)
-        room = FIRST - _HEADER
         try:
             self.pg.recv([first], peer, 0).wait(timeout)
             kind, nbytes = (int(x) for x in first[:_HEADER].view(torch.int64))
-            body = first[_HEADER : _HEADER + min(nbytes, room)].numpy().tobytes()
-            if nbytes > room:
-                rest = torch.empty(nbytes - room, dtype=torch.uint8)
+            body = first[_HEADER : _HEADER + min(nbytes, _ROOM)].numpy().tobytes()
+            if nbytes > _ROOM:
+                rest = torch.empty(nbytes - _ROOM, dtype=torch.uint8)
                 self.pg.recv([rest], peer, 1).wait(timeout)
                 body += rest.numpy().tobytes()
         except RuntimeError as e:

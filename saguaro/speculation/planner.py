@@ -26,6 +26,7 @@ observation had the same m.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 # Before a line can be fitted: each extra branch costs this fraction of a one-branch forward
@@ -91,7 +92,7 @@ def plan_build(
     *,
     window_s: float,
     fixed_s: float,
-    depth_s,  # callable: branches in the batch -> seconds of one depth
+    depth_s: Callable[[int], float],  # branches in the batch -> seconds of one depth
     hit_rates: list[float],  # p(B) for B = 0..max_budget
     expected_tokens: list[float],  # E(d) for d = 0..K
     miss_tokens: float,

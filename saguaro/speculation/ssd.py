@@ -31,6 +31,7 @@ from saguaro.speculation.policy import BackupPolicy
 log = logging.getLogger("saguaro")
 
 OVERRUN_IDLE_S = 5e-4  # a worker idle for less than this before a request was still busy
+REPLY_TIMES = ("glue_s", "branch_s", "build_s", "backup_s", "handle_s")  # summed per round
 
 
 class DraftWorkerError(SaguaroError):
@@ -64,12 +65,11 @@ class SSDProposer:
         self.verify_s: float | None = None
         self.replied_at: float | None = None
         self.last_reply: P.RoundReply | None = None
-        # Cumulative per-round draft-side seconds (callers diff two snapshots for a window).
+        # Cumulative per-round draft-side seconds and counts (callers diff two snapshots); round_s
+        # is the wall time from one request to the next while sequences are in flight.
         self.totals = dict.fromkeys(
-            ("rounds", "glue_s", "branch_s", "build_s", "backup_s", "handle_s", "overran"), 0.0
+            ("rounds", *REPLY_TIMES, "overran", "timed_rounds", "round_s"), 0.0
         )
-        # Wall time from one request to the next while sequences are in flight: whole rounds.
-        self.totals |= {"timed_rounds": 0.0, "round_s": 0.0}
         self.round_started: float | None = None
         self.proc: subprocess.Popen | None = None
         self.closed = False
@@ -167,7 +167,7 @@ class SSDProposer:
         wait_s = self.replied_at - t0
         self.last_reply = reply
         self.totals["rounds"] += 1
-        for name in ("glue_s", "branch_s", "build_s", "backup_s", "handle_s"):
+        for name in REPLY_TIMES:
             self.totals[name] += getattr(reply, name)
         # The request found the worker still building: the build overran the target's window.
         self.totals["overran"] += reply.idle_s < OVERRUN_IDLE_S

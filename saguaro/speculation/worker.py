@@ -95,7 +95,8 @@ class DraftWorker:
         self.costs = BuildCosts()
         self._fanouts: dict[int, list[int]] = {}
         self.glue_s = self.branch_s = self.build_s = 0.0
-        self.backup_kind = "neural"
+        self.backup_kind = "neural"  # the target's choice for the last round's misses
+        self.verify_s: float | None = None  # the target's last verification forward
         self.pending: list[DraftSeq] = []
 
     # ---- fan-out ----------------------------------------------------------------------------
@@ -112,9 +113,9 @@ class DraftWorker:
                 self._fanouts[m] = self.estimator.allocate(self.budget, m, mode, cap=cap)
         return self._fanouts[m]
 
-    def _plan(self, num_seqs: int, verify_s: float | None) -> None:
+    def _plan(self, num_seqs: int) -> None:
         """Choose B and d for the next build from the online costs and statistics."""
-        window = self.costs.window.value or verify_s
+        window = self.costs.window.value or self.verify_s
         fixed = self.costs.fixed.value
         depth_s = self.costs.depth_s
         if not self.planned or not window or fixed is None or depth_s(1) is None:
@@ -250,7 +251,7 @@ class DraftWorker:
 
     def build(self, seqs: list[DraftSeq]) -> None:
         t0 = time.perf_counter()
-        self._plan(len(seqs), self.verify_s)
+        self._plan(len(seqs))
         k_spec = self.k
         # 1. glue pass
         queries = []

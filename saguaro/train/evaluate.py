@@ -90,12 +90,17 @@ def greedy_acceptance(
             ids += proposal[:n] + [choices[n]]
             if eot_id in ids[len(prompt) :]:
                 break
+    return {"k": k, **_acceptance(accepted, k)}
+
+
+def _acceptance(accepted: list[int], k: int, prefix: str = "") -> dict[str, Any]:
+    """Target steps, mean accepted length (bonus included) and the share of steps accepting at
+    least i drafted tokens, from each step's number of accepted tokens."""
     counts = np.array(accepted)
     return {
-        "k": k,
-        "target_steps": int(counts.size),
-        "mean_accepted_length": float(counts.mean() + 1),
-        "accept_at_least": [float((counts >= i).mean()) for i in range(1, k + 1)],
+        f"{prefix}target_steps": int(counts.size),
+        f"{prefix}mean_accepted_length": float(counts.mean() + 1),
+        f"{prefix}accept_at_least": [float((counts >= i).mean()) for i in range(1, k + 1)],
     }
 
 
