@@ -46,7 +46,7 @@ class BenchConfig:
     temperatures: tuple[float, ...] = (0.0, 1.0)
     ks: tuple[int, ...] = (4,)
     fanouts: tuple[str, ...] = ("auto",)
-    saguaro_c: float = 1.0
+    saguaro_cs: tuple[float, ...] = (1.0,)
     repeats: int = 1
     seed: int = 0
     device: str = "auto"
@@ -74,6 +74,7 @@ class Variant:
     k: int | None = None  # speculation length (speculative modes)
     fanout: str | None = None  # SSD fan-out, as given on the command line
     label: str = ""
+    saguaro_c: float = 1.0  # SSD's Saguaro sampling constant C
 
 
 @dataclass
@@ -138,7 +139,7 @@ class SaguaroBackend:
             mode=variant.mode,
             num_speculative_tokens=variant.k or 1,  # AR: unused, but must be valid
             fanout=variant.fanout or "auto",
-            saguaro_c=cfg.saguaro_c,
+            saguaro_c=variant.saguaro_c,
             device=cfg.device,
             max_model_len=max_model_len,
             max_num_seqs=max_seqs,
@@ -334,7 +335,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="F",
         help="SSD fan-out(s): auto | geometric | empirical | F | F_0,..,F_K (default auto)",
     )
-    p.add_argument("--saguaro-c", type=float, help="Saguaro sampling constant C (default 1.0)")
+    p.add_argument(
+        "--saguaro-c",
+        type=_floats,
+        dest="saguaro_cs",
+        metavar="C,..",
+        help="SSD's Saguaro sampling constant(s) C in (0, 1] (default 1.0)",
+    )
     p.add_argument("--repeats", type=int, help="passes over the prompts (default 1)")
     p.add_argument("--seed", type=int, help="prompt selection and sampling seed (default 0)")
     p.add_argument("--device", help="auto | cpu | cuda (default auto)")
@@ -362,12 +369,14 @@ def parse_config(argv: list[str]) -> BenchConfig:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
     if not cfg.datasets and not cfg.prompts:
         raise ValueError("no dataset: give --datasets or --prompts")
+    if not all(0.0 < c <= 1.0 for c in cfg.saguaro_cs):
+        raise ValueError(f"--saguaro-c values must be in (0, 1], got {list(cfg.saguaro_cs)}")
     return cfg
 
 
 def build_variants(cfg: BenchConfig) -> list[Variant]:
     """AR once; SD and HF per K; SSD per (K, fan-out) pair that fits (a fixed fan-out lists
-    K+1 counts, so it pairs only with that K)."""
+    K+1 counts, so it pairs only with that K) and per Saguaro constant C."""
     from saguaro.speculation.fanout import parse_fanout
 
     ssd_pairs: list[tuple[int, str]] = []
@@ -381,10 +390,11 @@ def build_variants(cfg: BenchConfig) -> list[Variant]:
                 errors.append(str(e))
         if len(errors) == len(cfg.ks):
             raise ValueError(errors[0])
-    many_k, many_f = len(cfg.ks) > 1, len(cfg.fanouts) > 1
+    many_k, many_f, many_c = len(cfg.ks) > 1, len(cfg.fanouts) > 1, len(cfg.saguaro_cs) > 1
 
-    def label(mode: str, k: int, f: str | None = None) -> str:
+    def label(mode: str, k: int, f: str | None = None, c: float | None = None) -> str:
         parts = ([f"k={k}"] if many_k else []) + ([f"f={f}"] if f and many_f else [])
+        parts += [f"c={c:g}"] if c is not None and many_c else []
         return f"{mode} {' '.join(parts)}" if parts else mode
 
     variants = []
@@ -392,7 +402,11 @@ def build_variants(cfg: BenchConfig) -> list[Variant]:
         if mode == "ar":
             variants.append(Variant("ar", label="ar"))
         elif mode == "ssd":
-            variants += [Variant("ssd", k, f, label("ssd", k, f)) for k, f in sorted(ssd_pairs)]
+            variants += [
+                Variant("ssd", k, f, label("ssd", k, f, c), c)
+                for k, f in sorted(ssd_pairs)
+                for c in cfg.saguaro_cs
+            ]
         else:
             variants += [Variant(mode, k, label=label(mode, k)) for k in cfg.ks]
     return variants

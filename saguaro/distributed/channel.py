@@ -13,6 +13,11 @@ message as a rule (a round's request, a greedy reply) and one message per direct
 a second small send right behind a first one waited milliseconds on the socket. Both ends are
 saguaro processes the user started: pickle is the trust boundary, which is why the rendezvous
 binds to loopback unless told otherwise.
+
+A doorbell rides beside the messages: :meth:`ring` counts, in the rendezvous store, a message
+about to be sent, and :meth:`rings` reads the count. A gloo receive cannot be polled, but the store
+answers in tens of microseconds, so a busy peer can check between steps of work whether its next
+request is already on the way (the draft worker cuts its cache build short when it is).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import torch.distributed as dist
 FIRST = 64 * 1024  # bytes of the first (fixed-size) part of every message
 _HEADER = 16  # int64 kind, int64 nbytes
 _ROOM = FIRST - _HEADER  # body bytes the first part carries
+_DOORBELL = "saguaro/doorbell"
 
 
 class ChannelError(RuntimeError):
@@ -113,6 +119,20 @@ class Channel:
         except RuntimeError as e:
             raise ChannelError(f"no answer from rank {peer}: {e}") from e
         return kind, pickle.loads(body)
+
+    def ring(self) -> None:
+        """Count one message about to be sent (see the module docstring)."""
+        try:
+            self.store.add(_DOORBELL, 1)
+        except (RuntimeError, dist.DistStoreError) as e:
+            raise ChannelError(f"rendezvous store on {self.addr}:{self.port} failed: {e}") from e
+
+    def rings(self) -> int:
+        """How many times either side has rung so far."""
+        try:
+            return self.store.add(_DOORBELL, 0)
+        except (RuntimeError, dist.DistStoreError) as e:
+            raise ChannelError(f"rendezvous store on {self.addr}:{self.port} failed: {e}") from e
 
     def close(self) -> None:
         """Drop the process group and the store; rank 0's listening port closes with it."""

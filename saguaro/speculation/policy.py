@@ -9,11 +9,18 @@ BACKUP_MODES = ("auto", *BACKUP_KINDS)
 
 
 def predicted_speedup(
-    p_hit: float, e_hit: float, e_miss: float, batch: int, t_p: float, t_b: float
+    p_hit: float,
+    e_hit: float,
+    e_miss: float,
+    batch: int,
+    t_p: float,
+    t_b: float,
+    t_o: float = 0.0,
 ) -> float:
     """Predicted SSD speedup over autoregressive decoding, times relative to one verification:
 
-    `speedup = (p_hit E_hit + (1 - p_hit) E_miss) / (p_hit^b max(1, T_p) + (1 - p_hit^b)(1 + T_b))`
+    `speedup = (p_hit E_hit + (1 - p_hit) E_miss) / (p_hit^b max(1, T_p) + (1 - p_hit^b)(1 + T_b)
+    + T_o)`
 
     Derivation: each sequence commits E_hit tokens in a round when its outcome was cached and
     E_miss when it was not, so p_hit E_hit + (1 - p_hit) E_miss on average. A round lasts one
@@ -22,10 +29,15 @@ def predicted_speedup(
     whole batch waits for the backup after verifying (1 + T_b). AR commits one token per
     verification-length step, so the long-run token rate ratio is expected tokens per round over
     expected round time (renewal-reward).
+
+    T_o, beyond DESIGN §7 (which sets it to 0): the round's cost outside the target's forward and
+    the wait for the draft (scheduling, sampling, verification bookkeeping, messaging). Every round
+    pays it whatever it commits, so it favours the backup that commits more per round; on a CPU
+    it is a fifth of a verification or more.
     """
     all_hit = p_hit**batch
     tokens = p_hit * e_hit + (1.0 - p_hit) * e_miss
-    return tokens / (all_hit * max(1.0, t_p) + (1.0 - all_hit) * (1.0 + t_b))
+    return tokens / (all_hit * max(1.0, t_p) + (1.0 - all_hit) * (1.0 + t_b) + t_o)
 
 
 @dataclass
@@ -38,7 +50,8 @@ class BackupPolicy:
     E_miss the expected committed tokens `1 + a (1 - a^K) / (1 - a)` of a capped geometric with
     a = ``prior_accept`` (a neural backup speculates as well as a primary one); fast E_miss 1.3
     (prompt lookup rarely gets far); T_p and neural T_b 1 (a speculation costs about a
-    verification); fast T_b 0.05. The E_miss of a kind moves only while that kind is in use.
+    verification); fast T_b 0.05; T_o 0. The E_miss of a kind moves only while that kind is in
+    use.
     """
 
     mode: str = "auto"
@@ -50,6 +63,7 @@ class BackupPolicy:
     e_miss: dict[str, float] = field(init=False)
     t_p: float = field(init=False, default=1.0)
     t_b: dict[str, float] = field(init=False)
+    t_o: float = field(init=False, default=0.0)
 
     def __post_init__(self) -> None:
         if self.mode not in BACKUP_MODES:
@@ -75,12 +89,15 @@ class BackupPolicy:
         verify_s: float,
         primary_s: float | None = None,
         backup_s: dict[str, float] | None = None,
+        other_s: float | None = None,
     ) -> None:
         """One round's measured seconds, stored relative to the verification time."""
         if verify_s <= 0:
             raise ValueError(f"verify_s must be > 0, got {verify_s}")
         if primary_s is not None:
             self.t_p = self._ema(self.t_p, primary_s / verify_s)
+        if other_s is not None:
+            self.t_o = self._ema(self.t_o, max(other_s, 0.0) / verify_s)
         for kind, seconds in (backup_s or {}).items():
             self.t_b[kind] = self._ema(self.t_b[self._kind(kind)], seconds / verify_s)
 
@@ -88,7 +105,7 @@ class BackupPolicy:
         """Predicted speedup over AR at batch size ``batch`` if misses use ``kind``."""
         kind = self._kind(kind)
         return predicted_speedup(
-            self.p_hit, self.e_hit, self.e_miss[kind], batch, self.t_p, self.t_b[kind]
+            self.p_hit, self.e_hit, self.e_miss[kind], batch, self.t_p, self.t_b[kind], self.t_o
         )
 
     def choose(self, batch: int) -> str:
@@ -101,7 +118,7 @@ class BackupPolicy:
     def snapshot(self) -> dict[str, float | str]:
         """The current estimates, flat, for metrics."""
         out: dict[str, float | str] = {"mode": self.mode, "p_hit": self.p_hit, "e_hit": self.e_hit}
-        out["t_p"] = self.t_p
+        out["t_p"], out["t_o"] = self.t_p, self.t_o
         for kind in BACKUP_KINDS:
             out[f"e_miss_{kind}"] = self.e_miss[kind]
             out[f"t_b_{kind}"] = self.t_b[kind]

@@ -9,7 +9,8 @@
                                                     or backup (neural: decode now; fast: n-gram)
                                   <───────────────  SPEC(RoundReply)
                                                     build the speculation cache for the
-                                                    outcomes of the round just sent
+                                                    outcomes of the round just sent, until
+                                                    done or the doorbell rings
     ... the target verifies while the worker builds ...
     ROUND ...
     SHUTDOWN                      ───────────────>  exit
@@ -87,3 +88,4 @@ class RoundReply:
     branch_s: float
     backup_s: float  # time spent on backups before this reply
     idle_s: float = 0.0  # how long the worker waited for this request after its last build
+    cut: bool = False  # the last build stopped early: this request was already on its way

@@ -68,7 +68,7 @@ class SSDProposer:
         # Cumulative per-round draft-side seconds and counts (callers diff two snapshots); round_s
         # is the wall time from one request to the next while sequences are in flight.
         self.totals = dict.fromkeys(
-            ("rounds", *REPLY_TIMES, "overran", "timed_rounds", "round_s"), 0.0
+            ("rounds", *REPLY_TIMES, "overran", "cut", "timed_rounds", "round_s"), 0.0
         )
         self.round_started: float | None = None
         self.proc: subprocess.Popen | None = None
@@ -147,8 +147,13 @@ class SSDProposer:
         backup = self.policy.choose(len(seqs))
         t0 = time.perf_counter()
         if self.round_started is not None:
+            round_s = t0 - self.round_started
             self.totals["timed_rounds"] += 1
-            self.totals["round_s"] += t0 - self.round_started
+            self.totals["round_s"] += round_s
+            if self.verify_s and self.last_reply is not None:
+                # what the last round spent beyond the target's forward and the draft's backup
+                other_s = round_s - self.verify_s - self.last_reply.backup_s
+                self.policy.observe_times(self.verify_s, other_s=other_s)
         self.round_started = t0
         window = None
         if self.replied_at is not None and self.verify_s:
@@ -157,6 +162,7 @@ class SSDProposer:
         request = P.RoundRequest(updates, self.dropped, backup, self.verify_s, window)
         self.dropped = []
         try:
+            self.channel.ring()  # a build still running stops at its next depth
             self.channel.send(1, P.ROUND, request)
             kind, reply = self.channel.recv(1, timeout_s=self.timeout_s)
         except ChannelError as e:
@@ -171,6 +177,7 @@ class SSDProposer:
             self.totals[name] += getattr(reply, name)
         # The request found the worker still building: the build overran the target's window.
         self.totals["overran"] += reply.idle_s < OVERRUN_IDLE_S
+        self.totals["cut"] += reply.cut
         n = len(seqs)
         tokens = torch.zeros(n, self.k, dtype=torch.int64)
         probs = torch.zeros(n, self.k, self.vocab_size)

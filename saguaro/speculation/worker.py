@@ -15,6 +15,12 @@ the target verifies what it just received, (3) builds the speculation cache for 
   a per-sequence mask; its KV goes to scratch slots past the glue while its RoPE positions
   continue its own path. Scratch is overwritten by the next glue pass.
 
+While the build is planned online, it is cut short when the target's next request is already on
+its way (the channel's doorbell, checked before each depth after the first): branches keep the
+depths decoded so far. A late cache would stall the target for the rest of the build; a shallower
+one costs only tokens on a hit. An empty one would turn every outcome into a miss, so the first
+depth always runs. A fan-out or budget fixed by the user is built in full.
+
 Exactness of a hit: the branch for ``(k, t)`` was sampled, with its q rows recorded, given exactly
 the prefix that the outcome commits; whether it is used depends only on the target's own
 randomness. Saguaro sampling (DESIGN §6) lowers q on the draft's top ``F_{i-1} + 1`` tokens at
@@ -29,6 +35,7 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -95,6 +102,7 @@ class DraftWorker:
         self.costs = BuildCosts()
         self._fanouts: dict[int, list[int]] = {}
         self.glue_s = self.branch_s = self.build_s = 0.0
+        self.cut = False  # the last build stopped before its planned depth
         self.backup_kind = "neural"  # the target's choice for the last round's misses
         self.verify_s: float | None = None  # the target's last verification forward
         self.pending: list[DraftSeq] = []
@@ -207,6 +215,7 @@ class DraftWorker:
             glue_s=self.glue_s,
             branch_s=self.branch_s,
             backup_s=backup_s,
+            cut=self.cut,
         )
 
     def _backup(self, misses: list[DraftSeq], kind: str, specs: dict[int, P.SeqSpec]) -> None:
@@ -244,12 +253,15 @@ class DraftWorker:
 
     # ---- cache build (overlaps the target's verification) ------------------------------------
 
-    def build_pending(self) -> None:
+    def build_pending(self, stop: Callable[[], bool] | None = None) -> None:
+        """Build the cache for the sequences of the last reply; while planning online, ``stop``
+        is polled before each depth after the first and, once true, ends the build with the
+        depths decoded so far."""
         seqs, self.pending = self.pending, []
         if seqs:
-            self.build(seqs)
+            self.build(seqs, stop if self.planned else None)
 
-    def build(self, seqs: list[DraftSeq]) -> None:
+    def build(self, seqs: list[DraftSeq], stop: Callable[[], bool] | None = None) -> None:
         t0 = time.perf_counter()
         self._plan(len(seqs))
         k_spec = self.k
@@ -282,18 +294,25 @@ class DraftWorker:
                 seq_branches.extend((k, t) for t in ranking[: fanout[k]])
             branches.append(seq_branches)
         # 3. branch decoding
-        depths_s = self._decode_branches(seqs, branches)
+        depths_s = self._decode_branches(seqs, branches, stop)
         t2 = time.perf_counter()
         self.glue_s, self.branch_s, self.build_s = t1 - t0, t2 - t1, t2 - t0
         self.costs.fixed.update(self.build_s - depths_s)
 
     def _decode_branches(
-        self, seqs: list[DraftSeq], branches: list[list[tuple[int, int]]]
+        self,
+        seqs: list[DraftSeq],
+        branches: list[list[tuple[int, int]]],
+        stop: Callable[[], bool] | None = None,
     ) -> float:
-        """Decode every branch for d = ``self.depth`` tokens; scratch starts after the longest
-        possible glue (K + 1 positions), each branch owning d slots. Returns the seconds spent
-        in the depth steps."""
+        """Decode every branch for d = ``self.depth`` tokens (at least 1 once ``stop()``); scratch
+        starts after the longest possible glue (K + 1 positions), each branch owning d slots.
+        Returns the seconds spent in the depth steps.
+
+        Cutting is exact: a branch's first j tokens are sampled exactly as a j-token branch's
+        would be, and where the cut falls depends only on the target's timing."""
         k, fanout = self.depth, self.fanout(self.depth)
+        self.cut = False
         live = [i for i, b in enumerate(branches) if b]
         if not live:
             return 0.0
@@ -315,8 +334,11 @@ class DraftWorker:
         out_tokens = {i: torch.zeros(len(branches[i]), k, dtype=torch.int64) for i in live}
         out_probs = {i: torch.zeros(len(branches[i]), k, self.vocab_size) for i in live}
         num_branches = sum(len(branches[i]) for i in live)
-        depths_s = 0.0
+        depths_s, done = 0.0, k
         for depth in range(k):
+            if depth and stop is not None and stop():
+                self.cut, done = True, depth
+                break
             t0 = time.perf_counter()
             queries = []
             for i in live:
@@ -356,8 +378,8 @@ class DraftWorker:
             greedy = seq.params.greedy
             for j, key in enumerate(branches[i]):
                 seq.cache[key] = (
-                    out_tokens[i][j].tolist(),
-                    None if greedy else out_probs[i][j].clone(),
+                    out_tokens[i][j, :done].tolist(),
+                    None if greedy else out_probs[i][j, :done].clone(),
                 )
         return depths_s
 
@@ -383,6 +405,11 @@ def serve(channel: Channel) -> None:
         raise
     channel.send(0, P.READY, worker.vocab_size)
     idle_timeout = 7 * 24 * 3600.0  # the target may idle for long; its death closes the socket
+    rounds = channel.rings()  # the target rings once before each request
+
+    def next_request_sent() -> bool:
+        return channel.rings() > rounds
+
     while True:
         ready = time.perf_counter()
         kind, msg = channel.recv(0, timeout_s=idle_timeout)
@@ -390,6 +417,7 @@ def serve(channel: Channel) -> None:
             return
         if kind != P.ROUND:
             raise ChannelError(f"unexpected message kind {kind}")
+        rounds += 1
         try:
             reply = worker.handle(msg)
         except Exception:
@@ -398,7 +426,7 @@ def serve(channel: Channel) -> None:
         # Zero when the request was already waiting: the build overran the target's window.
         reply.idle_s = time.perf_counter() - ready - reply.handle_s
         channel.send(0, P.SPEC, reply)
-        worker.build_pending()
+        worker.build_pending(stop=next_request_sent)
 
 
 def main(argv: list[str] | None = None) -> int:

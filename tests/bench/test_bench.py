@@ -192,6 +192,10 @@ def test_quick_preset_yields_to_explicit_flags():
         "hf-assisted k=2", "hf-assisted k=4",
     ]  # fmt: skip
     assert runner.parse_config(["--prompts", "x.jsonl"]).datasets == ()
+    swept = runner.build_variants(runner.parse_config(["--modes", "ssd", "--saguaro-c", "1,0.5"]))
+    assert [(v.label, v.saguaro_c) for v in swept] == [("ssd c=1", 1.0), ("ssd c=0.5", 0.5)]
+    with pytest.raises(ValueError, match="saguaro-c"):
+        runner.parse_config(["--saguaro-c", "0"])
 
 
 def test_prediction_is_converted_to_this_machines_ar_step():

@@ -42,3 +42,17 @@ def test_small_and_large_messages_round_trip():
             assert torch.equal(got, obj)
         else:
             assert got == obj
+
+
+def test_doorbell_counts_rings_from_either_side():
+    port = free_port()
+    target = Channel(0, "127.0.0.1", port, timeout_s=30)
+    worker = Channel(1, "127.0.0.1", port, timeout_s=30)  # the store alone: no process group
+    assert worker.rings() == 0
+    target.ring()
+    target.ring()
+    assert worker.rings() == 2
+    worker.ring()
+    assert target.rings() == 3
+    worker.close()
+    target.close()

@@ -58,3 +58,21 @@ def test_ema_moves_toward_observations():
         policy.observe_round(False, 1, "magic")
     with pytest.raises(ValueError):
         policy.observe_times(0.0)
+
+
+def test_round_overhead_favours_the_backup_that_commits_more():
+    """T_o: a cost every round pays. Without it fast wins here; a large one flips the choice
+    to neural, whose misses commit more per round."""
+    assert predicted_speedup(0.4, 2.0, 1.0, 1, 1.0, 0.05, t_o=0.5) == pytest.approx(
+        1.4 / (0.4 + 0.6 * 1.05 + 0.5)
+    )
+    policy = BackupPolicy(mode="auto", K=4, alpha=1.0)
+    policy.p_hit, policy.e_hit = 0.4, 2.0
+    policy.e_miss = {"neural": 2.2, "fast": 1.1}
+    policy.t_b = {"neural": 0.9, "fast": 0.02}
+    assert policy.choose(1) == "fast"
+    policy.observe_times(0.01, other_s=0.005)
+    assert policy.t_o == pytest.approx(0.5)
+    assert policy.choose(1) == "neural"
+    policy.observe_times(0.01, other_s=-0.001)  # clock noise never makes a round cheaper
+    assert policy.t_o == 0.0

@@ -135,3 +135,34 @@ def test_budget_zero_builds_no_branches_but_still_ranks(tiny_draft):
     assert seq.cache == {} and len(seq.ranked) == 3 and all(seq.ranked)
     reply = worker.handle(P.RoundRequest([P.SeqUpdate(0, [seq.spec[0], 7])], backup="neural"))
     assert reply.specs[0].hit is False and reply.specs[0].backup == "neural"
+
+
+def test_a_build_cut_short_keeps_the_depths_decoded(tiny_draft):
+    """When the target's next request rings during a planned build, branches keep the tokens
+    decoded so far (each a prefix of what the full build caches), never fewer than one; a fan-out
+    fixed by the user is built in full."""
+    k = 3
+    prompt = [5, 17, 99, 3, 42, 8, 61]
+
+    def built(fanout, stop_after=None):
+        worker = make_worker(tiny_draft, k, fanout)
+        reply = worker.handle(P.RoundRequest([P.SeqUpdate(0, prompt, new=True)]))
+        assert reply.cut is False
+        polls = iter(range(100))
+        worker.build_pending(stop=None if stop_after is None else lambda: next(polls) >= stop_after)
+        return worker
+
+    full = built("auto")
+    assert not full.cut and {len(b) for b, _ in full.seqs[0].cache.values()} == {k}
+    for stop_after, depth in ((0, 1), (1, 2)):  # polled before depths 2 and 3
+        worker = built("auto", stop_after)
+        seq = worker.seqs[0]
+        assert worker.cut
+        assert seq.cache.keys() == full.seqs[0].cache.keys()
+        for key, (tokens, _) in seq.cache.items():
+            assert tokens == full.seqs[0].cache[key][0][:depth]
+        (kk, t), (branch, _) = next(iter(seq.cache.items()))
+        reply = worker.handle(P.RoundRequest([P.SeqUpdate(0, seq.spec[:kk] + [t])]))
+        assert reply.cut and reply.specs[0].hit and reply.specs[0].tokens == branch
+    fixed = built([2, 1, 1, 2], stop_after=0)
+    assert not fixed.cut and {len(b) for b, _ in fixed.seqs[0].cache.values()} == {k}
