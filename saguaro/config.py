@@ -12,6 +12,24 @@ from saguaro.speculation.fanout import parse_fanout
 MODES = ("ar", "sd", "ssd")
 BACKUPS = ("auto", "neural", "fast")
 
+# The cores the process had before the first SSD engine pinned it to its target's: an engine
+# created while another holds the pin places itself from these, not from the pinned set (which
+# would leave its worker sharing the target's core).
+_unpinned_cpus: list[int] | None = None
+
+
+def process_cpus() -> list[int]:
+    """The cores available to this process, as they were before any engine pinned it."""
+    return list(_unpinned_cpus) if _unpinned_cpus is not None else sorted(os.sched_getaffinity(0))
+
+
+def pin_process(cpus: list[int]) -> None:
+    """Pin this process to ``cpus``, remembering the cores it had first."""
+    global _unpinned_cpus
+    if _unpinned_cpus is None:
+        _unpinned_cpus = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, cpus)
+
 
 @dataclass
 class EngineConfig:
@@ -79,7 +97,7 @@ class EngineConfig:
                 f"got {self.fanout}"
             )
         if self.mode == "ssd" and self.device == "cpu" and self.pin_cpus:
-            cores = sorted(os.sched_getaffinity(0))
+            cores = process_cpus()
             if len(cores) >= 2:
                 self.target_cpus = self.target_cpus or cores[:1]
                 self.draft_cpus = (

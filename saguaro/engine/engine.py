@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from saguaro.config import EngineConfig
+from saguaro.config import EngineConfig, pin_process
 from saguaro.engine.block_manager import BlockManager
 from saguaro.engine.detokenizer import Detokenizer
 from saguaro.engine.model_runner import ModelRunner
@@ -81,7 +81,7 @@ class LLMEngine:
         if cfg.target_cpus:
             # SSD on CPU: the target keeps its own core(s), the draft worker gets the others.
             self._restore_cpus = (os.sched_getaffinity(0), torch.get_num_threads())
-            os.sched_setaffinity(0, cfg.target_cpus)
+            pin_process(cfg.target_cpus)
             torch.set_num_threads(cfg.num_threads or len(cfg.target_cpus))
         elif cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
