@@ -74,15 +74,9 @@ def main(argv: list[str] | None = None) -> int:
         }
         prior = {}
         if args.init_from is not None:
-            from saguaro.train.export import TRAINING_META, fit_args
+            from saguaro.train.export import continuation
 
-            meta = json.loads((args.init_from / "target" / TRAINING_META).read_text())
-            prior = {
-                "init_from": str(args.init_from),
-                "prior_target_tokens": meta["target_tokens_seen"],
-                "prior_draft_tokens": meta["tokens_seen"],
-                "prior_fit": fit_args(meta["config"]),
-            }
+            prior = continuation(args.init_from)
         cfg = FitConfig(
             **prior,
             ctx=args.ctx,

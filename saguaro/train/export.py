@@ -140,14 +140,29 @@ def render_card(role: str, meta: dict[str, Any], metrics: dict[str, Any] | None)
     return "\n".join(lines)
 
 
+def continuation(src: Path) -> dict[str, Any]:
+    """The :class:`FitConfig` fields of a run that continues the export in ``src``: where it
+    starts from, what that export had seen, and the `fit` arguments of every stage behind it."""
+    meta = json.loads((Path(src) / "target" / TRAINING_META).read_text())
+    earlier = FitConfig.from_dict(meta["config"])
+    return {
+        "init_from": str(src),
+        "prior_target_tokens": meta["target_tokens_seen"],
+        "prior_draft_tokens": meta["tokens_seen"],
+        "prior_fits": [*earlier.prior_fits, fit_args(meta["config"])],
+    }
+
+
 def _lineage(cfg: dict[str, Any]) -> list[str]:
     if not cfg.get("init_from"):
         return []
+    stages = len(cfg["prior_fits"])
+    what = "an earlier export" if stages == 1 else f"the export of {stages} earlier stages"
     return [
-        "This run continued an earlier export (its weights, with fresh optimizers, schedules and "
-        f"data order): that export had trained the target on {cfg['prior_target_tokens']:,} "
-        f"tokens and the draft on {cfg['prior_draft_tokens']:,}; the totals above include them, "
-        "and the settings above are the continuation's.",
+        f"This run continued {what} (its weights, with fresh optimizers, schedules and data "
+        f"order): that export had trained the target on {cfg['prior_target_tokens']:,} tokens "
+        f"and the draft on {cfg['prior_draft_tokens']:,}; the totals above include them, and the "
+        "settings above are the last stage's.",
         "",
     ]
 
@@ -179,14 +194,14 @@ def _fit_commands(cfg: dict[str, Any]) -> list[str]:
     fit = "python -m saguaro.train --run-dir RUN fit " + fit_args(cfg)
     if not cfg.get("init_from"):
         return [prepare, fit]
-    # `prepare` is deterministic, so both stages train on the same split and tokenizer.
-    return [
-        prepare.replace("RUN", "RUN1"),
-        f"python -m saguaro.train --run-dir RUN1 fit {cfg['prior_fit']}",
-        "python -m saguaro.train --run-dir RUN1 export --out STAGE1",
-        prepare,
-        f"{fit} --init-from STAGE1",
-    ]
+    # `prepare` is deterministic, so every stage trains on the same split and tokenizer; each
+    # continues the export of the one before.
+    lines = []
+    for i, args in enumerate(cfg["prior_fits"], 1):
+        run = f"python -m saguaro.train --run-dir RUN{i}"
+        init = f" --init-from STAGE{i - 1}" if i > 1 else ""
+        lines += [f"{run} prepare", f"{run} fit {args}{init}", f"{run} export --out STAGE{i}"]
+    return [*lines, prepare, f"{fit} --init-from STAGE{len(cfg['prior_fits'])}"]
 
 
 def _cost_lines(c: dict[str, Any] | None) -> list[str]:

@@ -49,7 +49,7 @@ class FitConfig:
     init_from: str | None = None
     prior_target_tokens: int = 0
     prior_draft_tokens: int = 0
-    prior_fit: str = ""  # the `fit` arguments of the run that made that export
+    prior_fits: list[str] = dataclasses.field(default_factory=list)  # earlier stages' `fit` args
 
     @property
     def tokens_per_step(self) -> int:
@@ -69,6 +69,9 @@ class FitConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> FitConfig:
         d = dict(d)
+        legacy = d.pop("prior_fit", None)  # one earlier stage, as configs before prior_fits said
+        if legacy:
+            d.setdefault("prior_fits", [legacy])
         d["target"] = ModelSpec(**d["target"])
         d["draft"] = ModelSpec(**d["draft"])
         return cls(**d)

@@ -91,10 +91,10 @@ def test_fit_stops_on_deadline_and_replans_budget(run_dir: Path) -> None:
 
 
 def test_a_run_continues_an_export_and_counts_its_tokens(run_dir: Path, tmp_path: Path) -> None:
-    import json
     import shutil
 
-    from saguaro.train.export import TRAINING_META, export
+    from saguaro.train.export import continuation, export
+    from saguaro.train.trainer import CKPT_NAME
 
     torch.set_num_threads(1)
     first = Trainer(run_dir, CFG)
@@ -105,15 +105,7 @@ def test_a_run_continues_an_export_and_counts_its_tokens(run_dir: Path, tmp_path
     second_dir.mkdir()
     for name in ("tokenizer.json", "train.bin", "heldout.bin", "split.json"):
         shutil.copy(run_dir / name, second_dir / name)
-    meta1 = json.loads((tmp_path / "stage1" / "target" / TRAINING_META).read_text())
-    cfg2 = replace(
-        CFG,
-        init_from=str(tmp_path / "stage1"),
-        prior_target_tokens=meta1["target_tokens_seen"],
-        prior_draft_tokens=meta1["tokens_seen"],
-        prior_fit="--tokens 512 --draft-tokens 128 --batch 2",
-    )
-    second = Trainer(second_dir, cfg2)
+    second = Trainer(second_dir, replace(CFG, **continuation(tmp_path / "stage1")))
     for a, b in ((first.target, second.target), (first.draft, second.draft)):
         assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters(), strict=True))
     second.fit()
@@ -122,6 +114,23 @@ def test_a_run_continues_an_export_and_counts_its_tokens(run_dir: Path, tmp_path
     assert stage2["tokens_seen"] == 2 * stage1["tokens_seen"]
     card = (tmp_path / "stage2" / "target" / "README.md").read_text()
     assert "--init-from STAGE1" in card and "--tokens 512 --draft-tokens 128" in card
+    # a third stage lists both earlier ones, each continuing the one before
+    third_dir = tmp_path / "run3"
+    shutil.copytree(second_dir, third_dir)
+    (third_dir / CKPT_NAME).unlink()
+    cfg3 = replace(CFG, seed=5, **continuation(tmp_path / "stage2"))
+    assert len(cfg3.prior_fits) == 2 and "--seed" not in cfg3.prior_fits[0]
+    Trainer(third_dir, cfg3).fit()
+    stage3 = export(third_dir, tmp_path / "stage3")
+    assert stage3["target_tokens_seen"] == 3 * stage1["target_tokens_seen"]
+    card = (tmp_path / "stage3" / "target" / "README.md").read_text()
+    assert "RUN2 fit --tokens" in card and "--init-from STAGE1\n" in card
+    last = next(line for line in card.splitlines() if "--init-from STAGE2" in line)
+    assert "RUN fit" in last and "--seed 5" in last and "2 earlier stages" in card
+    # configs written before prior_fits named their one earlier stage prior_fit
+    legacy = {**FitConfig().to_dict(), "prior_fit": "--tokens 1"}
+    del legacy["prior_fits"]
+    assert FitConfig.from_dict(legacy).prior_fits == ["--tokens 1"]
 
 
 def test_continuing_an_export_with_another_tokenizer_is_refused(
