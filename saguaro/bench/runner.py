@@ -726,8 +726,8 @@ def _on_this_machine(row: Row, ar: Row | None) -> float | None:
     """DESIGN §7 counts time in verifications and takes an AR step to cost one, as on a GPU. Here
     an AR step costs ``ar.tpot_s`` (measured in the same cell) and a verification forward
     ``round_costs['target_forward']``, so the prediction scales by their ratio. The prediction's
-    inputs (p_hit, E, T_p, T_b, the verification time) are all measured; what it leaves out is
-    the target's per-round overhead beyond its forward (``target_other``) and messaging."""
+    inputs (p_hit, E, T_p, T_b, T_o, the verification time) are all measured; what it leaves out
+    is messaging, and that a build cut short serves shallower branches."""
     costs = row.round_costs
     if ar is None or ar.tpot_s is None or not costs or not costs["target_forward"]:
         return None

@@ -69,6 +69,8 @@ def logits_to_probs(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
     n, vocab = logits.shape
     x = logits.float()
     greedy = st.greedy
+    if bool(greedy.all()):  # nothing to temper or filter: skip the softmax
+        return torch.zeros_like(x).scatter_(1, x.argmax(dim=-1, keepdim=True), 1.0)
     # Greedy rows are replaced by a one-hot below; divide them by 1 to keep them finite.
     z = x / torch.where(greedy, 1.0, st.temperature).unsqueeze(1)
 

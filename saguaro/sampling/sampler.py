@@ -67,5 +67,9 @@ def sample(probs: torch.Tensor, generators: Generators) -> torch.Tensor:
     generator (or None: torch's default) draws all n uniforms in one vectorised call instead.
     """
     one_hot = is_one_hot(probs)
-    u = draw_uniforms(generators, (~one_hot).long().tolist(), 1, probs.device)[:, 0]
-    return torch.where(one_hot, probs.argmax(dim=-1), inverse_cdf(probs, u))
+    tokens = probs.argmax(dim=-1)
+    drawn = (~one_hot).nonzero()[:, 0]
+    if len(drawn):  # the CDF only for rows that draw
+        u = draw_uniforms(generators, (~one_hot).long().tolist(), 1, probs.device)[:, 0]
+        tokens[drawn] = inverse_cdf(probs[drawn], u[drawn])
+    return tokens

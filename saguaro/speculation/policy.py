@@ -19,8 +19,8 @@ def predicted_speedup(
 ) -> float:
     """Predicted SSD speedup over autoregressive decoding, times relative to one verification:
 
-    `speedup = (p_hit E_hit + (1 - p_hit) E_miss) / (p_hit^b max(1, T_p) + (1 - p_hit^b)(1 + T_b)
-    + T_o)`
+    `speedup = (p_hit E_hit + (1 - p_hit) E_miss)
+               / (p_hit^b max(1 + T_o, T_p) + (1 - p_hit^b)(1 + T_o + T_b))`
 
     Derivation: each sequence commits E_hit tokens in a round when its outcome was cached and
     E_miss when it was not, so p_hit E_hit + (1 - p_hit) E_miss on average. A round lasts one
@@ -30,14 +30,15 @@ def predicted_speedup(
     verification-length step, so the long-run token rate ratio is expected tokens per round over
     expected round time (renewal-reward).
 
-    T_o, beyond DESIGN §7 (which sets it to 0): the round's cost outside the target's forward and
-    the wait for the draft (scheduling, sampling, verification bookkeeping, messaging). Every round
-    pays it whatever it commits, so it favours the backup that commits more per round; on a CPU
-    it is a fifth of a verification or more.
+    T_o, beyond DESIGN §7 (which sets it to 0): the target's own cost per round outside its
+    forward (scheduling, sampling, verification bookkeeping). The draft's speculation overlaps
+    it as well as the forward; a backup waits for both. Every round pays it whatever it
+    commits, so it favours the backup that commits more per round; on a CPU it is a tenth of a
+    verification or more.
     """
     all_hit = p_hit**batch
     tokens = p_hit * e_hit + (1.0 - p_hit) * e_miss
-    return tokens / (all_hit * max(1.0, t_p) + (1.0 - all_hit) * (1.0 + t_b) + t_o)
+    return tokens / (all_hit * max(1.0 + t_o, t_p) + (1.0 - all_hit) * (1.0 + t_o + t_b))
 
 
 @dataclass

@@ -45,15 +45,17 @@ def plain_probs(chains: list[Chain]) -> ProbsFn:
 
 def decode_chains(
     runner: ModelRunner, chains: list[Chain], probs_fn: ProbsFn
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Autoregressively draft ``chain.k`` tokens for every chain, batched: K forwards in all.
 
-    Returns tokens [n, K] and the q rows they were sampled from [n, K, V]. Draft KV is written
-    for indices ``[start, len + k - 1)``: the last proposal is never fed.
+    Returns tokens [n, K] and the q rows they were sampled from [n, K, V]; None when every chain
+    is greedy (each q is then a point mass at the argmax, which is all verification needs).
+    Draft KV is written for indices ``[start, len + k - 1)``: the last proposal is never fed.
     """
     n, k_max = len(chains), max(c.k for c in chains)
     tokens = torch.zeros(n, k_max, dtype=torch.int64)
-    probs = torch.zeros(n, k_max, runner.config.vocab_size)
+    greedy = all(c.params.greedy for c in chains)
+    probs = None if greedy else torch.zeros(n, k_max, runner.config.vocab_size)
     active = [i for i, c in enumerate(chains) if c.k > 0]
     queries = [
         runner.sequence_query(
@@ -62,11 +64,14 @@ def decode_chains(
         for i in active
     ]
     for depth in range(k_max):
-        q = probs_fn(runner.forward(queries), active, depth)
-        drawn = sample(q, [chains[i].generator for i in active])
+        logits = runner.forward(queries)
         idx = torch.tensor(active)
-        tokens[idx, depth] = drawn
-        probs[idx, depth] = q
+        if probs is None:
+            tokens[idx, depth] = logits.argmax(dim=-1)
+        else:
+            q = probs_fn(logits, active, depth)
+            tokens[idx, depth] = sample(q, [chains[i].generator for i in active])
+            probs[idx, depth] = q
         active = [i for i in active if chains[i].k > depth + 1]
         queries = [
             runner.sequence_query(

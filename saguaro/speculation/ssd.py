@@ -63,6 +63,7 @@ class SSDProposer:
         self.known: dict[int, int] = {}  # seq_id -> tokens the worker has been sent
         self.dropped: list[int] = []
         self.verify_s: float | None = None
+        self.last_wait_s: float | None = None
         self.replied_at: float | None = None
         self.last_reply: P.RoundReply | None = None
         # Cumulative per-round draft-side seconds and counts (callers diff two snapshots); round_s
@@ -150,9 +151,9 @@ class SSDProposer:
             round_s = t0 - self.round_started
             self.totals["timed_rounds"] += 1
             self.totals["round_s"] += round_s
-            if self.verify_s and self.last_reply is not None:
-                # what the last round spent beyond the target's forward and the draft's backup
-                other_s = round_s - self.verify_s - self.last_reply.backup_s
+            if self.verify_s and self.last_wait_s is not None:
+                # the target's own time in the last round beyond its forward and its wait
+                other_s = round_s - self.verify_s - self.last_wait_s
                 self.policy.observe_times(self.verify_s, other_s=other_s)
         self.round_started = t0
         window = None
@@ -170,7 +171,7 @@ class SSDProposer:
         if kind != P.SPEC:
             raise DraftWorkerError(f"draft worker failed:\n{reply}")
         self.replied_at = time.perf_counter()
-        wait_s = self.replied_at - t0
+        wait_s = self.last_wait_s = self.replied_at - t0
         self.last_reply = reply
         self.totals["rounds"] += 1
         for name in REPLY_TIMES:
@@ -180,7 +181,9 @@ class SSDProposer:
         self.totals["cut"] += reply.cut
         n = len(seqs)
         tokens = torch.zeros(n, self.k, dtype=torch.int64)
-        probs = torch.zeros(n, self.k, self.vocab_size)
+        # point masses (greedy, n-gram) need no q rows: skip the [n, K, V] block when all are
+        sampled = any(spec.probs is not None for spec in reply.specs)
+        probs = torch.zeros(n, self.k, self.vocab_size) if sampled else None
         point_mass = torch.zeros(n, dtype=torch.bool)
         num_draft = torch.zeros(n, dtype=torch.int64)
         for i, (spec, k) in enumerate(zip(reply.specs, ks, strict=True)):
@@ -217,7 +220,7 @@ class SSDProposer:
         if self.known.pop(seq.seq_id, None) is not None:
             self.dropped.append(seq.seq_id)
         if not self.known:  # idle until the next request: not part of any round or window
-            self.round_started = self.replied_at = None
+            self.round_started = self.replied_at = self.last_wait_s = None
 
     def stats(self, batch: int = 1) -> dict:
         """Fan-out, budget, cache-build timings (the last round's, and cumulative ``totals``),

@@ -332,7 +332,12 @@ class DraftWorker:
             layout[i] = (base, keys, mask, fork)
         tokens = {i: torch.tensor([t for _, t in branches[i]]) for i in live}
         out_tokens = {i: torch.zeros(len(branches[i]), k, dtype=torch.int64) for i in live}
-        out_probs = {i: torch.zeros(len(branches[i]), k, self.vocab_size) for i in live}
+        # greedy branches are point masses: their argmax is all a hit needs
+        out_probs = {
+            i: torch.zeros(len(branches[i]), k, self.vocab_size)
+            for i in live
+            if not seqs[i].params.greedy
+        }
         num_branches = sum(len(branches[i]) for i in live)
         depths_s, done = 0.0, k
         for depth in range(k):
@@ -364,22 +369,24 @@ class DraftWorker:
                 seq, nb = seqs[i], len(branches[i])
                 rows = logits[offset : offset + nb]
                 offset += nb
-                st = SamplingTensors.from_params([seq.params] * nb)
-                q = saguaro_probs(rows, st, fanout[depth], self.cfg.saguaro_c)
-                drawn = sample(q, [seq.generator] * nb)
+                if seq.params.greedy:
+                    drawn = rows.argmax(dim=-1)
+                else:
+                    st = SamplingTensors.from_params([seq.params] * nb)
+                    q = saguaro_probs(rows, st, fanout[depth], self.cfg.saguaro_c)
+                    drawn = sample(q, [seq.generator] * nb)
+                    out_probs[i][:, depth] = q
                 out_tokens[i][:, depth] = drawn
-                out_probs[i][:, depth] = q
                 tokens[i] = drawn
             seconds = time.perf_counter() - t0
             depths_s += seconds
             self.costs.observe_depth(num_branches, seconds)
         for i in live:
-            seq = seqs[i]
-            greedy = seq.params.greedy
+            seq, probs = seqs[i], out_probs.get(i)
             for j, key in enumerate(branches[i]):
                 seq.cache[key] = (
                     out_tokens[i][j, :done].tolist(),
-                    None if greedy else out_probs[i][j, :done].clone(),
+                    None if probs is None else probs[j, :done].clone(),
                 )
         return depths_s
 

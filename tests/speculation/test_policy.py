@@ -64,8 +64,11 @@ def test_round_overhead_favours_the_backup_that_commits_more():
     """T_o: a cost every round pays. Without it fast wins here; a large one flips the choice
     to neural, whose misses commit more per round."""
     assert predicted_speedup(0.4, 2.0, 1.0, 1, 1.0, 0.05, t_o=0.5) == pytest.approx(
-        1.4 / (0.4 + 0.6 * 1.05 + 0.5)
+        1.4 / (0.4 * 1.5 + 0.6 * 1.55)
     )
+    # the primary speculation overlaps the target's overhead too: max(1 + T_o, T_p)
+    assert predicted_speedup(1.0, 2.0, 1.0, 1, 1.3, 0.0, t_o=0.2) == pytest.approx(2.0 / 1.3)
+    assert predicted_speedup(1.0, 2.0, 1.0, 1, 1.1, 0.0, t_o=0.2) == pytest.approx(2.0 / 1.2)
     policy = BackupPolicy(mode="auto", K=4, alpha=1.0)
     policy.p_hit, policy.e_hit = 0.4, 2.0
     policy.e_miss = {"neural": 2.2, "fast": 1.1}
