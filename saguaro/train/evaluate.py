@@ -130,6 +130,47 @@ def engine_acceptance(out: Path, prompts: list[list[int]], k: int, gen_tokens: i
     }
 
 
+def loop_period(tokens: list[int], tail: int = 64, max_period: int = 16) -> int | None:
+    """The smallest p <= ``max_period`` with ``tokens[i] == tokens[i - p]`` for each of the last
+    ``tail`` tokens (the text has collapsed into a loop of p tokens), or None."""
+    if len(tokens) < tail + 1:
+        return None
+    start = len(tokens) - tail
+    for p in range(1, min(max_period, start) + 1):
+        if all(tokens[i] == tokens[i - p] for i in range(start, len(tokens))):
+            return p
+    return None
+
+
+def distinct_share(tokens: list[int], n: int = 4) -> float:
+    """Distinct n-grams over all n-grams: near 1 for varied text, low once it repeats itself."""
+    grams = [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
+    return len(set(grams)) / len(grams) if grams else 1.0
+
+
+def repetition(out: Path, count: int = 32, gen_tokens: int = 128) -> dict[str, Any]:
+    """Greedy continuations by the target (the engine, AR) of the first ``count`` HumanEval
+    prompts, as given and with their trailing newline stripped (see ``SAMPLE_PROMPTS``): the
+    share that end in a loop (:func:`loop_period` over the last 64 tokens) and the mean share of
+    distinct 4-grams."""
+    from saguaro import LLM, SamplingParams
+    from saguaro.bench.datasets import humaneval_prompts
+
+    texts = [p.text for p in humaneval_prompts()[:count]]
+    result: dict[str, Any] = {"repetition_prompts": len(texts), "repetition_tokens": gen_tokens}
+    with LLM(model=str(out / "target"), seed=0) as llm:
+        room = llm.engine.max_model_len - gen_tokens
+        params = SamplingParams(temperature=0, max_tokens=gen_tokens, ignore_eos=True)
+        for name, variant in (("as_given", texts), ("stripped", [t.rstrip() for t in texts])):
+            ids = [llm.tokenizer.encode(t)[-room:] for t in variant]
+            outs = [o.token_ids for o in llm.generate(ids, params)]
+            result[f"repetition_{name}"] = {
+                "looping": sum(loop_period(o) is not None for o in outs) / len(outs),
+                "distinct_4grams": float(np.mean([distinct_share(o) for o in outs])),
+            }
+    return result
+
+
 def evaluate(run_dir: Path, out: Path, windows: int, n_prompts: int, k: int) -> dict[str, Any]:
     meta = json.loads((run_dir / EXPORT_META).read_text())
     ctx = meta["config"]["ctx"]
@@ -162,6 +203,7 @@ def evaluate(run_dir: Path, out: Path, windows: int, n_prompts: int, k: int) -> 
             sample[role] = hf_tok.decode(new, skip_special_tokens=True)
         samples.append(sample)
     metrics["samples"] = samples
+    metrics |= repetition(out)
     # Last, on an otherwise idle process: these are timings.
     metrics["costs"] = cost_regime(out / "target", out / "draft")
 

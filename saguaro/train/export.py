@@ -240,6 +240,24 @@ def _cost_lines(c: dict[str, Any] | None) -> list[str]:
     ]
 
 
+def _repetition_lines(m: dict[str, Any]) -> list[str]:
+    if "repetition_as_given" not in m:
+        return []
+    given, stripped = m["repetition_as_given"], m["repetition_stripped"]
+    return [
+        "## Repetition",
+        "",
+        f"Greedy continuations by the target of the first {m['repetition_prompts']} HumanEval "
+        f"prompts, {m['repetition_tokens']} new tokens each (saguaro's engine): "
+        f"**{given['looping']:.0%} end in a loop** (their last 64 tokens repeat with a period "
+        f"of at most 16 tokens), {stripped['looping']:.0%} when the prompt's trailing newline "
+        f"is stripped. Distinct 4-grams per continuation, on average: "
+        f"{given['distinct_4grams']:.0%} and {stripped['distinct_4grams']:.0%} (100%: no "
+        "4-gram occurs twice).",
+        "",
+    ]
+
+
 def _metric_lines(m: dict[str, Any]) -> list[str]:
     k = m["k"]
     per_pos = ", ".join(f"{i + 1}: {p:.2f}" for i, p in enumerate(m["accept_at_least"]))
@@ -263,6 +281,7 @@ def _metric_lines(m: dict[str, Any]) -> list[str]:
         f"(at least i: {per_pos}).",
         "",
         *_cost_lines(m.get("costs")),
+        *_repetition_lines(m),
         "## Greedy samples (target)",
         "",
         "A prompt that ends in a newline leaves a lone newline token where training text "
