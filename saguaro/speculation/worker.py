@@ -410,9 +410,10 @@ def serve(channel: Channel) -> None:
     except Exception as e:
         channel.send(0, P.ERROR, f"draft worker failed to start: {e}")
         raise
+    # The target rings once before each request, and only once READY: count from here.
+    rounds = channel.rings()
     channel.send(0, P.READY, worker.vocab_size)
     idle_timeout = 7 * 24 * 3600.0  # the target may idle for long; its death closes the socket
-    rounds = channel.rings()  # the target rings once before each request
 
     def next_request_sent() -> bool:
         return channel.rings() > rounds
