@@ -232,6 +232,7 @@ def round_table(rows: list[Row]) -> str:
     head = ["dataset", "T", "batch", "mode", *(c[0] for c in ROUND_COLUMNS)]
     head += [
         "build overran",
+        "build cut",
         "budget B",
         "hit rate",
         "predicted × AR",
@@ -241,7 +242,8 @@ def round_table(rows: list[Row]) -> str:
     parts = [
         "**SSD round breakdown** (mean ms per engine round; the draft's glue and branches "
         "overlap the target's forward; its answer (*handle*, backups included) falls inside "
-        "*waited*, the rest of which is the build's overrun and messaging)\n",
+        "*waited*, the rest of which is the build's overrun and messaging; a build is cut "
+        "short when the target's request rings during it)\n",
         "| " + " | ".join(head) + " |",
         "|" + "|".join("---" if i < 4 else "---:" for i in range(len(head))) + "|",
     ]
@@ -252,6 +254,7 @@ def round_table(rows: list[Row]) -> str:
         cells += [f"{c[key]:.1f}" for _, key in ROUND_COLUMNS]
         cells += [
             f"{c['overran']:.0%}",
+            f"{c['cut']:.0%}",
             "–" if budget is None else str(budget),
             _cell(r.cache_hit_rate, "{:.0%}"),
             _cell(r.predicted_speedup, "{:.2f}×"),

@@ -626,7 +626,8 @@ def round_costs(group: list[Run]) -> dict[str, float] | None:
     ``glue``, ``branches`` (branch decoding), ``build`` (their sum, overlapped with the target's
     forward), and on the critical path, inside ``waited``: ``handle`` (answering the request,
     ``backup`` included). What is left of ``waited`` is the build's overrun and messaging.
-    ``overran``: the share of rounds whose request found the worker still building.
+    ``overran``: the share of rounds whose request found the worker still building; ``cut``: the
+    share whose build stopped early because the request rang (its branches are shallower).
     """
     totals = [r.gen.ssd_totals for r in group]
     if any(t is None for t in totals):
@@ -650,6 +651,7 @@ def round_costs(group: list[Run]) -> dict[str, float] | None:
         key = "branch_s" if name == "branches" else f"{name}_s"
         out[name] = sum(t[key] for t in totals) * ms
     out["overran"] = sum(t["overran"] for t in totals) / rounds
+    out["cut"] = sum(t["cut"] for t in totals) / rounds
     return out
 
 
