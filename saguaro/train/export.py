@@ -78,7 +78,9 @@ def _spec_line(spec: dict[str, int], params: int) -> str:
 
 
 def render_card(role: str, meta: dict[str, Any], metrics: dict[str, Any] | None) -> str:
-    cfg, params, corpus = meta["config"], meta["params"], meta["corpus"]
+    # through FitConfig: older exports' configs name their one earlier stage `prior_fit`
+    cfg = FitConfig.from_dict(meta["config"]).to_dict()
+    params, corpus = meta["params"], meta["corpus"]
     other = "draft" if role == "target" else "target"
     lines = [
         f"# saguaro bundled {role}",

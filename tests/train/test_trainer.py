@@ -91,9 +91,10 @@ def test_fit_stops_on_deadline_and_replans_budget(run_dir: Path) -> None:
 
 
 def test_a_run_continues_an_export_and_counts_its_tokens(run_dir: Path, tmp_path: Path) -> None:
+    import json
     import shutil
 
-    from saguaro.train.export import continuation, export
+    from saguaro.train.export import TRAINING_META, continuation, export, render_card
     from saguaro.train.trainer import CKPT_NAME
 
     torch.set_num_threads(1)
@@ -131,6 +132,9 @@ def test_a_run_continues_an_export_and_counts_its_tokens(run_dir: Path, tmp_path
     legacy = {**FitConfig().to_dict(), "prior_fit": "--tokens 1"}
     del legacy["prior_fits"]
     assert FitConfig.from_dict(legacy).prior_fits == ["--tokens 1"]
+    meta2 = json.loads((tmp_path / "stage2" / "target" / TRAINING_META).read_text())
+    meta2["config"]["prior_fit"] = meta2["config"].pop("prior_fits")[0]
+    assert "--init-from STAGE1" in render_card("target", meta2, None)
 
 
 def test_continuing_an_export_with_another_tokenizer_is_refused(
