@@ -66,10 +66,9 @@ def sample(probs: torch.Tensor, generators: Generators) -> torch.Tensor:
     the row's CDF. One-hot (greedy) rows return their argmax and draw nothing. A single
     generator (or None: torch's default) draws all n uniforms in one vectorised call instead.
     """
-    one_hot = is_one_hot(probs)
+    draws = ~is_one_hot(probs)
     tokens = probs.argmax(dim=-1)
-    drawn = (~one_hot).nonzero()[:, 0]
-    if len(drawn):  # the CDF only for rows that draw
-        u = draw_uniforms(generators, (~one_hot).long().tolist(), 1, probs.device)[:, 0]
-        tokens[drawn] = inverse_cdf(probs[drawn], u[drawn])
+    if bool(draws.any()):  # the CDF only for rows that draw
+        u = draw_uniforms(generators, draws.long().tolist(), 1, probs.device)[:, 0]
+        tokens[draws] = inverse_cdf(probs[draws], u[draws])
     return tokens

@@ -122,12 +122,7 @@ def engine_acceptance(out: Path, prompts: list[list[int]], k: int, gen_tokens: i
     ) as llm:
         llm.generate(prompts, SamplingParams(temperature=0, max_tokens=gen_tokens))
         rounds = [r for s in llm.engine.seqs.values() for r in s.records if r.num_drafted == k]
-    accepted = np.array([r.num_accepted for r in rounds])
-    return {
-        "engine_target_steps": int(accepted.size),
-        "engine_mean_accepted_length": float(accepted.mean() + 1),
-        "engine_accept_at_least": [float((accepted >= i).mean()) for i in range(1, k + 1)],
-    }
+    return _acceptance([r.num_accepted for r in rounds], k, prefix="engine_")
 
 
 def loop_period(tokens: list[int], tail: int = 64, max_period: int = 16) -> int | None:
