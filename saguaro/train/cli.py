@@ -36,6 +36,18 @@ def _parser() -> argparse.ArgumentParser:
     fit.add_argument("--lr-draft", type=float, default=defaults.lr_draft)
     fit.add_argument("--warmup-steps", type=int, default=defaults.warmup_steps)
     fit.add_argument("--seed", type=int, default=defaults.seed)
+    fit.add_argument(
+        "--rollouts",
+        type=int,
+        default=defaults.rollouts,
+        help="target's own continuations per step",
+    )
+    fit.add_argument(
+        "--unlikelihood",
+        type=float,
+        default=defaults.unlikelihood,
+        help="weight of the unlikelihood of repeats in the target's continuations",
+    )
     fit.add_argument("--minutes", type=float, default=None, help="stop (and save) after this")
     fit.add_argument("--ckpt-minutes", type=float, default=10.0)
     fit.add_argument(
@@ -85,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
             lr_draft=args.lr_draft,
             warmup_steps=args.warmup_steps,
             seed=args.seed,
+            rollouts=args.rollouts,
+            unlikelihood=args.unlikelihood,
         )
         trainer = Trainer(args.run_dir, cfg, args.device, budget)
         print(f"plan: {json.dumps(trainer.cfg.to_dict())}; at step {trainer.step}", flush=True)

@@ -122,6 +122,7 @@ def render_card(role: str, meta: dict[str, Any], metrics: dict[str, Any] | None)
         f"{meta['tokens_seen']:,} tokens in all (step {meta['step']} of "
         f"{meta['total_steps']}).",
         "",
+        *_rollout_lines(cfg),
         *_lineage(cfg),
         *_replans(meta.get("replans", [])),
         "Reproduce (CPU, hours; the run resumes where it stopped):",
@@ -155,6 +156,24 @@ def continuation(src: Path) -> dict[str, Any]:
     }
 
 
+def _rollout_lines(cfg: dict[str, Any]) -> list[str]:
+    if not cfg["rollouts"]:
+        return []
+    target = (
+        f"The target's loss adds {cfg['unlikelihood']} x the sequence-level unlikelihood of "
+        "every token of a repeated 4-gram in them (-log(1 - p)), the remedy for greedy loops. "
+        if cfg["unlikelihood"]
+        else ""
+    )
+    return [
+        f"Each step the target also wrote {cfg['rollouts']} greedy continuations of "
+        f"{cfg['rollout_tokens']} tokens after {cfg['rollout_prefix']}-token training prefixes "
+        f"(`saguaro/train/rollouts.py`). {target}The draft also distilled on them, the text it "
+        "has to predict when it drafts for the target.",
+        "",
+    ]
+
+
 def _lineage(cfg: dict[str, Any]) -> list[str]:
     if not cfg.get("init_from"):
         return []
@@ -173,8 +192,8 @@ def fit_args(cfg: dict[str, Any]) -> str:
     """The `fit` arguments that reproduce a run with this config."""
     args = f"--tokens {cfg['tokens']} --draft-tokens {cfg['draft_tokens']} --batch {cfg['batch']}"
     defaults = FitConfig()
-    for name in ("seed", "lr_target", "lr_draft", "warmup_steps"):
-        if cfg[name] != getattr(defaults, name):
+    for name in ("seed", "lr_target", "lr_draft", "warmup_steps", "rollouts", "unlikelihood"):
+        if cfg.get(name, getattr(defaults, name)) != getattr(defaults, name):
             args += f" --{name.replace('_', '-')} {cfg[name]}"
     return args
 

@@ -3,6 +3,11 @@
 Phase 1 (`tokens`): each step the target takes its LM step and the draft a distillation step on
 the same batch, against the target's detached logits from that same forward. Phase 2
 (`draft_tokens`): the target is finished; only the draft keeps learning from it.
+
+With `rollouts > 0`, each step the target also decodes that many greedy continuations of
+training prefixes (`saguaro/train/rollouts.py`): in phase 1 it adds `unlikelihood` x the
+sequence-level unlikelihood of their repeated n-grams to its loss, and in both phases the draft
+also distils on them (on-policy). Token budgets count training-text tokens only.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from tqdm import tqdm
 from saguaro.train.corpus import EOT
 from saguaro.train.data import WindowSampler, load_tokens
 from saguaro.train.models import DRAFT, TARGET, ModelSpec, build_model
+from saguaro.train.rollouts import greedy_rollouts, repeat_mask, unlikelihood_loss
 
 CKPT_NAME = "checkpoint.pt"
 
@@ -43,6 +49,10 @@ class FitConfig:
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     ce_weight: float = 0.0  # optional CE term added to the draft's KL
+    rollouts: int = 0  # greedy continuations by the target per step (0: none)
+    rollout_prefix: int = 32
+    rollout_tokens: int = 96
+    unlikelihood: float = 0.0  # weight of the target's unlikelihood term on them (phase 1)
     seed: int = 0
     # A run may continue an earlier export (fresh optimizers and schedules); the tokens that
     # export had seen are carried so the model card counts the whole training.
@@ -153,6 +163,12 @@ class Trainer:
         self.vocab_size, self.eot_id = tok.get_vocab_size(), tok.token_to_id(EOT)
         tokens = load_tokens(run_dir / "train.bin")
         self.sampler = WindowSampler(tokens, cfg.ctx, cfg.batch, cfg.seed)
+        # Its own seed stream, so adding rollouts leaves the text batches as they were.
+        self.prefixes = (
+            WindowSampler(tokens, cfg.rollout_prefix, cfg.rollouts, cfg.seed + 1)
+            if cfg.rollouts
+            else None
+        )
 
         torch.manual_seed(cfg.seed)
         self.target = build_model(cfg.target, self.vocab_size, self.eot_id).to(self.device)
@@ -215,24 +231,45 @@ class Trainer:
         cfg = self.cfg
         x, y = (t.to(self.device) for t in self.sampler.batch_at(self.step))
         cotrain = self.step < cfg.cotrain_steps
+        metrics: dict[str, float] = {}
+        roll = None
+        if self.prefixes is not None:
+            prefixes = self.prefixes.batch_at(self.step)[0].to(self.device)
+            roll = greedy_rollouts(self.target, prefixes, cfg.rollout_tokens)
+            roll_mask = repeat_mask(roll, cfg.rollout_prefix)
+            metrics["rep"] = roll_mask[:, cfg.rollout_prefix :].float().mean().item()
         self.target.train(cotrain)
-        if cotrain:
+        with torch.set_grad_enabled(cotrain):
             logits_t = self.target(input_ids=x).logits
             loss_t = F.cross_entropy(logits_t.reshape(-1, logits_t.size(-1)).float(), y.reshape(-1))
+            loss = loss_t
+            if roll is not None:
+                roll_logits_t = self.target(input_ids=roll).logits
+                if cotrain and cfg.unlikelihood:
+                    ul = unlikelihood_loss(roll_logits_t, roll, roll_mask, cfg.rollout_prefix)
+                    loss = loss + cfg.unlikelihood * ul
+                    metrics["ul"] = ul.item()
+                roll_logits_t = roll_logits_t.detach()
+        if cotrain:
             self.opt_t.zero_grad(set_to_none=True)
-            loss_t.backward()
+            loss.backward()
             torch.nn.utils.clip_grad_norm_(self.target.parameters(), cfg.grad_clip)
             self.opt_t.step()
             self.sched_t.step()
-            logits_t = logits_t.detach()
-        else:
-            with torch.no_grad():
-                logits_t = self.target(input_ids=x).logits
-            loss_t = F.cross_entropy(logits_t.reshape(-1, logits_t.size(-1)).float(), y.reshape(-1))
+        logits_t = logits_t.detach()
 
         self.draft.train()
         logits_d = self.draft(input_ids=x).logits
         loss_d = distill_loss(logits_d, logits_t, y, cfg.ce_weight)
+        if roll is not None:
+            # On-policy: the positions that predict the continuation, the target's own text.
+            own = slice(cfg.rollout_prefix - 1, -1)
+            roll_logits_d = self.draft(input_ids=roll).logits
+            labels = roll[:, cfg.rollout_prefix :]
+            kl_roll = distill_loss(roll_logits_d[:, own], roll_logits_t[:, own], labels, 0.0)
+            metrics["kl_text"] = loss_d.item()
+            loss_d = loss_d + kl_roll
+            metrics["kl_roll"] = kl_roll.item()
         self.opt_d.zero_grad(set_to_none=True)
         loss_d.backward()
         torch.nn.utils.clip_grad_norm_(self.draft.parameters(), cfg.grad_clip)
@@ -241,7 +278,7 @@ class Trainer:
         with torch.no_grad():
             ce_d = F.cross_entropy(logits_d.reshape(-1, logits_d.size(-1)).float(), y.reshape(-1))
         self.step += 1
-        return {"loss_t": loss_t.item(), "kl_d": loss_d.item(), "loss_d": ce_d.item()}
+        return {"loss_t": loss_t.item(), "kl_d": loss_d.item(), "loss_d": ce_d.item(), **metrics}
 
     def fit(
         self, minutes: float | None = None, ckpt_minutes: float = 10.0, log_every: float = 30.0

@@ -78,6 +78,28 @@ def test_resume_continues_identically(run_dir: Path, tmp_path: Path) -> None:
     assert resumed.train_step() == losses[2]
 
 
+ROLLOUTS = {"rollouts": 2, "rollout_prefix": 4, "rollout_tokens": 6, "unlikelihood": 0.5}
+
+
+def test_rollout_steps_train_on_the_targets_own_text_and_resume_identically(
+    run_dir: Path,
+) -> None:
+    torch.set_num_threads(1)
+    cfg = replace(CFG, **ROLLOUTS)
+    straight = Trainer(run_dir, cfg)
+    steps = [straight.train_step() for _ in range(3)]
+    assert {"ul", "rep", "kl_roll", "kl_text"} <= steps[0].keys()
+    assert steps[0]["kl_d"] == pytest.approx(steps[0]["kl_text"] + steps[0]["kl_roll"])
+    # Text batches are those of a run without rollouts (the prefixes have their own stream).
+    assert steps[0]["loss_t"] == Trainer(run_dir, CFG).train_step()["loss_t"]
+
+    first = Trainer(run_dir, cfg)
+    first.train_step()
+    first.train_step()
+    first.save()
+    assert Trainer(run_dir, FitConfig()).train_step() == steps[2]
+
+
 def test_fit_stops_on_deadline_and_replans_budget(run_dir: Path) -> None:
     torch.set_num_threads(1)
     trainer = Trainer(run_dir, CFG)
@@ -119,7 +141,7 @@ def test_a_run_continues_an_export_and_counts_its_tokens(run_dir: Path, tmp_path
     third_dir = tmp_path / "run3"
     shutil.copytree(second_dir, third_dir)
     (third_dir / CKPT_NAME).unlink()
-    cfg3 = replace(CFG, seed=5, **continuation(tmp_path / "stage2"))
+    cfg3 = replace(CFG, seed=5, **ROLLOUTS, **continuation(tmp_path / "stage2"))
     assert len(cfg3.prior_fits) == 2 and "--seed" not in cfg3.prior_fits[0]
     Trainer(third_dir, cfg3).fit()
     stage3 = export(third_dir, tmp_path / "stage3")
@@ -128,6 +150,7 @@ def test_a_run_continues_an_export_and_counts_its_tokens(run_dir: Path, tmp_path
     assert "RUN2 fit --tokens" in card and "--init-from STAGE1\n" in card
     last = next(line for line in card.splitlines() if "--init-from STAGE2" in line)
     assert "RUN fit" in last and "--seed 5" in last and "2 earlier stages" in card
+    assert "--rollouts 2 --unlikelihood 0.5" in last and "unlikelihood of every token" in card
     # configs written before prior_fits named their one earlier stage prior_fit
     legacy = {**FitConfig().to_dict(), "prior_fit": "--tokens 1"}
     del legacy["prior_fits"]
