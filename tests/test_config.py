@@ -5,25 +5,46 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
 
 from saguaro import config
 from saguaro.config import EngineConfig
 
 
-def test_an_engine_created_while_another_holds_the_pin_gets_the_same_placement(monkeypatch):
-    before = os.sched_getaffinity(0)
-    cores = config.process_cpus()  # an earlier engine of this process may still hold the pin
+def test_overlapping_engines_share_one_placement_and_unpin_in_any_order(monkeypatch):
+    before, threads = os.sched_getaffinity(0), torch.get_num_threads()
+    cores = config.process_cpus()  # an earlier engine of this process may still hold a pin
     if len(cores) < 2:
         pytest.skip("placement needs two cores")
-    monkeypatch.setattr(config, "_unpinned_cpus", None)
+    monkeypatch.setattr(config, "_pins", 0)
     try:
         os.sched_setaffinity(0, cores)
         first = EngineConfig(mode="ssd", device="cpu")
         assert first.target_cpus and first.draft_cpus
         assert not set(first.target_cpus) & set(first.draft_cpus)
-        config.pin_process(first.target_cpus)  # what the first engine does
+        config.pin_process(first.target_cpus, 1)  # what the first engine does
         second = EngineConfig(mode="ssd", device="cpu")
         # not planned from the pinned set: the worker would share the target's core
         assert (second.target_cpus, second.draft_cpus) == (first.target_cpus, first.draft_cpus)
+        config.pin_process(second.target_cpus, 1)
+        config.unpin_process()  # the first engine closes before the second
+        assert os.sched_getaffinity(0) == set(first.target_cpus)
+        config.unpin_process()
+        assert os.sched_getaffinity(0) == set(cores) and torch.get_num_threads() == threads
     finally:
         os.sched_setaffinity(0, before)
+        torch.set_num_threads(threads)
+
+
+def test_an_engine_that_fails_to_start_gives_its_pin_back(tmp_path):
+    before = os.sched_getaffinity(0)
+    missing = str(tmp_path / "missing")
+    cfg = EngineConfig(model=missing, draft=missing, mode="ssd", device="cpu")
+    if not cfg.target_cpus:
+        pytest.skip("placement needs two cores")
+    from saguaro.engine.engine import LLMEngine
+    from saguaro.errors import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        LLMEngine(cfg)
+    assert os.sched_getaffinity(0) == before

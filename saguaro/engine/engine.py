@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from saguaro.config import EngineConfig, pin_process
+from saguaro.config import EngineConfig, pin_process, unpin_process
 from saguaro.engine.block_manager import BlockManager
 from saguaro.engine.detokenizer import Detokenizer
 from saguaro.engine.model_runner import ModelRunner
@@ -77,14 +76,26 @@ def check_compatible(target_dir: Path, draft_dir: Path, tokenizer: Tokenizer) ->
 class LLMEngine:
     def __init__(self, cfg: EngineConfig) -> None:
         self.cfg = cfg
-        self._restore_cpus = None
+        self.proposer: Proposer | None = None
+        self._pinned = bool(cfg.target_cpus)
         if cfg.target_cpus:
             # SSD on CPU: the target keeps its own core(s), the draft worker gets the others.
-            self._restore_cpus = (os.sched_getaffinity(0), torch.get_num_threads())
-            pin_process(cfg.target_cpus)
-            torch.set_num_threads(cfg.num_threads or len(cfg.target_cpus))
+            pin_process(cfg.target_cpus, cfg.num_threads or len(cfg.target_cpus))
         elif cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
+        try:
+            self._build(cfg)
+        except BaseException:
+            self.close()  # a failed start leaves the process as it found it
+            raise
+        self.draft_failure: str | None = None
+        self.num_steps = 0
+        self.seqs: dict[int, Sequence] = {}
+        self._ids = itertools.count()
+        self._seed_rng = torch.Generator().manual_seed(cfg.seed)
+
+    def _build(self, cfg: EngineConfig) -> None:
+        """Load and check the models, size the KV cache, start the proposer."""
         target_dir, draft_dir = resolve_model_dirs(cfg)
         self.target_dir, self.draft_dir = target_dir, draft_dir
         if not target_dir.is_dir():
@@ -127,7 +138,6 @@ class LLMEngine:
             cfg.lookahead,
         )
         self.detok = Detokenizer(self.tokenizer)
-        self.proposer: Proposer | None = None
         if cfg.mode == "sd":
             from saguaro.speculation.sd import DraftProposer
 
@@ -141,11 +151,6 @@ class LLMEngine:
             self.proposer = SSDProposer(
                 cfg, str(draft_dir), self.max_model_len, target.config.vocab_size
             )
-        self.draft_failure: str | None = None
-        self.num_steps = 0
-        self.seqs: dict[int, Sequence] = {}
-        self._ids = itertools.count()
-        self._seed_rng = torch.Generator().manual_seed(cfg.seed)
 
     # ---- requests ---------------------------------------------------------------------------
 
@@ -201,11 +206,9 @@ class LLMEngine:
     def close(self) -> None:
         if self.proposer is not None:
             self.proposer.close()
-        if self._restore_cpus is not None:
-            cpus, threads = self._restore_cpus
-            os.sched_setaffinity(0, cpus)
-            torch.set_num_threads(threads)
-            self._restore_cpus = None
+        if self._pinned:
+            unpin_process()
+            self._pinned = False
 
     def _drop_proposer(self, why: Exception) -> None:
         """The draft is gone: finish every request exactly, without speculation (AR)."""
