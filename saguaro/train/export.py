@@ -20,6 +20,7 @@ ROLES = ("target", "draft")
 EXPORT_META = "export.json"
 EVAL_RESULTS = "eval.json"
 TRAINING_META = "training.json"  # written beside each model, read by `fit --init-from`
+MAX_SHARD = "16MB"  # safetensors files small enough for any repository host
 
 
 def export(run_dir: Path, out: Path) -> dict[str, Any]:
@@ -52,7 +53,7 @@ def export(run_dir: Path, out: Path) -> dict[str, Any]:
         d = out / role
         if d.exists():  # no stale shards from an earlier export
             shutil.rmtree(d)
-        model.save_pretrained(d)
+        model.save_pretrained(d, max_shard_size=MAX_SHARD)
         write_hf_tokenizer(tok, d, model_max_length=model.config.max_position_embeddings)
     for role in ROLES:
         (out / role / TRAINING_META).write_text(json.dumps(meta, indent=1) + "\n")

@@ -127,7 +127,7 @@ def init_from_export(src: Path, tok: Tokenizer, models: dict[str, torch.nn.Modul
         theirs = Tokenizer.from_file(str(d / "tokenizer.json"))
         if theirs.get_vocab() != tok.get_vocab():
             raise ValueError(f"{d}: its tokenizer differs from this run's; cannot continue it")
-        weights = load_file(d / "model.safetensors")
+        weights = {k: v for f in sorted(d.glob("*.safetensors")) for k, v in load_file(f).items()}
         missing, unexpected = model.load_state_dict(weights, strict=False)
         # The tied head is stored once, as the embedding.
         if unexpected or set(missing) - {"lm_head.weight"}:
