@@ -82,7 +82,9 @@ def main(argv: list[str] | None = None) -> int:
         # Budgets given on the command line also re-plan a resumed run; the rest of a
         # resumed run's config comes from its checkpoint.
         budget = {
-            k: v for k, v in (("tokens", args.tokens), ("draft_tokens", args.draft_tokens)) if v
+            k: v
+            for k, v in (("tokens", args.tokens), ("draft_tokens", args.draft_tokens))
+            if v is not None
         }
         prior = {}
         if args.init_from is not None:
