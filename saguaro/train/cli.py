@@ -48,6 +48,12 @@ def _parser() -> argparse.ArgumentParser:
         default=defaults.unlikelihood,
         help="weight of the unlikelihood of repeats in the target's continuations",
     )
+    fit.add_argument(
+        "--rollout-ce",
+        type=float,
+        default=defaults.rollout_ce,
+        help="weight of the draft's CE on the target's greedy tokens in its continuations",
+    )
     fit.add_argument("--minutes", type=float, default=None, help="stop (and save) after this")
     fit.add_argument("--ckpt-minutes", type=float, default=10.0)
     fit.add_argument(
@@ -101,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             seed=args.seed,
             rollouts=args.rollouts,
             unlikelihood=args.unlikelihood,
+            rollout_ce=args.rollout_ce,
         )
         trainer = Trainer(args.run_dir, cfg, args.device, budget)
         print(f"plan: {json.dumps(trainer.cfg.to_dict())}; at step {trainer.step}", flush=True)

@@ -170,7 +170,12 @@ def _rollout_lines(cfg: dict[str, Any]) -> list[str]:
         f"Each step the target also wrote {cfg['rollouts']} greedy continuations of "
         f"{cfg['rollout_tokens']} tokens after {cfg['rollout_prefix']}-token training prefixes "
         f"(`saguaro/train/rollouts.py`). {target}The draft also distilled on them, the text it "
-        "has to predict when it drafts for the target.",
+        "has to predict when it drafts for the target"
+        + (
+            f", adding {cfg['rollout_ce']} x the cross-entropy of the target's greedy tokens."
+            if cfg["rollout_ce"]
+            else "."
+        ),
         "",
     ]
 
@@ -193,7 +198,15 @@ def fit_args(cfg: dict[str, Any]) -> str:
     """The `fit` arguments that reproduce a run with this config."""
     args = f"--tokens {cfg['tokens']} --draft-tokens {cfg['draft_tokens']} --batch {cfg['batch']}"
     defaults = FitConfig()
-    for name in ("seed", "lr_target", "lr_draft", "warmup_steps", "rollouts", "unlikelihood"):
+    for name in (
+        "seed",
+        "lr_target",
+        "lr_draft",
+        "warmup_steps",
+        "rollouts",
+        "unlikelihood",
+        "rollout_ce",
+    ):
         if cfg.get(name, getattr(defaults, name)) != getattr(defaults, name):
             args += f" --{name.replace('_', '-')} {cfg[name]}"
     return args

@@ -7,7 +7,8 @@ the same batch, against the target's detached logits from that same forward. Pha
 With `rollouts > 0`, each step the target also decodes that many greedy continuations of
 training prefixes (`saguaro/train/rollouts.py`): in phase 1 it adds `unlikelihood` x the
 sequence-level unlikelihood of their repeated n-grams to its loss, and in both phases the draft
-also distils on them (on-policy). Token budgets count training-text tokens only.
+also distils on them (on-policy; `rollout_ce` adds CE on the target's greedy tokens). Token
+budgets count training-text tokens only.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ class FitConfig:
     rollout_prefix: int = 32
     rollout_tokens: int = 96
     unlikelihood: float = 0.0  # weight of the target's unlikelihood term on them (phase 1)
+    rollout_ce: float = 0.0  # CE term on the target's greedy tokens in the draft's rollout loss
     seed: int = 0
     # A run may continue an earlier export (fresh optimizers and schedules); the tokens that
     # export had seen are carried so the model card counts the whole training.
@@ -266,7 +268,11 @@ class Trainer:
             own = slice(cfg.rollout_prefix - 1, -1)
             roll_logits_d = self.draft(input_ids=roll).logits
             labels = roll[:, cfg.rollout_prefix :]
-            kl_roll = distill_loss(roll_logits_d[:, own], roll_logits_t[:, own], labels, 0.0)
+            # The continuation is the target's argmax at each position, so the CE term teaches
+            # exactly what greedy acceptance checks: the draft's argmax equal to the target's.
+            kl_roll = distill_loss(
+                roll_logits_d[:, own], roll_logits_t[:, own], labels, cfg.rollout_ce
+            )
             metrics["kl_text"] = loss_d.item()
             loss_d = loss_d + kl_roll
             metrics["kl_roll"] = kl_roll.item()

@@ -78,7 +78,13 @@ def test_resume_continues_identically(run_dir: Path, tmp_path: Path) -> None:
     assert resumed.train_step() == losses[2]
 
 
-ROLLOUTS = {"rollouts": 2, "rollout_prefix": 4, "rollout_tokens": 6, "unlikelihood": 0.5}
+ROLLOUTS = {
+    "rollouts": 2,
+    "rollout_prefix": 4,
+    "rollout_tokens": 6,
+    "unlikelihood": 0.5,
+    "rollout_ce": 0.25,
+}
 
 
 def test_rollout_steps_train_on_the_targets_own_text_and_resume_identically(
@@ -150,7 +156,8 @@ def test_a_run_continues_an_export_and_counts_its_tokens(run_dir: Path, tmp_path
     assert "RUN2 fit --tokens" in card and "--init-from STAGE1\n" in card
     last = next(line for line in card.splitlines() if "--init-from STAGE2" in line)
     assert "RUN fit" in last and "--seed 5" in last and "2 earlier stages" in card
-    assert "--rollouts 2 --unlikelihood 0.5" in last and "unlikelihood of every token" in card
+    assert "--rollouts 2 --unlikelihood 0.5 --rollout-ce 0.25" in last
+    assert "unlikelihood of every token" in card and "the target's greedy tokens" in card
     # configs written before prior_fits named their one earlier stage prior_fit
     legacy = {**FitConfig().to_dict(), "prior_fit": "--tokens 1"}
     del legacy["prior_fits"]
