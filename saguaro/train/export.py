@@ -116,11 +116,17 @@ def render_card(role: str, meta: dict[str, Any], metrics: dict[str, Any] | None)
         f"Seed {cfg['seed']}, AdamW (betas 0.9/0.95, weight decay {cfg['weight_decay']}), "
         f"{cfg['warmup_steps']} warmup steps then cosine decay to {cfg['min_lr_ratio']} of peak, "
         f"batches of {cfg['batch']} x {cfg['ctx']} tokens. The target learns by next-token "
-        f"cross-entropy (peak lr {cfg['lr_target']}) for {meta['target_tokens_seen']:,} tokens. "
-        "The draft is distilled from it (KL to the target's softmax, peak lr "
-        f"{cfg['lr_draft']}): on each co-training step it learns from the target's logits of "
-        "that same batch, then alone against the finished target, "
-        f"{meta['tokens_seen']:,} tokens in all (step {meta['step']} of "
+        + (
+            f"cross-entropy (peak lr {cfg['lr_target']}) for {meta['target_tokens_seen']:,} "
+            "tokens. The draft is distilled from it (KL to the target's softmax, peak lr "
+            f"{cfg['lr_draft']}): on each co-training step it learns from the target's logits "
+            "of that same batch, then alone against the finished target, "
+            if cfg["tokens"]
+            else f"cross-entropy, {meta['target_tokens_seen']:,} tokens, all in earlier stages: "
+            "this stage trained only the draft, distilled from the fixed target (KL to the "
+            f"target's softmax, peak lr {cfg['lr_draft']}), "
+        )
+        + f"{meta['tokens_seen']:,} tokens in all (step {meta['step']} of "
         f"{meta['total_steps']}).",
         "",
         *_rollout_lines(cfg),

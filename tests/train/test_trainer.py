@@ -106,6 +106,15 @@ def test_rollout_steps_train_on_the_targets_own_text_and_resume_identically(
     assert Trainer(run_dir, FitConfig()).train_step() == steps[2]
 
 
+def test_a_draft_only_stage_leaves_the_target_as_it_was(run_dir: Path) -> None:
+    torch.set_num_threads(1)
+    trainer = Trainer(run_dir, replace(CFG, tokens=0, **ROLLOUTS))
+    before = {k: v.clone() for k, v in trainer.target.state_dict().items()}
+    trainer.fit()
+    assert trainer.step == CFG.draft_tokens // CFG.tokens_per_step
+    assert all(torch.equal(before[k], v) for k, v in trainer.target.state_dict().items())
+
+
 def test_fit_stops_on_deadline_and_replans_budget(run_dir: Path) -> None:
     torch.set_num_threads(1)
     trainer = Trainer(run_dir, CFG)
@@ -165,6 +174,9 @@ def test_a_run_continues_an_export_and_counts_its_tokens(run_dir: Path, tmp_path
     meta2 = json.loads((tmp_path / "stage2" / "target" / TRAINING_META).read_text())
     meta2["config"]["prior_fit"] = meta2["config"].pop("prior_fits")[0]
     assert "--init-from STAGE1" in render_card("target", meta2, None)
+    # a draft-only stage (--tokens 0) says the target was trained earlier, not by it
+    meta2["config"]["tokens"] = 0
+    assert "this stage trained only the draft" in render_card("target", meta2, None)
 
 
 def test_continuing_an_export_with_another_tokenizer_is_refused(
