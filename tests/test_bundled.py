@@ -49,12 +49,18 @@ def test_the_default_model_is_the_bundled_target_and_matches_transformers(defaul
     outputs, tokenizer = default_outputs
     ref = transformers.AutoModelForCausalLM.from_pretrained(TARGET_DIR).eval()
     for prompt, out in zip(PROMPTS, outputs, strict=True):
-        ids = tokenizer.encode(prompt)
+        ids = torch.tensor([tokenizer.encode(prompt)])
         with torch.no_grad():
+            # The mask is explicit: BOS is also the pad id, and transformers would otherwise
+            # mask it out as padding once EOS is unset.
             gen = ref.generate(
-                torch.tensor([ids]), max_new_tokens=32, do_sample=False, eos_token_id=None
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=32,
+                do_sample=False,
+                eos_token_id=None,
             )
-        assert out == gen[0, len(ids) :].tolist()
+        assert out == gen[0, ids.size(1) :].tolist()
 
 
 @pytest.mark.parametrize("mode", ["sd", "ssd"])
