@@ -246,7 +246,8 @@ class Trainer:
             loss_t = F.cross_entropy(logits_t.reshape(-1, logits_t.size(-1)).float(), y.reshape(-1))
             loss = loss_t
             if roll is not None:
-                roll_logits_t = self.target(input_ids=roll).logits
+                with torch.set_grad_enabled(cotrain and bool(cfg.unlikelihood)):
+                    roll_logits_t = self.target(input_ids=roll).logits
                 if cotrain and cfg.unlikelihood:
                     ul = unlikelihood_loss(roll_logits_t, roll, roll_mask, cfg.rollout_prefix)
                     loss = loss + cfg.unlikelihood * ul
