@@ -20,6 +20,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from transformers import PreTrainedModel
 
@@ -30,15 +32,17 @@ def greedy_rollouts(
 ) -> torch.Tensor:
     """``[B, P + new_tokens]``: each prefix followed by ``new_tokens`` greedy tokens (end-of-text
     does not stop it; the continuation is training data, not an answer)."""
+    # transformers 5 renamed `past_key_values` (argument and output field) to `cache`.
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     was_training = model.training
     model.eval()
-    out = model(input_ids=prefixes, use_cache=True, logits_to_keep=1)
+    out = model(input_ids=prefixes, use_cache=True)
     pieces = [prefixes]
     for i in range(new_tokens):
         nxt = out.logits[:, -1].argmax(-1, keepdim=True)
         pieces.append(nxt)
         if i + 1 < new_tokens:
-            out = model(input_ids=nxt, cache=out.cache, use_cache=True)
+            out = model(input_ids=nxt, use_cache=True, **{name: getattr(out, name)})
     model.train(was_training)
     return torch.cat(pieces, dim=1)
 
