@@ -168,7 +168,7 @@ def _rollout_lines(cfg: dict[str, Any]) -> list[str]:
         return []
     target = (
         f"The target's loss adds {cfg['unlikelihood']} x the sequence-level unlikelihood of "
-        "every token of a repeated 4-gram in them (-log(1 - p)), the remedy for greedy loops. "
+        "every token of a repeated 4-gram in them (-log(1 - p)), aimed at greedy loops. "
         if cfg["unlikelihood"]
         else ""
     )
