@@ -121,15 +121,16 @@ def distill_loss(
 
 
 def init_from_export(src: Path, tok: Tokenizer, models: dict[str, torch.nn.Module]) -> None:
-    """Load `src/<role>/model.safetensors` into each model; the tokenizers must be identical."""
-    from safetensors.torch import load_file
+    """Load the weights in `src/<role>` (one file or shards) into each model; the tokenizers
+    must be identical."""
+    from saguaro.models.loader import iter_tensors, safetensors_files
 
     for role, model in models.items():
         d = src / role
         theirs = Tokenizer.from_file(str(d / "tokenizer.json"))
         if theirs.get_vocab() != tok.get_vocab():
             raise ValueError(f"{d}: its tokenizer differs from this run's; cannot continue it")
-        weights = {k: v for f in sorted(d.glob("*.safetensors")) for k, v in load_file(f).items()}
+        weights = dict(iter_tensors(safetensors_files(d)))
         missing, unexpected = model.load_state_dict(weights, strict=False)
         # The tied head is stored once, as the embedding.
         if unexpected or set(missing) - {"lm_head.weight"}:
