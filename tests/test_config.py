@@ -16,7 +16,8 @@ def test_overlapping_engines_share_one_placement_and_unpin_in_any_order(monkeypa
     cores = config.process_cpus()  # an earlier engine of this process may still hold a pin
     if len(cores) < 2:
         pytest.skip("placement needs two cores")
-    monkeypatch.setattr(config, "_pins", 0)
+    monkeypatch.setattr(config, "_pins", 0)  # both restored after: an earlier engine's pin
+    monkeypatch.setattr(config, "_unpinned", None)  # stays as that engine left it
     try:
         os.sched_setaffinity(0, cores)
         first = EngineConfig(mode="ssd", device="cpu")
