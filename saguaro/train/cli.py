@@ -54,6 +54,18 @@ def _parser() -> argparse.ArgumentParser:
         default=defaults.rollout_ce,
         help="weight of the draft's CE on the target's greedy tokens in its continuations",
     )
+    fit.add_argument(
+        "--ditto",
+        type=float,
+        default=defaults.ditto,
+        help="weight of the target's pseudo-repetition (DITTO) loss against loops",
+    )
+    fit.add_argument(
+        "--ditto-lambda",
+        type=float,
+        default=defaults.ditto_lambda,
+        help="each repeat's probability is trained towards this fraction of the one before",
+    )
     fit.add_argument("--minutes", type=float, default=None, help="stop (and save) after this")
     fit.add_argument("--ckpt-minutes", type=float, default=10.0)
     fit.add_argument(
@@ -108,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
             rollouts=args.rollouts,
             unlikelihood=args.unlikelihood,
             rollout_ce=args.rollout_ce,
+            ditto=args.ditto,
+            ditto_lambda=args.ditto_lambda,
         )
         trainer = Trainer(args.run_dir, cfg, args.device, budget)
         print(f"plan: {json.dumps(trainer.cfg.to_dict())}; at step {trainer.step}", flush=True)

@@ -12,6 +12,7 @@ from tokenizers import Tokenizer
 from transformers import GenerationConfig
 
 from saguaro.train.corpus import EOT
+from saguaro.train.loops import SEGMENT
 from saguaro.train.models import build_model, n_params
 from saguaro.train.tokenizer import write_hf_tokenizer
 from saguaro.train.trainer import CKPT_NAME, FitConfig
@@ -130,6 +131,7 @@ def render_card(role: str, meta: dict[str, Any], metrics: dict[str, Any] | None)
         f"{meta['total_steps']}).",
         "",
         *_rollout_lines(cfg),
+        *_ditto_lines(cfg),
         *_lineage(cfg),
         *_replans(meta.get("replans", [])),
         "Reproduce (CPU, hours; the run resumes where it stopped):",
@@ -186,6 +188,22 @@ def _rollout_lines(cfg: dict[str, Any]) -> list[str]:
     ]
 
 
+def _ditto_lines(cfg: dict[str, Any]) -> list[str]:
+    how = (
+        "pseudo-repetitions (`saguaro/train/loops.py`, DITTO): rows of a real prefix followed "
+        f"by the real segment after it ({SEGMENT[0]} to {SEGMENT[1]} tokens) repeated, each "
+        "repeat's probability trained towards a fixed fraction{lam} of the one before, so "
+        "that a loop grows less likely with every turn instead of more."
+    )
+    if cfg.get("ditto"):
+        head = f"The target's loss adds {cfg['ditto']} x a loss against loops on "
+        return [head + how.format(lam=f" ({cfg['ditto_lambda']})"), ""]
+    if any("--ditto " in f for f in cfg.get("prior_fits", [])):
+        head = "An earlier stage (its command is below) trained the target against loops on "
+        return [head + how.format(lam=""), ""]
+    return []
+
+
 def _lineage(cfg: dict[str, Any]) -> list[str]:
     if not cfg.get("init_from"):
         return []
@@ -212,6 +230,8 @@ def fit_args(cfg: dict[str, Any]) -> str:
         "rollouts",
         "unlikelihood",
         "rollout_ce",
+        "ditto",
+        "ditto_lambda",
     ):
         if cfg.get(name, getattr(defaults, name)) != getattr(defaults, name):
             args += f" --{name.replace('_', '-')} {cfg[name]}"

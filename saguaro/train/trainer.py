@@ -7,8 +7,9 @@ the same batch, against the target's detached logits from that same forward. Pha
 With `rollouts > 0`, each step the target also decodes that many greedy continuations of
 training prefixes (`saguaro/train/rollouts.py`): in phase 1 it adds `unlikelihood` x the
 sequence-level unlikelihood of their repeated n-grams to its loss, and in both phases the draft
-also distils on them (on-policy; `rollout_ce` adds CE on the target's greedy tokens). Token
-budgets count training-text tokens only.
+also distils on them (on-policy; `rollout_ce` adds CE on the target's greedy tokens). With
+`ditto > 0` the target's phase-1 loss adds that weight x the pseudo-repetition loss of
+`saguaro/train/loops.py`. Token budgets count training-text tokens only.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from tqdm import tqdm
 
 from saguaro.train.corpus import EOT
 from saguaro.train.data import WindowSampler, load_tokens
+from saguaro.train.loops import ditto_loss, pseudo_repeats
 from saguaro.train.models import DRAFT, TARGET, ModelSpec, build_model
 from saguaro.train.rollouts import greedy_rollouts, repeat_mask, unlikelihood_loss
 
@@ -55,6 +57,8 @@ class FitConfig:
     rollout_tokens: int = 96
     unlikelihood: float = 0.0  # weight of the target's unlikelihood term on them (phase 1)
     rollout_ce: float = 0.0  # CE term on the target's greedy tokens in the draft's rollout loss
+    ditto: float = 0.0  # weight of the target's pseudo-repetition loss (phase 1; 0: none)
+    ditto_lambda: float = 0.5  # each repeat trained towards this fraction of the one before
     seed: int = 0
     # A run may continue an earlier export (fresh optimizers and schedules); the tokens that
     # export had seen are carried so the model card counts the whole training.
@@ -164,7 +168,7 @@ class Trainer:
         self.cfg = cfg = dataclasses.replace(cfg, **(budget or {}))
         tok = Tokenizer.from_file(str(run_dir / "tokenizer.json"))
         self.vocab_size, self.eot_id = tok.get_vocab_size(), tok.token_to_id(EOT)
-        tokens = load_tokens(run_dir / "train.bin")
+        self.tokens = tokens = load_tokens(run_dir / "train.bin")
         self.sampler = WindowSampler(tokens, cfg.ctx, cfg.batch, cfg.seed)
         # Its own seed stream, so adding rollouts leaves the text batches as they were.
         self.prefixes = (
@@ -254,6 +258,21 @@ class Trainer:
                     loss = loss + cfg.unlikelihood * ul
                     metrics["ul"] = ul.item()
                 roll_logits_t = roll_logits_t.detach()
+            if cotrain and cfg.ditto:
+                # Its own seed stream, like the rollouts' prefixes.
+                seq, periods = pseudo_repeats(
+                    self.tokens, self.step, cfg.batch, cfg.rollout_prefix, cfg.seed + 2
+                )
+                seq = seq.to(self.device)
+                rep = ditto_loss(
+                    self.target(input_ids=seq).logits,
+                    seq,
+                    periods,
+                    cfg.rollout_prefix,
+                    cfg.ditto_lambda,
+                )
+                loss = loss + cfg.ditto * rep
+                metrics["ditto"] = rep.item()
         if cotrain:
             self.opt_t.zero_grad(set_to_none=True)
             loss.backward()

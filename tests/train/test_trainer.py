@@ -106,6 +106,29 @@ def test_rollout_steps_train_on_the_targets_own_text_and_resume_identically(
     assert Trainer(run_dir, FitConfig()).train_step() == steps[2]
 
 
+def test_ditto_steps_add_the_loop_loss_to_the_target_and_resume_identically(
+    run_dir: Path,
+) -> None:
+    torch.set_num_threads(1)
+    cfg = replace(CFG, ditto=1.0, rollout_prefix=4)
+    straight = Trainer(run_dir, cfg)
+    steps = [straight.train_step() for _ in range(3)]
+    assert steps[0]["ditto"] > 0
+    # The text batch and the target's start are those of a run without it.
+    assert steps[0]["loss_t"] == Trainer(run_dir, CFG).train_step()["loss_t"]
+    plain = Trainer(run_dir, CFG)
+    plain.train_step()
+    assert plain.train_step()["loss_t"] != steps[1]["loss_t"]  # it did change the target
+
+    first = Trainer(run_dir, cfg)
+    first.train_step()
+    first.train_step()
+    first.save()
+    assert Trainer(run_dir, FitConfig()).train_step() == steps[2]
+    # Phase 2 leaves the target alone, so it has no loop loss either.
+    assert "ditto" not in Trainer(run_dir, FitConfig(), budget={"tokens": 0}).train_step()
+
+
 def test_a_draft_only_stage_leaves_the_target_as_it_was(run_dir: Path) -> None:
     torch.set_num_threads(1)
     trainer = Trainer(run_dir, replace(CFG, tokens=0, **ROLLOUTS))
@@ -156,7 +179,7 @@ def test_a_run_continues_an_export_and_counts_its_tokens(run_dir: Path, tmp_path
     third_dir = tmp_path / "run3"
     shutil.copytree(second_dir, third_dir)
     (third_dir / CKPT_NAME).unlink()
-    cfg3 = replace(CFG, seed=5, **ROLLOUTS, **continuation(tmp_path / "stage2"))
+    cfg3 = replace(CFG, seed=5, ditto=0.5, **ROLLOUTS, **continuation(tmp_path / "stage2"))
     assert len(cfg3.prior_fits) == 2 and "--seed" not in cfg3.prior_fits[0]
     Trainer(third_dir, cfg3).fit()
     stage3 = export(third_dir, tmp_path / "stage3")
@@ -167,6 +190,7 @@ def test_a_run_continues_an_export_and_counts_its_tokens(run_dir: Path, tmp_path
     assert "RUN fit" in last and "--seed 5" in last and "2 earlier stages" in card
     assert "--rollouts 2 --unlikelihood 0.5 --rollout-ce 0.25" in last
     assert "unlikelihood of every token" in card and "the target's greedy tokens" in card
+    assert "--ditto 0.5" in last and "adds 0.5 x a loss against loops" in card
     # configs written before prior_fits named their one earlier stage prior_fit
     legacy = {**FitConfig().to_dict(), "prior_fit": "--tokens 1"}
     del legacy["prior_fits"]
@@ -177,6 +201,12 @@ def test_a_run_continues_an_export_and_counts_its_tokens(run_dir: Path, tmp_path
     # a draft-only stage (--tokens 0) says the target was trained earlier, not by it
     meta2["config"]["tokens"] = 0
     assert "this stage trained only the draft" in render_card("target", meta2, None)
+    meta3 = json.loads((tmp_path / "stage3" / "target" / TRAINING_META).read_text())
+    later = {**meta3, "config": {**continuation(tmp_path / "stage3"), "tokens": 0}}
+    later["config"] = {**FitConfig().to_dict(), **later["config"]}
+    assert "An earlier stage (its command is below) trained the target against loops" in (
+        render_card("target", later, None)
+    )
 
 
 def test_continuing_an_export_with_another_tokenizer_is_refused(
