@@ -143,15 +143,15 @@ def distinct_share(tokens: list[int], n: int = 4) -> float:
     return len(set(grams)) / len(grams) if grams else 1.0
 
 
-def repetition(out: Path, count: int = 32, gen_tokens: int = 128) -> dict[str, Any]:
+def repetition(out: Path, count: int | None = None, gen_tokens: int = 128) -> dict[str, Any]:
     """Greedy continuations by the target (the engine, AR) of the first ``count`` HumanEval
-    prompts, as given and with their trailing newline stripped (see ``SAMPLE_PROMPTS``): the
-    share that end in a loop (:func:`loop_period` over the last 64 tokens) and the mean share of
-    distinct 4-grams."""
+    prompts (all 164 by default), as given and with their trailing newline stripped (see
+    ``SAMPLE_PROMPTS``): the share that end in a loop (:func:`loop_period` over the last 64
+    tokens) and the mean share of distinct 4-grams."""
     from saguaro import LLM, SamplingParams
     from saguaro.bench.datasets import humaneval_prompts
 
-    texts = [p.text for p in humaneval_prompts()[:count]]
+    texts = [p.text for p in humaneval_prompts()][:count]
     result: dict[str, Any] = {"repetition_prompts": len(texts), "repetition_tokens": gen_tokens}
     with LLM(model=str(out / "target"), seed=0) as llm:
         room = llm.engine.max_model_len - gen_tokens

@@ -308,8 +308,8 @@ def _repetition_lines(m: dict[str, Any]) -> list[str]:
     return [
         "## Repetition",
         "",
-        f"Greedy continuations by the target of the first {m['repetition_prompts']} HumanEval "
-        f"prompts, {m['repetition_tokens']} new tokens each (saguaro's engine): "
+        f"Greedy continuations by the target of {m['repetition_prompts']} HumanEval prompts, "
+        f"{m['repetition_tokens']} new tokens each (saguaro's engine): "
         f"**{given['looping']:.0%} end in a loop** (their last 64 tokens repeat with a period "
         f"of at most 16 tokens), {stripped['looping']:.0%} when the prompt's trailing newline "
         f"is stripped. Distinct 4-grams per continuation, on average: "
