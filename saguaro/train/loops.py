@@ -17,6 +17,12 @@ geometrically with the number of repeats instead of growing towards 1. Unlike un
 line stays ``lambda`` times as likely as its first occurrence, so repeats that code really has
 keep their mass; and the rows are corpus text, so the mass is moved within what the model
 already finds plausible rather than onto whatever token is least repeated.
+
+Measured on the bundled pair's lineage (greedy, all 164 HumanEval prompts, 128 tokens): 1000
+steps at weight 1 took the stage-3 target (held-out loss 3.01) from 63% of continuations ending
+in a loop to 12%, at a held-out loss of 3.03; the same on the weaker shipped target (3.76) only
+from 62% to 49%. The shipped target does not use it yet: the one it helps is too strong for the
+2.75M draft to follow (greedy acceptance 2.3 at K = 5).
 """
 
 from __future__ import annotations
