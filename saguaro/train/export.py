@@ -195,7 +195,7 @@ def _ditto_lines(cfg: dict[str, Any]) -> list[str]:
         "repeat's probability trained towards a fixed fraction{lam} of the one before, so "
         "that a loop grows less likely with every turn instead of more."
     )
-    if cfg.get("ditto"):
+    if cfg.get("ditto") and cfg["tokens"]:  # the target trains in phase 1 only
         head = f"The target's loss adds {cfg['ditto']} x a loss against loops on "
         return [head + how.format(lam=f" ({cfg['ditto_lambda']})"), ""]
     if any("--ditto " in f for f in cfg.get("prior_fits", [])):

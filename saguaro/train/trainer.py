@@ -53,7 +53,7 @@ class FitConfig:
     grad_clip: float = 1.0
     ce_weight: float = 0.0  # optional CE term added to the draft's KL
     rollouts: int = 0  # greedy continuations by the target per step (0: none)
-    rollout_prefix: int = 32
+    rollout_prefix: int = 32  # training-text prefix of each rollout and each DITTO row
     rollout_tokens: int = 96
     unlikelihood: float = 0.0  # weight of the target's unlikelihood term on them (phase 1)
     rollout_ce: float = 0.0  # CE term on the target's greedy tokens in the draft's rollout loss
