@@ -12,7 +12,7 @@ DEFAULT_RUN_DIR = Path("train_run")
 
 
 def _parser() -> argparse.ArgumentParser:
-    from saguaro.train.trainer import FitConfig
+    from saguaro.train.trainer import FIT_OPTIONS, FitConfig
 
     defaults = FitConfig()
     p = argparse.ArgumentParser(prog="saguaro-train", description=__doc__)
@@ -30,42 +30,10 @@ def _parser() -> argparse.ArgumentParser:
     fit.add_argument(
         "--draft-tokens", type=int, help=f"draft-only budget (default {defaults.draft_tokens})"
     )
-    fit.add_argument("--batch", type=int, default=defaults.batch)
-    fit.add_argument("--ctx", type=int, default=defaults.ctx)
-    fit.add_argument("--lr-target", type=float, default=defaults.lr_target)
-    fit.add_argument("--lr-draft", type=float, default=defaults.lr_draft)
-    fit.add_argument("--warmup-steps", type=int, default=defaults.warmup_steps)
-    fit.add_argument("--seed", type=int, default=defaults.seed)
-    fit.add_argument(
-        "--rollouts",
-        type=int,
-        default=defaults.rollouts,
-        help="target's own continuations per step",
-    )
-    fit.add_argument(
-        "--unlikelihood",
-        type=float,
-        default=defaults.unlikelihood,
-        help="weight of the unlikelihood of repeats in the target's continuations",
-    )
-    fit.add_argument(
-        "--rollout-ce",
-        type=float,
-        default=defaults.rollout_ce,
-        help="weight of the draft's CE on the target's greedy tokens in its continuations",
-    )
-    fit.add_argument(
-        "--ditto",
-        type=float,
-        default=defaults.ditto,
-        help="weight of the target's pseudo-repetition (DITTO) loss against loops",
-    )
-    fit.add_argument(
-        "--ditto-lambda",
-        type=float,
-        default=defaults.ditto_lambda,
-        help="each repeat's probability is trained towards this fraction of the one before",
-    )
+    for name, text in FIT_OPTIONS.items():
+        default = getattr(defaults, name)
+        flag = f"--{name.replace('_', '-')}"
+        fit.add_argument(flag, type=type(default), default=default, help=text)
     fit.add_argument("--minutes", type=float, default=None, help="stop (and save) after this")
     fit.add_argument("--ckpt-minutes", type=float, default=10.0)
     fit.add_argument(
@@ -95,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         stats = prepare(PrepareConfig(root, args.run_dir, args.vocab_size, args.heldout_permille))
         print(json.dumps(stats))
     elif args.command == "fit":
-        from saguaro.train.trainer import FitConfig, Trainer
+        from saguaro.train.trainer import FIT_OPTIONS, FitConfig, Trainer
 
         # Budgets given on the command line also re-plan a resumed run; the rest of a
         # resumed run's config comes from its checkpoint.
@@ -109,20 +77,7 @@ def main(argv: list[str] | None = None) -> int:
             from saguaro.train.export import continuation
 
             prior = continuation(args.init_from)
-        cfg = FitConfig(
-            **prior,
-            ctx=args.ctx,
-            batch=args.batch,
-            lr_target=args.lr_target,
-            lr_draft=args.lr_draft,
-            warmup_steps=args.warmup_steps,
-            seed=args.seed,
-            rollouts=args.rollouts,
-            unlikelihood=args.unlikelihood,
-            rollout_ce=args.rollout_ce,
-            ditto=args.ditto,
-            ditto_lambda=args.ditto_lambda,
-        )
+        cfg = FitConfig(**prior, **{name: getattr(args, name) for name in FIT_OPTIONS})
         trainer = Trainer(args.run_dir, cfg, args.device, budget)
         print(f"plan: {json.dumps(trainer.cfg.to_dict())}; at step {trainer.step}", flush=True)
         print(json.dumps(trainer.fit(args.minutes, args.ckpt_minutes)))

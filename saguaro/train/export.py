@@ -15,7 +15,7 @@ from saguaro.train.corpus import EOT
 from saguaro.train.loops import SEGMENT
 from saguaro.train.models import build_model, n_params
 from saguaro.train.tokenizer import write_hf_tokenizer
-from saguaro.train.trainer import CKPT_NAME, FitConfig
+from saguaro.train.trainer import CKPT_NAME, FIT_OPTIONS, FitConfig
 
 ROLES = ("target", "draft")
 EXPORT_META = "export.json"
@@ -222,17 +222,7 @@ def fit_args(cfg: dict[str, Any]) -> str:
     """The `fit` arguments that reproduce a run with this config."""
     args = f"--tokens {cfg['tokens']} --draft-tokens {cfg['draft_tokens']} --batch {cfg['batch']}"
     defaults = FitConfig()
-    for name in (
-        "seed",
-        "lr_target",
-        "lr_draft",
-        "warmup_steps",
-        "rollouts",
-        "unlikelihood",
-        "rollout_ce",
-        "ditto",
-        "ditto_lambda",
-    ):
+    for name in (n for n in FIT_OPTIONS if n != "batch"):  # batch is always named
         if cfg.get(name, getattr(defaults, name)) != getattr(defaults, name):
             args += f" --{name.replace('_', '-')} {cfg[name]}"
     return args

@@ -93,6 +93,23 @@ class FitConfig:
         return cls(**d)
 
 
+# The settings a `fit` command line sets, with their help. The CLI builds its options and the
+# config from this, and a card's reproduce command names the ones that differ from the default.
+FIT_OPTIONS: dict[str, str] = {
+    "batch": "rows per step",
+    "ctx": "tokens per row",
+    "seed": "initialisation and every data stream (text, rollout prefixes, DITTO rows)",
+    "lr_target": "the target's peak learning rate",
+    "lr_draft": "the draft's peak learning rate",
+    "warmup_steps": "linear warmup before the cosine decay",
+    "rollouts": "target's own continuations per step",
+    "unlikelihood": "weight of the unlikelihood of repeats in the target's continuations",
+    "rollout_ce": "weight of the draft's CE on the target's greedy tokens in its continuations",
+    "ditto": "weight of the target's pseudo-repetition (DITTO) loss against loops",
+    "ditto_lambda": "each repeat's probability is trained towards this fraction of the one before",
+}
+
+
 def lr_lambda(warmup: int, total: int, min_ratio: float):
     def f(step: int) -> float:
         if step < warmup:
