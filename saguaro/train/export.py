@@ -132,6 +132,7 @@ def render_card(role: str, meta: dict[str, Any], metrics: dict[str, Any] | None)
         "",
         *_rollout_lines(cfg),
         *_ditto_lines(cfg),
+        *_mix_lines(cfg),
         *_lineage(cfg),
         *_replans(meta.get("replans", [])),
         "Reproduce (CPU, hours; the run resumes where it stopped):",
@@ -188,6 +189,17 @@ def _rollout_lines(cfg: dict[str, Any]) -> list[str]:
     ]
 
 
+def _credited(cfg: dict[str, Any], name: str, now: str, before: str) -> list[str]:
+    """`now` when this stage trained the target with the setting `name`, `before` when an
+    earlier stage did (a later draft-only stage keeps the target it was given)."""
+    if cfg.get(name) and cfg["tokens"]:  # the target trains in phase 1 only
+        return [now, ""]
+    flag = f"--{name.replace('_', '-')} "
+    if any(flag in f for f in cfg.get("prior_fits", [])):
+        return [before, ""]
+    return []
+
+
 def _ditto_lines(cfg: dict[str, Any]) -> list[str]:
     how = (
         "pseudo-repetitions (`saguaro/train/loops.py`, DITTO): rows of a real prefix followed "
@@ -195,13 +207,22 @@ def _ditto_lines(cfg: dict[str, Any]) -> list[str]:
         "repeat's probability trained towards a fixed fraction{lam} of the one before, so "
         "that a loop grows less likely with every turn instead of more."
     )
-    if cfg.get("ditto") and cfg["tokens"]:  # the target trains in phase 1 only
-        head = f"The target's loss adds {cfg['ditto']} x a loss against loops on "
-        return [head + how.format(lam=f" ({cfg['ditto_lambda']})"), ""]
-    if any("--ditto " in f for f in cfg.get("prior_fits", [])):
-        head = "An earlier stage (its command is below) trained the target against loops on "
-        return [head + how.format(lam=""), ""]
-    return []
+    now = f"The target's loss adds {cfg['ditto']} x a loss against loops on "
+    before = "An earlier stage (its command is below) trained the target against loops on "
+    lam = f" ({cfg['ditto_lambda']})"
+    return _credited(cfg, "ditto", now + how.format(lam=lam), before + how.format(lam=""))
+
+
+def _mix_lines(cfg: dict[str, Any]) -> list[str]:
+    how = (
+        "mixed{w} the draft's distribution into the target's text labels "
+        "(`mixed_label_loss` in `saguaro/train/trainer.py`), so that where the data leave the "
+        "target unsure its greedy token leans to the draft's, the choice greedy speculation "
+        "accepts."
+    )
+    now = "This stage " + how.format(w=f" {cfg['draft_mix']} x")
+    before = "An earlier stage (its command is below) " + how.format(w="")
+    return _credited(cfg, "draft_mix", now, before)
 
 
 def _lineage(cfg: dict[str, Any]) -> list[str]:

@@ -9,7 +9,9 @@ training prefixes (`saguaro/train/rollouts.py`): in phase 1 it adds `unlikelihoo
 sequence-level unlikelihood of their repeated n-grams to its loss, and in both phases the draft
 also distils on them (on-policy; `rollout_ce` adds CE on the target's greedy tokens). With
 `ditto > 0` the target's phase-1 loss adds that weight x the pseudo-repetition loss of
-`saguaro/train/loops.py`. Token budgets count training-text tokens only.
+`saguaro/train/loops.py`. With `draft_mix > 0` the target's phase-1 text labels mix in the draft's
+distribution (`mixed_label_loss`), pulling the target towards what the draft can predict. Token
+budgets count training-text tokens only.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ class FitConfig:
     rollout_ce: float = 0.0  # CE term on the target's greedy tokens in the draft's rollout loss
     ditto: float = 0.0  # weight of the target's pseudo-repetition loss (phase 1; 0: none)
     ditto_lambda: float = 0.5  # each repeat trained towards this fraction of the one before
+    draft_mix: float = 0.0  # weight of the draft's distribution in the target's labels (phase 1)
     seed: int = 0
     # A run may continue an earlier export (fresh optimizers and schedules); the tokens that
     # export had seen are carried so the model card counts the whole training.
@@ -107,6 +110,7 @@ FIT_OPTIONS: dict[str, str] = {
     "rollout_ce": "weight of the draft's CE on the target's greedy tokens in its continuations",
     "ditto": "weight of the target's pseudo-repetition (DITTO) loss against loops",
     "ditto_lambda": "each repeat's probability is trained towards this fraction of the one before",
+    "draft_mix": "weight of the draft's distribution mixed into the target's text labels",
 }
 
 
@@ -139,6 +143,27 @@ def distill_loss(
     if ce_weight:
         loss = loss + ce_weight * F.nll_loss(logp_d, labels.reshape(-1))
     return loss
+
+
+def mixed_label_loss(
+    target_logits: torch.Tensor, labels: torch.Tensor, draft_logits: torch.Tensor, weight: float
+) -> torch.Tensor:
+    """The target's text loss with the draft's distribution mixed into its labels:
+
+        L = CE(y, p_t) + w * H(p_d, p_t) = (1 + w) * H(m, p_t),
+        m = (onehot(y) + w * p_d) / (1 + w),
+
+    with ``p_d`` detached. Per context it is minimised by ``p_t = (p_data + w * p_d) / (1 + w)``,
+    so the target's greedy token becomes ``argmax(p_data + w * p_d)``: the draft's favourite
+    wins only where the data leave the target's own choices within reach of it, which is where
+    greedy speculation loses its acceptance. The held-out cost is at most ``log(1 + w)`` nats,
+    and less wherever the draft already agrees with the data.
+    """
+    vocab = target_logits.size(-1)
+    logp_t = F.log_softmax(target_logits.reshape(-1, vocab).float(), dim=-1)
+    p_d = F.softmax(draft_logits.detach().reshape(-1, vocab).float(), dim=-1)
+    soft = -(p_d * logp_t).sum(-1).mean()
+    return F.nll_loss(logp_t, labels.reshape(-1)) + weight * soft
 
 
 def init_from_export(src: Path, tok: Tokenizer, models: dict[str, torch.nn.Module]) -> None:
@@ -262,11 +287,18 @@ class Trainer:
             roll = greedy_rollouts(self.target, prefixes, cfg.rollout_tokens)
             roll_mask = repeat_mask(roll, cfg.rollout_prefix)
             metrics["rep"] = roll_mask[:, cfg.rollout_prefix :].float().mean().item()
+        # The draft reads the batch first: its logits (detached) may enter the target's labels,
+        # and its own update below comes after the target's, from the same forward.
+        self.draft.train()
+        logits_d = self.draft(input_ids=x).logits
         self.target.train(cotrain)
         with torch.set_grad_enabled(cotrain):
             logits_t = self.target(input_ids=x).logits
             loss_t = F.cross_entropy(logits_t.reshape(-1, logits_t.size(-1)).float(), y.reshape(-1))
             loss = loss_t
+            if cotrain and cfg.draft_mix:
+                loss = mixed_label_loss(logits_t, y, logits_d, cfg.draft_mix)
+                metrics["mix"] = loss.item()
             if roll is not None:
                 with torch.set_grad_enabled(cotrain and bool(cfg.unlikelihood)):
                     roll_logits_t = self.target(input_ids=roll).logits
@@ -298,8 +330,6 @@ class Trainer:
             self.sched_t.step()
         logits_t = logits_t.detach()
 
-        self.draft.train()
-        logits_d = self.draft(input_ids=x).logits
         loss_d = distill_loss(logits_d, logits_t, y, cfg.ce_weight)
         if roll is not None:
             # On-policy: the positions that predict the continuation, the target's own text.

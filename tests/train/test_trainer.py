@@ -9,7 +9,7 @@ pytest.importorskip("transformers")
 
 from saguaro.train.data import PrepareConfig, WindowSampler, load_tokens, prepare  # noqa: E402
 from saguaro.train.models import ModelSpec  # noqa: E402
-from saguaro.train.trainer import FitConfig, Trainer, lr_lambda  # noqa: E402
+from saguaro.train.trainer import FitConfig, Trainer, lr_lambda, mixed_label_loss  # noqa: E402
 
 TINY = ModelSpec(hidden=32, layers=1, heads=2, kv_heads=1, intermediate=64)
 CFG = FitConfig(
@@ -129,6 +129,52 @@ def test_ditto_steps_add_the_loop_loss_to_the_target_and_resume_identically(
     assert "ditto" not in Trainer(run_dir, FitConfig(), budget={"tokens": 0}).train_step()
 
 
+def test_mixed_labels_are_minimised_by_the_data_and_draft_mixture() -> None:
+    # One context seen with 3 labels (frequencies 1/2, 1/4, 1/4) and a draft that prefers the
+    # second: the target's free logits settle at (p_data + w * p_d) / (1 + w).
+    torch.manual_seed(0)
+    labels = torch.tensor([0, 0, 1, 2])
+    draft = torch.log(torch.tensor([0.1, 0.8, 0.05, 0.05])).expand(4, 4)
+    logits = torch.zeros(4, requires_grad=True)
+    opt = torch.optim.Adam([logits], lr=0.05)
+    for _ in range(2000):
+        opt.zero_grad()
+        mixed_label_loss(logits.expand(4, 4), labels, draft, 1.0).backward()
+        opt.step()
+    want = (torch.tensor([0.5, 0.25, 0.25, 0.0]) + torch.tensor([0.1, 0.8, 0.05, 0.05])) / 2
+    assert torch.allclose(torch.softmax(logits, -1), want, atol=1e-3)
+    assert torch.softmax(logits, -1).argmax() == 1  # the draft's favourite won the argmax
+    # w = 0 is the plain LM loss, and the draft receives no gradient from it.
+    logits_d = draft.clone().requires_grad_()
+    loss = mixed_label_loss(logits.detach().expand(4, 4), labels, logits_d, 0.0)
+    assert loss == pytest.approx(
+        torch.nn.functional.cross_entropy(logits.detach().expand(4, 4), labels).item()
+    )
+    loss = mixed_label_loss(logits.expand(4, 4), labels, logits_d, 1.0)
+    assert torch.autograd.grad(loss, logits_d, allow_unused=True)[0] is None
+
+
+def test_draft_mix_moves_the_target_but_not_the_drafts_step(run_dir: Path) -> None:
+    torch.set_num_threads(1)
+    cfg = replace(CFG, draft_mix=0.5)
+    mixed, plain = Trainer(run_dir, cfg), Trainer(run_dir, CFG)
+    first, ref = mixed.train_step(), plain.train_step()
+    # Same batch, same starting target: the plain LM loss is reported unchanged, the draft's
+    # step (against the target's logits from before its update) is identical...
+    assert first["loss_t"] == ref["loss_t"] and first["kl_d"] == ref["kl_d"]
+    assert first["mix"] > first["loss_t"]
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(mixed.draft.parameters(), plain.draft.parameters(), strict=True)
+    )
+    # ...while the target's update differs.
+    assert any(
+        not torch.equal(a, b)
+        for a, b in zip(mixed.target.parameters(), plain.target.parameters(), strict=True)
+    )
+    assert "mix" not in Trainer(run_dir, cfg, budget={"tokens": 0}).train_step()
+
+
 def test_a_draft_only_stage_leaves_the_target_as_it_was(run_dir: Path) -> None:
     torch.set_num_threads(1)
     trainer = Trainer(run_dir, replace(CFG, tokens=0, **ROLLOUTS))
@@ -179,7 +225,9 @@ def test_a_run_continues_an_export_and_counts_its_tokens(run_dir: Path, tmp_path
     third_dir = tmp_path / "run3"
     shutil.copytree(second_dir, third_dir)
     (third_dir / CKPT_NAME).unlink()
-    cfg3 = replace(CFG, seed=5, ditto=0.5, **ROLLOUTS, **continuation(tmp_path / "stage2"))
+    cfg3 = replace(
+        CFG, seed=5, ditto=0.5, draft_mix=0.25, **ROLLOUTS, **continuation(tmp_path / "stage2")
+    )
     assert len(cfg3.prior_fits) == 2 and "--seed" not in cfg3.prior_fits[0]
     Trainer(third_dir, cfg3).fit()
     stage3 = export(third_dir, tmp_path / "stage3")
@@ -191,6 +239,7 @@ def test_a_run_continues_an_export_and_counts_its_tokens(run_dir: Path, tmp_path
     assert "--rollouts 2 --unlikelihood 0.5 --rollout-ce 0.25" in last
     assert "unlikelihood of every token" in card and "the target's greedy tokens" in card
     assert "--ditto 0.5" in last and "adds 0.5 x a loss against loops" in card
+    assert "--draft-mix 0.25" in last and "mixed 0.25 x the draft's distribution" in card
     # configs written before prior_fits named their one earlier stage prior_fit
     legacy = {**FitConfig().to_dict(), "prior_fit": "--tokens 1"}
     del legacy["prior_fits"]
@@ -204,9 +253,9 @@ def test_a_run_continues_an_export_and_counts_its_tokens(run_dir: Path, tmp_path
     meta3 = json.loads((tmp_path / "stage3" / "target" / TRAINING_META).read_text())
     later = {**meta3, "config": {**continuation(tmp_path / "stage3"), "tokens": 0}}
     later["config"] = {**FitConfig().to_dict(), **later["config"]}
-    assert "An earlier stage (its command is below) trained the target against loops" in (
-        render_card("target", later, None)
-    )
+    later_card = render_card("target", later, None)
+    assert "An earlier stage (its command is below) trained the target against loops" in later_card
+    assert "An earlier stage (its command is below) mixed the draft's" in later_card
 
 
 def test_continuing_an_export_with_another_tokenizer_is_refused(
