@@ -35,6 +35,7 @@ def _parser() -> argparse.ArgumentParser:
         flag = f"--{name.replace('_', '-')}"
         fit.add_argument(flag, type=type(default), default=default, help=text)
     fit.add_argument("--minutes", type=float, default=None, help="stop (and save) after this")
+    fit.add_argument("--stop-at", type=int, default=None, help="stop (and save) at this step")
     fit.add_argument("--ckpt-minutes", type=float, default=10.0)
     fit.add_argument(
         "--init-from", type=Path, default=None, help="continue an export (DIR/target, DIR/draft)"
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = FitConfig(**prior, **{name: getattr(args, name) for name in FIT_OPTIONS})
         trainer = Trainer(args.run_dir, cfg, args.device, budget)
         print(f"plan: {json.dumps(trainer.cfg.to_dict())}; at step {trainer.step}", flush=True)
-        print(json.dumps(trainer.fit(args.minutes, args.ckpt_minutes)))
+        print(json.dumps(trainer.fit(args.minutes, args.ckpt_minutes, stop_at=args.stop_at)))
         done = " (done)" if trainer.done else ""
         print(f"step {trainer.step}/{trainer.cfg.total_steps}{done}")
     elif args.command == "export":

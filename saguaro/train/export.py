@@ -138,7 +138,7 @@ def render_card(role: str, meta: dict[str, Any], metrics: dict[str, Any] | None)
         "Reproduce (CPU, hours; the run resumes where it stopped):",
         "",
         "```",
-        *_fit_commands(cfg),
+        *_fit_commands(cfg, stage_fits(meta)),
         "python -m saguaro.train --run-dir RUN export --out saguaro/bundled",
         "python -m saguaro.train --run-dir RUN eval --out saguaro/bundled",
         "```",
@@ -162,7 +162,7 @@ def continuation(src: Path) -> dict[str, Any]:
         "init_from": str(src),
         "prior_target_tokens": meta["target_tokens_seen"],
         "prior_draft_tokens": meta["tokens_seen"],
-        "prior_fits": [*earlier.prior_fits, fit_args(meta["config"])],
+        "prior_fits": [*earlier.prior_fits, stage_fits(meta)],
     }
 
 
@@ -261,19 +261,47 @@ def _replans(replans: list[dict[str, int]]) -> list[str]:
     return [head, "", *lines, "- to the budget above", ""]
 
 
-def _fit_commands(cfg: dict[str, Any]) -> list[str]:
-    prepare = "python -m saguaro.train --run-dir RUN prepare"
-    fit = "python -m saguaro.train --run-dir RUN fit " + fit_args(cfg)
-    if not cfg.get("init_from"):
-        return [prepare, fit]
-    # `prepare` is deterministic, so every stage trains on the same split and tokenizer; each
-    # continues the export of the one before.
+def stage_fits(meta: dict[str, Any]) -> str:
+    """The `fit` invocations that replay a stage exactly, one line each: one per plan it ran
+    under (a re-plan resumes the run with a new budget and the cosine continues over it), each
+    stopped at the step where the next took over, and the last one where the stage stopped if
+    it did not finish its plan. Runs resume bit-identically, so this is the stage's training."""
+    cfg = meta["config"]
+    budget = {"tokens": cfg["tokens"], "draft_tokens": cfg["draft_tokens"]}
+    stop = meta["step"] if meta["step"] < meta["total_steps"] else None
+    plans = [(budget, stop)]
+    for r in reversed(meta.get("replans", [])):  # each names the plan in force before it
+        budget = {**budget, **{k: v for k, v in r.items() if k != "step"}}
+        plans.append((budget, r["step"]))
     lines = []
-    for i, args in enumerate(cfg["prior_fits"], 1):
-        run = f"python -m saguaro.train --run-dir RUN{i}"
-        init = f" --init-from STAGE{i - 1}" if i > 1 else ""
-        lines += [f"{run} prepare", f"{run} fit {args}{init}", f"{run} export --out STAGE{i}"]
-    return [*lines, prepare, f"{fit} --init-from STAGE{len(cfg['prior_fits'])}"]
+    for i, (budget, stop) in enumerate(reversed(plans)):
+        # A resumed run takes its settings from its checkpoint: later lines name the budget.
+        args = (
+            fit_args({**cfg, **budget})
+            if i == 0
+            else f"--tokens {budget['tokens']} --draft-tokens {budget['draft_tokens']}"
+        )
+        lines.append(args + (f" --stop-at {stop}" if stop is not None else ""))
+    return "\n".join(lines)
+
+
+def _fit_commands(cfg: dict[str, Any], this_stage: str) -> list[str]:
+    """`prepare` is deterministic, so every stage trains on the same split and tokenizer; each
+    continues the export of the one before (its first `fit` line says from where)."""
+    stages = [*cfg.get("prior_fits", []), this_stage]
+    lines = []
+    for i, fits in enumerate(stages, 1):
+        last = i == len(stages)
+        run = "python -m saguaro.train --run-dir " + ("RUN" if last else f"RUN{i}")
+        lines.append(f"{run} prepare")
+        for j, args in enumerate(fits.split("\n")):
+            init = ""
+            if j == 0 and i > 1:
+                init = f" --init-from STAGE{i - 1}"
+            lines.append(f"{run} fit {args}{init}")
+        if not last:
+            lines.append(f"{run} export --out STAGE{i}")
+    return lines
 
 
 def _cost_lines(c: dict[str, Any] | None) -> list[str]:

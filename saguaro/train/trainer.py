@@ -355,9 +355,14 @@ class Trainer:
         return {"loss_t": loss_t.item(), "kl_d": loss_d.item(), "loss_d": ce_d.item(), **metrics}
 
     def fit(
-        self, minutes: float | None = None, ckpt_minutes: float = 10.0, log_every: float = 30.0
+        self,
+        minutes: float | None = None,
+        ckpt_minutes: float = 10.0,
+        log_every: float = 30.0,
+        stop_at: int | None = None,
     ) -> dict[str, float]:
-        """Train until the plan is done or `minutes` pass; checkpoint on the way and at the end."""
+        """Train until the plan is done, `minutes` pass or step `stop_at` is reached; checkpoint
+        on the way and at the end."""
         stop: list[bool] = []
         # SIGTERM (kill PID) saves before exiting, so a run can be re-planned losing nothing.
         previous = signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
@@ -368,7 +373,8 @@ class Trainer:
             total=self.cfg.total_steps, initial=self.step, unit="step", mininterval=log_every
         )
         tokens_done, t0 = 0, time.monotonic()
-        while not self.done and not stop and time.monotonic() < deadline:
+        last_step = self.cfg.total_steps if stop_at is None else stop_at
+        while self.step < last_step and not self.done and not stop and time.monotonic() < deadline:
             metrics = self.train_step()
             tokens_done += self.cfg.tokens_per_step
             ema = {k: v if k not in ema else 0.95 * ema[k] + 0.05 * v for k, v in metrics.items()}

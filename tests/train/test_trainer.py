@@ -196,6 +196,49 @@ def test_fit_stops_on_deadline_and_replans_budget(run_dir: Path) -> None:
     assert replanned.done and replanned.step == replanned.cfg.total_steps == 6
 
 
+def test_a_stage_that_was_replanned_and_stopped_is_replayed_by_its_fit_lines(
+    run_dir: Path, tmp_path: Path
+) -> None:
+    import shutil
+
+    from saguaro.train.cli import main
+    from saguaro.train.export import continuation, export, render_card, stage_fits
+
+    torch.set_num_threads(1)
+    Trainer(run_dir, CFG).fit(stop_at=3)
+    replanned = Trainer(run_dir, CFG, budget={"tokens": 64 * 6})
+    replanned.fit(stop_at=5)
+    assert replanned.step == 5 and not replanned.done
+    meta = export(run_dir, tmp_path / "stage")
+    lines = stage_fits(meta).split("\n")
+    assert lines[0].startswith("--tokens 512 --draft-tokens 128 --batch 2 --ctx 32")
+    assert lines[0].endswith(" --stop-at 3")
+    assert lines[1:] == ["--tokens 384 --draft-tokens 128 --stop-at 5"]
+
+    replay = tmp_path / "replay"
+    replay.mkdir()
+    for name in ("tokenizer.json", "train.bin", "heldout.bin", "split.json"):
+        shutil.copy(run_dir / name, replay / name)
+    # The tiny shapes are not `fit` options, so a step-0 checkpoint carries them into the replay.
+    Trainer(replay, CFG).save()
+    for line in lines:
+        assert main(["--run-dir", str(replay), "--threads", "1", "fit", *line.split()]) == 0
+    again = Trainer(replay, FitConfig())
+    assert again.step == 5 and [r["step"] for r in again.replans] == [3]
+    for a, b in ((again.target, replanned.target), (again.draft, replanned.draft)):
+        assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters(), strict=True))
+    # A later stage's card replays it line by line in its own run directory, then exports it.
+    later = {**meta, "config": {**meta["config"], **continuation(tmp_path / "stage")}}
+    card = render_card("target", later, None).splitlines()
+    at = card.index("python -m saguaro.train --run-dir RUN1 prepare")
+    assert card[at + 1 : at + 4] == [
+        f"python -m saguaro.train --run-dir RUN1 fit {lines[0]}",
+        f"python -m saguaro.train --run-dir RUN1 fit {lines[1]}",
+        "python -m saguaro.train --run-dir RUN1 export --out STAGE1",
+    ]
+    assert card[at + 5].endswith("--init-from STAGE1")
+
+
 def test_a_run_continues_an_export_and_counts_its_tokens(run_dir: Path, tmp_path: Path) -> None:
     import json
     import shutil
