@@ -121,7 +121,8 @@ def render_card(role: str, meta: dict[str, Any], metrics: dict[str, Any] | None)
             f"cross-entropy (peak lr {cfg['lr_target']}) for {meta['target_tokens_seen']:,} "
             "tokens. The draft is distilled from it (KL to the target's softmax, peak lr "
             f"{cfg['lr_draft']}): on each co-training step it learns from the target's logits "
-            "of that same batch, then alone against the finished target, "
+            "of that same batch"
+            + (", then alone against the finished target, " if cfg["draft_tokens"] else ", ")
             if cfg["tokens"]
             else f"cross-entropy, {meta['target_tokens_seen']:,} tokens, all in earlier stages: "
             "this stage trained only the draft, distilled from the fixed target (KL to the "
