@@ -20,10 +20,10 @@ already finds plausible rather than onto whatever token is least repeated.
 
 Measured on the bundled pair's lineage (greedy, all 164 HumanEval prompts, 128 tokens): 1000
 steps at weight 1 took the stage-3 target (held-out loss 3.01) from 63% of continuations ending
-in a loop to 12%, at a held-out loss of 3.03; the same on the weaker shipped target (3.76) only
-from 62% to 49%, and weight 3 on top (236 steps) to 10% at the price of worse text (held-out
-loss 3.74 -> 3.96, near-loops instead of loops). The shipped target does not use it yet: the
-one it helps is too strong for the 2.75M draft to follow (greedy acceptance 2.3 at K = 5).
+in a loop to 12%, at a held-out loss of 3.03; the same on the weaker target shipped before it
+(3.76) only from 62% to 49%, and weight 3 on top (236 steps) to 10% at the price of worse text
+(held-out loss 3.74 -> 3.96, near-loops instead of loops). The bundled target is that stage-3
+target after DITTO, trained on with weight 2 and ``draft_mix`` (see its card): 12% loop.
 """
 
 from __future__ import annotations
