@@ -30,8 +30,9 @@ class RequestOutput:
     prompt_token_ids: list[int]
     text: str
     token_ids: list[int]
-    finish_reason: str | None
+    finish_reason: str | None  # "stop" | "length" | "abort" | "error"
     metrics: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None  # why this request failed (finish_reason "error")
 
 
 def request_metrics(seq: Seq) -> dict[str, Any]:
@@ -156,6 +157,7 @@ class LLM:
             token_ids=seq.output_token_ids,
             finish_reason=seq.finish_reason,
             metrics=request_metrics(seq),
+            error=seq.error,
         )
 
     def close(self) -> None:

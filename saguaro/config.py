@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from saguaro.sampling.sampler import DEFAULT_TOP_M
 from saguaro.speculation.fanout import parse_fanout
 
 MODES = ("ar", "sd", "ssd")
@@ -61,6 +62,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     seed: int = 0
     num_threads: int | None = None  # torch intra-op threads in this process (None: leave as is)
+    draft_top_m: int = DEFAULT_TOP_M  # sd/ssd: the draft samples from its top-M tokens
     # --- SSD (mode="ssd") ---
     fanout: str | list[int] = "auto"  # auto | geometric | empirical | fixed F_0..F_K
     cache_budget: int | None = None  # branches per sequence; None: sized to fit a verification
@@ -100,6 +102,8 @@ class EngineConfig:
             raise ValueError(
                 f"draft_worker must be 'spawn' or 'external', got {self.draft_worker!r}"
             )
+        if self.draft_top_m < 1:
+            raise ValueError(f"draft_top_m must be >= 1, got {self.draft_top_m}")
         if self.cache_budget is not None and self.cache_budget < 0:
             raise ValueError(f"cache_budget must be >= 0, got {self.cache_budget}")
         if isinstance(self.fanout, str):

@@ -182,3 +182,27 @@ def exact_first_two(target_dir: Path, prompt_ids: list[int], params) -> torch.Te
         seqs = torch.tensor([prompt_ids + [t] for t in range(vocab)])
         p2 = logits_to_probs(ref(seqs).logits[:, -1], st.repeat_interleave(vocab))
     return p1[:, None] * p2
+
+
+def scaled_head_copy(src: Path, dst: Path, factor: float) -> Path:
+    """``src`` with its LM head scaled by ``factor``: the same ranking, much more confident."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst, dirs_exist_ok=True)
+    weights = load_file(str(src / "model.safetensors"))
+    weights["lm_head.weight"] = weights["lm_head.weight"] * factor
+    save_file(weights, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    return dst
+
+
+CONFIDENCE = 8.0  # logit gaps x8: at T <= 0.5 most rows round to one-hot in float32
+
+
+@pytest.fixture(scope="session")
+def confident_pair(small_vocab_pair, tmp_path_factory):
+    """(confident target, random draft) over ``SMALL_VOCAB`` tokens: the draft proposes tokens
+    of target probability 1e-9 .. 1e-40, which an exact verifier accepts (almost) never."""
+    target, _, far = small_vocab_pair
+    return scaled_head_copy(target, tmp_path_factory.mktemp("sharp8"), CONFIDENCE), far

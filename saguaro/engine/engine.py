@@ -28,11 +28,20 @@ from saguaro.errors import IncompatibleModelsError, ModelLoadError, RequestError
 from saguaro.models.config import ModelConfig
 from saguaro.models.loader import load_model
 from saguaro.models.tokenizer import Tokenizer
-from saguaro.sampling import SamplingParams, SamplingTensors, logits_to_probs, verify
+from saguaro.sampling import (
+    SamplingParams,
+    SamplingTensors,
+    SparseQ,
+    VerifyResult,
+    seed_tensor,
+    verify,
+)
 from saguaro.speculation.base import Proposal, Proposer
 from saguaro.speculation.ssd import DraftWorkerError
 
 log = logging.getLogger("saguaro")
+
+NON_FINITE_LOGITS = "the model produced non-finite logits (NaN or inf) for this request"
 
 
 @dataclass
@@ -143,7 +152,7 @@ class LLMEngine:
 
             draft = load_model(draft_dir, cfg.dtype, cfg.device)
             self.proposer = DraftProposer(
-                ModelRunner(draft, num_blocks, cfg.block_size, cfg.device)
+                ModelRunner(draft, num_blocks, cfg.block_size, cfg.device), cfg.draft_top_m
             )
         elif cfg.mode == "ssd":
             from saguaro.speculation.ssd import SSDProposer
@@ -186,7 +195,7 @@ class LLMEngine:
             token_ids=list(prompt_ids),
             num_prompt_tokens=len(prompt_ids),
             params=params,
-            generator=torch.Generator().manual_seed(seed),
+            seed=seed,
             eos_token_ids=self.eos_token_ids,
         )
         self.seqs[seq.seq_id] = seq
@@ -278,47 +287,44 @@ class LLMEngine:
     ) -> None:
         n = len(rounds)
         k_max = max(s.k for s in rounds)
-        vocab = logits.shape[-1]
-        # Pad every round to k_max + 1 scored positions (padding repeats the last row; the
-        # verifier never reads past num_draft + 1).
-        scored = torch.empty(n, k_max + 1, vocab)
+        device = logits.device
+        # rows[i, j]: the logits row scoring position j of round i (padding repeats the last).
+        rows = torch.empty(n, k_max + 1, dtype=torch.int64)
         draft_tokens = torch.zeros(n, k_max, dtype=torch.int64)
-        draft_probs = None
-        if proposal is not None and proposal.probs is not None:
-            draft_probs = torch.zeros(n, k_max, vocab)
-        point_mass = torch.zeros(n, dtype=torch.bool)
+        take = []  # proposal row of each round (rounds without proposals: none)
         offset = 0
         for i, s in enumerate(rounds):
-            rows = logits[offset : offset + s.k + 1]
+            rows[i] = offset + torch.arange(k_max + 1).clamp(max=s.k)
             offset += s.k + 1
-            scored[i, : s.k + 1] = rows
-            scored[i, s.k + 1 :] = rows[-1]
             if s.k:
                 j = row[id(s)]
                 draft_tokens[i, : s.k] = proposal.tokens[j, : s.k]
-                if draft_probs is not None:
-                    draft_probs[i, : s.k] = proposal.probs[j, : s.k]
-                if proposal.point_mass is not None:
-                    point_mass[i] = proposal.point_mass[j]
+                take.append((i, j))
+        q = None
+        if proposal is not None and proposal.q is not None and take:
+            # Rounds without proposals get point masses: their entries are never read.
+            q = SparseQ.point_mass(draft_tokens, proposal.q.width)
+            dst, src = (torch.tensor(x) for x in zip(*take, strict=True))
+            q.ids[dst], q.probs[dst] = proposal.q.ids[src, :k_max], proposal.q.probs[src, :k_max]
         seqs = [s.seq for s in rounds]
-        st = SamplingTensors.from_params([q.params for q in seqs]).repeat_interleave(k_max + 1)
-        target_probs = logits_to_probs(scored.view(-1, vocab), st).view(n, k_max + 1, vocab)
-        num_draft = torch.tensor([s.k for s in rounds], dtype=torch.int64)
-        if draft_probs is None:
-            point_mass[:] = True
-        result = verify(
-            target_probs,
-            draft_tokens,
-            draft_probs,
-            num_draft,
-            [q.generator for q in seqs],
-            point_mass=point_mass,
+        args = (
+            SamplingTensors.from_params([seq.params for seq in seqs]),
+            draft_tokens.to(device),
+            torch.tensor([s.k for s in rounds], dtype=torch.int64, device=device),
+            seed_tensor([seq.seed for seq in seqs], device),
+            torch.tensor([len(seq) for seq in seqs], dtype=torch.int64, device=device),
+            None if q is None else q.to(device),
+            rows.to(device),
         )
+        num_accepted, next_token, errors = self._verify(logits, args)
         now = time.perf_counter()
         for i, s in enumerate(rounds):
             seq = s.seq
-            k = int(result.num_accepted[i])
-            new = draft_tokens[i, :k].tolist() + [int(result.next_token[i])]
+            if errors[i] is not None:
+                self._fail(seq, errors[i], now)
+                continue
+            k = num_accepted[i]
+            new = draft_tokens[i, :k].tolist() + [next_token[i]]
             written = len(seq) + s.k  # target KV now covers r, s_1..s_k
             committed = 0
             for tok in new:
@@ -353,6 +359,43 @@ class LLMEngine:
             seq.num_draft_computed = min(seq.num_draft_computed, len(seq) - 1)
             self.block_manager.trim(seq, len(seq))
             self._register(seq)
+
+    def _verify(
+        self, logits: torch.Tensor, args: tuple
+    ) -> tuple[list[int], list[int], list[str | None]]:
+        """Verify every round at once; if that raises, verify each round alone, so that one
+        request's failure ends that request only. Returns per round k, t and an error or None."""
+        n = len(args[2])
+        outcomes: dict[tuple[int, ...], VerifyResult | Exception] = {}
+        try:
+            outcomes[tuple(range(n))] = verify(logits, *args)
+        except Exception:
+            log.exception("batched verification failed; verifying each request alone")
+            for i in range(n):
+                one = tuple(a if a is None else a[i : i + 1] for a in args[1:])
+                try:
+                    outcomes[(i,)] = verify(logits, args[0].index(torch.tensor([i])), *one)
+                except Exception as e:
+                    outcomes[(i,)] = e
+        num_accepted, next_token = [0] * n, [0] * n
+        errors: list[str | None] = [None] * n
+        for idx, result in outcomes.items():
+            if isinstance(result, Exception):
+                errors[idx[0]] = f"sampling failed ({type(result).__name__})"
+                continue
+            for j, i in enumerate(idx):
+                num_accepted[i] = int(result.num_accepted[j])
+                next_token[i] = int(result.next_token[j])
+                if bool(result.invalid[j]):
+                    errors[i] = NON_FINITE_LOGITS
+        return num_accepted, next_token, errors
+
+    def _fail(self, seq: Sequence, why: str, now: float) -> None:
+        """End one request with an error; the rest of its batch is untouched."""
+        log.warning("saguaro: request %d failed: %s", seq.seq_id, why)
+        seq.status, seq.finish_reason, seq.error = Status.FINISHED, "error", why
+        seq.finish_time = now
+        self._release(seq)
 
     def _register(self, seq: Sequence) -> None:
         ready = seq.num_computed_tokens

@@ -1,12 +1,10 @@
-"""Per-request state: tokens, KV bookkeeping, sampling generator, stop state and round records."""
+"""Per-request state: tokens, KV bookkeeping, sampling seed, stop state and round records."""
 
 from __future__ import annotations
 
 import enum
 import time
 from dataclasses import dataclass, field
-
-import torch
 
 from saguaro.sampling import SamplingParams
 
@@ -40,7 +38,7 @@ class Sequence:
     token_ids: list[int]
     num_prompt_tokens: int
     params: SamplingParams
-    generator: torch.Generator
+    seed: int  # keys every uniform the request draws (saguaro.sampling.noise)
     eos_token_ids: frozenset[int] = frozenset()
     status: Status = Status.WAITING
     block_table: list[int] = field(default_factory=list)
@@ -48,7 +46,8 @@ class Sequence:
     num_computed_tokens: int = 0  # tokens with valid KV in the target pool
     num_draft_computed: int = 0  # tokens with valid KV in an in-process draft pool
     num_cached_tokens: int = 0  # prompt tokens served by the prefix cache at last admission
-    finish_reason: str | None = None
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    error: str | None = None  # why the request failed (finish_reason "error")
     stop_reason: str | int | None = None
     text: str = ""
     records: list[RoundRecord] = field(default_factory=list)

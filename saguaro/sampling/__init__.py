@@ -1,18 +1,27 @@
-"""Logits processing, seeded sampling, lossless verification and Saguaro sampling."""
+"""Logits processing, counter-based sampling, lossless verification and Saguaro sampling."""
 
+from saguaro.sampling.noise import Purpose, seed_tensor, uniforms
 from saguaro.sampling.params import SamplingParams
-from saguaro.sampling.probs import SamplingTensors, logits_to_probs
-from saguaro.sampling.saguaro import saguaro_probs
-from saguaro.sampling.sampler import Generators, sample
+from saguaro.sampling.probs import Dist, SamplingTensors, logits_to_probs, process
+from saguaro.sampling.saguaro import saguaro_weights
+from saguaro.sampling.sampler import DEFAULT_TOP_M, inverse_cdf, propose
+from saguaro.sampling.sparse import SparseQ
 from saguaro.sampling.verify import VerifyResult, verify
 
 __all__ = [
-    "Generators",
+    "DEFAULT_TOP_M",
+    "Dist",
+    "Purpose",
     "SamplingParams",
     "SamplingTensors",
+    "SparseQ",
     "VerifyResult",
+    "inverse_cdf",
     "logits_to_probs",
-    "sample",
-    "saguaro_probs",
+    "process",
+    "propose",
+    "saguaro_weights",
+    "seed_tensor",
+    "uniforms",
     "verify",
 ]

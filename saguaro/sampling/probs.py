@@ -1,12 +1,28 @@
-"""Logits -> probabilities under per-row sampling transforms (temperature, top-k, top-p).
+"""Logits -> the distribution a request samples from, under temperature, top-k and top-p.
 
-The output of :func:`logits_to_probs` *is* the distribution ``p`` (target) or ``q`` (draft) of
-DESIGN §2-3: the sampler draws from it and the verifier tests against it, so it must be a
-deterministic function of the logits and the row's parameters.
+The result *is* the distribution ``p`` (target) or ``q`` (draft) that exact speculation must
+reproduce, so it is one deterministic function of the logits and the row's parameters. With
+``d = logits - max(logits)`` and ``z = d / T``:
 
-Ties at a top-k / top-p cut-off are resolved by value, not by token index: every token whose
-(tempered) logit equals the logit at the cut-off is kept. The kept set is then independent of
-how the vocabulary happens to be ordered, and of the (unspecified) tie order of ``torch.sort``.
+* top-k keeps ``{t : z_t >= z_(k)}``, ``z_(k)`` the k-th largest value (ties at it all kept);
+* top-p then works on the renormalised top-k distribution ``r`` sorted descending and keeps rank
+  j iff ``sum_{i<j} r_(i) < top_p`` (the smallest prefix whose mass reaches top_p; the top token
+  always qualifies), widened to every token tied with its last value;
+* ``p = exp(z - lse)`` on the kept set, ``lse`` the log-sum-exp of z over it; 0 elsewhere.
+
+Ties are resolved by value, never by token index, so the kept set does not depend on the order
+of the vocabulary or of a sort. Rows with ``T == 0`` are greedy: a point mass at
+``argmax(logits)`` (the lowest index among ties).
+
+Subtracting the max before dividing keeps every positive temperature finite: however small T
+is, ``z <= 0`` with the max at 0, so the row tends to its limit (uniform over the tied maxima)
+instead of overflowing. Temperatures below float32's smallest normal number are computed at that
+number; the distribution is then already that limit for any logits that differ at all.
+
+Nothing here sorts a whole vocabulary unless it must: the top-k / top-p cut-off is found among
+the ``CANDIDATES`` largest values of each row (a partial top-k), and only rows whose nucleus is
+not closed within them (its mass there is below top_p) fall back to a full sort. Both paths
+run the same arithmetic on the same leading values, so the kept set is identical.
 """
 
 from __future__ import annotations
@@ -18,6 +34,11 @@ import torch
 
 from saguaro.sampling.params import SamplingParams
 
+CANDIDATES = 64  # leading values per row searched for a top-p cut-off before a full sort
+# int64 must hold top_k; any value at or above the vocabulary size disables it anyway.
+MAX_TOP_K = 2**31
+TINY_TEMPERATURE = torch.finfo(torch.float32).tiny
+
 
 @dataclass(frozen=True)
 class SamplingTensors:
@@ -25,7 +46,7 @@ class SamplingTensors:
 
     temperature: torch.Tensor  # [n] float32, 0 = greedy
     top_k: torch.Tensor  # [n] int64, 0 = off
-    top_p: torch.Tensor  # [n] float32, 1 = off
+    top_p: torch.Tensor  # [n] float64, 1 = off (float64: a tiny top_p must not round to 0)
 
     @classmethod
     def from_params(
@@ -33,11 +54,15 @@ class SamplingTensors:
     ) -> SamplingTensors:
         return cls(
             temperature=torch.tensor(
-                [p.temperature for p in params], dtype=torch.float32, device=device
+                [max(p.temperature, TINY_TEMPERATURE) if p.temperature else 0.0 for p in params],
+                dtype=torch.float32,
+                device=device,
             ),
             # -1 and 0 both mean "off"; store a single sentinel.
-            top_k=torch.tensor([max(p.top_k, 0) for p in params], dtype=torch.int64, device=device),
-            top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
+            top_k=torch.tensor(
+                [min(max(p.top_k, 0), MAX_TOP_K) for p in params], dtype=torch.int64, device=device
+            ),
+            top_p=torch.tensor([p.top_p for p in params], dtype=torch.float64, device=device),
         )
 
     def repeat_interleave(self, repeats: int | torch.Tensor) -> SamplingTensors:
@@ -48,55 +73,128 @@ class SamplingTensors:
             top_p=self.top_p.repeat_interleave(repeats),
         )
 
+    def index(self, rows: torch.Tensor) -> SamplingTensors:
+        return SamplingTensors(self.temperature[rows], self.top_k[rows], self.top_p[rows])
+
     @property
     def greedy(self) -> torch.Tensor:
         return self.temperature == 0
 
 
-def logits_to_probs(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
-    """[n, V] logits (any float dtype) -> [n, V] float32 probabilities.
+@dataclass
+class Dist:
+    """The processed distributions of a block of logit rows, without materialising them.
 
-    With ``z = logits / T``:
-
-    * top-k keeps ``{t : z_t >= z_(k)}`` where ``z_(k)`` is the k-th largest tempered logit;
-    * top-p then works on the renormalised top-k distribution ``r`` sorted descending and keeps
-      rank j iff ``sum_{i<j} r_(i) < top_p`` — the smallest prefix whose mass reaches top_p
-      (the top token always qualifies since top_p > 0), widened to ties at its last value;
-    * ``p = softmax(z)`` restricted to the kept set.
-
-    Rows with ``T == 0`` become a one-hot at ``argmax(logits)`` (lowest index wins ties).
+    ``log p_t = z_t - lse`` where ``z_t >= thr``, else ``-inf``; greedy rows are point masses at
+    ``argmax``. ``z`` is None when every row is greedy.
     """
-    n, vocab = logits.shape
+
+    z: torch.Tensor | None  # [R, V] float32 scaled logits, max 0 (greedy rows: unscaled)
+    thr: torch.Tensor  # [R] float32 smallest kept z (-inf: all kept)
+    lse: torch.Tensor  # [R] float32 log-sum-exp of z over the kept set
+    greedy: torch.Tensor  # [R] bool
+    argmax: torch.Tensor  # [R] int64
+    vocab_size: int
+    valid: torch.Tensor  # [R] bool: the row's max is finite (no NaN, no inf, not all -inf)
+
+    def log_prob(self, rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """float64 ``log p_rows(tokens)`` (same shape as ``rows`` and ``tokens``)."""
+        point = torch.where(tokens == self.argmax[rows], 0.0, -torch.inf).double()
+        if self.z is None:
+            return point
+        z = self.z[rows, tokens]
+        lp = torch.where(z >= self.thr[rows], z - self.lse[rows], -torch.inf).double()
+        return torch.where(self.greedy[rows], point, lp)
+
+    def probs(self, rows: torch.Tensor | None = None, dtype=torch.float32) -> torch.Tensor:
+        """``p`` of the given rows (all if None) as dense [m, V] rows."""
+        if rows is None:
+            rows = torch.arange(len(self.thr), device=self.thr.device)
+        greedy = self.greedy[rows]
+        if self.z is not None:
+            z = self.z[rows]
+            logp = z - self.lse[rows, None]
+            thr = self.thr[rows]
+            if bool((thr > -torch.inf).any()):
+                logp.masked_fill_(z < thr[:, None], -torch.inf)
+            # exp in float32: masses down to 1e-45 survive, and the CDF sums them in float64.
+            p = logp.exp_().to(dtype)
+            if not bool(greedy.any()):
+                return p
+        else:
+            p = torch.zeros(len(rows), self.vocab_size, dtype=dtype, device=self.thr.device)
+        g = greedy.nonzero()[:, 0]
+        p[g] = 0
+        p[g, self.argmax[rows[g]]] = 1
+        return p
+
+
+def process(logits: torch.Tensor, st: SamplingTensors, candidates: int = CANDIDATES) -> Dist:
+    """[R, V] logits (any float dtype) and R rows of transforms -> :class:`Dist`."""
+    rows, vocab = logits.shape
+    device = logits.device
+    greedy = st.greedy.to(device)
     x = logits.float()
-    greedy = st.greedy
-    if bool(greedy.all()):  # nothing to temper or filter: skip the softmax
-        return torch.zeros_like(x).scatter_(1, x.argmax(dim=-1, keepdim=True), 1.0)
-    # Greedy rows are replaced by a one-hot below; divide them by 1 to keep them finite.
-    z = x / torch.where(greedy, 1.0, st.temperature).unsqueeze(1)
+    top, argmax = x.max(dim=-1)  # the first index among tied maxima
+    if bool(greedy.all()):  # nothing to temper or filter
+        inf = torch.full((rows,), -torch.inf, device=device)
+        zero = torch.zeros(rows, device=device)
+        return Dist(None, inf, zero, greedy, argmax, vocab, top.isfinite())
+    # Greedy rows are never read through z; divide them by 1 to keep them finite.
+    t = torch.where(greedy, 1.0, st.temperature.to(device))
+    z = (x - top[:, None]).div_(t[:, None])
+    top_k = torch.where(greedy, 0, st.top_k.to(device))
+    top_p = torch.where(greedy, 1.0, st.top_p.to(device))
+    thr = cutoffs(z, top_k, top_p, candidates)
+    kept = z if bool((thr == -torch.inf).all()) else torch.where(z >= thr[:, None], z, -torch.inf)
+    lse = torch.logsumexp(kept, dim=-1)
+    return Dist(z, thr, lse, greedy, argmax, vocab, top.isfinite())
 
-    k = torch.where((st.top_k > 0) & (st.top_k < vocab), st.top_k, 0)
-    use_k = k > 0
-    use_p = st.top_p < 1
-    if bool(use_p.any()):
-        sorted_z = z.sort(dim=-1, descending=True).values
-        thr = torch.full((n,), -torch.inf, device=z.device)
-        if bool(use_k.any()):
-            thr = torch.where(use_k, sorted_z.gather(1, (k - 1).clamp(min=0)[:, None])[:, 0], thr)
-            sorted_z = sorted_z.masked_fill(sorted_z < thr[:, None], -torch.inf)
-        sorted_p = torch.softmax(sorted_z, dim=-1)
-        mass_before = torch.nn.functional.pad(sorted_p.cumsum(dim=-1)[:, :-1], (1, 0))
-        num_keep = (mass_before < st.top_p[:, None]).sum(dim=-1)  # >= 1: mass_before[0] = 0
-        p_thr = sorted_z.gather(1, (num_keep - 1)[:, None])[:, 0]
-        thr = torch.where(use_p, torch.maximum(thr, p_thr), thr)
-        z = z.masked_fill(z < thr[:, None], -torch.inf)
-    elif bool(use_k.any()):
-        # top-k only: a partial top-k is enough to find each row's cut-off value.
-        top = z.topk(int(k.max()), dim=-1).values
-        thr = top.gather(1, (k - 1).clamp(min=0)[:, None])
-        z = z.masked_fill(use_k[:, None] & (z < thr), -torch.inf)
 
-    probs = torch.softmax(z, dim=-1)
-    if bool(greedy.any()):
-        one_hot = torch.zeros_like(probs).scatter_(1, x.argmax(dim=-1, keepdim=True), 1.0)
-        probs = torch.where(greedy[:, None], one_hot, probs)
-    return probs
+def cutoffs(
+    z: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, candidates: int = CANDIDATES
+) -> torch.Tensor:
+    """[R] float32: the smallest kept value of each row of ``z`` (-inf: top-k and top-p off)."""
+    rows, vocab = z.shape
+    thr = torch.full((rows,), -torch.inf, device=z.device)
+    k = torch.where((top_k > 0) & (top_k < vocab), top_k, 0)
+    need = ((k > 0) | (top_p < 1)).nonzero()[:, 0]
+    if len(need) == 0:
+        return thr
+    width = min(vocab, max(candidates, int(k[need].max())))
+    values = z[need].topk(width, dim=-1, sorted=True).values
+    cut, closed = _cutoff(z[need], values, k[need], top_p[need])
+    thr[need] = cut
+    if not bool(closed.all()):  # nuclei wider than the candidates: full sort of those rows
+        wide = need[~closed]
+        full = z[wide].sort(dim=-1, descending=True).values
+        thr[wide] = _cutoff(z[wide], full, k[wide], top_p[wide])[0]
+    return thr
+
+
+def _cutoff(
+    z: torch.Tensor, values: torch.Tensor, k: torch.Tensor, top_p: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cut-off per row from its leading ``values`` (sorted descending); also whether those
+    values decide it (for top-p: their mass reaches top_p, or they hold the whole kept set)."""
+    width = values.shape[1]
+    use_k, use_p = k > 0, top_p < 1
+    k_thr = torch.where(use_k, values.gather(1, (k - 1).clamp(min=0)[:, None])[:, 0], -torch.inf)
+    if not bool(use_p.any()):
+        return k_thr, torch.ones_like(use_k)
+    in_k = z >= k_thr[:, None]
+    lse_k = torch.logsumexp(torch.where(in_k, z, -torch.inf), dim=-1)  # top-k renormaliser
+    lead = torch.where(values >= k_thr[:, None], values - lse_k[:, None], -torch.inf)
+    mass = lead.double().exp().cumsum(dim=-1)
+    before = torch.nn.functional.pad(mass[:, :-1], (1, 0))
+    num_keep = (before < top_p[:, None]).sum(dim=-1).clamp(min=1)
+    p_thr = values.gather(1, (num_keep - 1)[:, None])[:, 0]
+    thr = torch.where(use_p, torch.maximum(k_thr, p_thr), k_thr)
+    holds_all = (width == z.shape[1]) | (values[:, -1] < k_thr)
+    closed = ~use_p | (mass[:, -1] >= top_p) | holds_all
+    return thr, closed
+
+
+def logits_to_probs(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
+    """[n, V] logits -> [n, V] float32 probabilities (the module docstring's definition)."""
+    return process(logits, st).probs()

@@ -1,74 +1,77 @@
-"""Seeded inverse-CDF sampling from probability rows.
+"""Drawing tokens: inverse-CDF sampling in float64, and the draft's top-M proposals.
 
-Reproducibility contract: a row with its own ``torch.Generator`` draws a fixed number of uniforms
-from it that depends only on that row's inputs, never on the batch. A seeded request therefore
-produces the same tokens whether it runs alone or next to any other requests.
+Every draw maps one counter-based uniform (:mod:`saguaro.sampling.noise`) through a row's CDF.
+The CDF is accumulated in float64, so a token of mass m is drawn at rate m to within about
+``V * 2^-53`` of the row's total: at a 150k vocabulary, masses far below 1e-8 keep their rate
+(a float32 CDF loses any token lighter than ~6e-8 behind a mass near 1).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
-Generators = Sequence[torch.Generator | None] | torch.Generator | None
+from saguaro.sampling.noise import Purpose, uniforms
+from saguaro.sampling.probs import SamplingTensors, cutoffs
+from saguaro.sampling.saguaro import saguaro_weights
+from saguaro.sampling.sparse import SparseQ
+
+DEFAULT_TOP_M = 64  # draft support shipped per position (docs/bench/draft-top-m.md measures it)
 
 
-def is_one_hot(probs: torch.Tensor) -> torch.Tensor:
-    """[..., V] -> [...] bool: rows whose largest probability is exactly 1 (greedy rows).
+def inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """[n, W] non-negative weights (need not be normalised), [n] float64 uniforms in (0, 1) ->
+    [n] int64 column: the first j with ``cdf_j > u * cdf_W``, the CDF summed in float64.
 
-    Sampling such a row is deterministic, so it takes the argmax and draws no uniform. Any other
-    mass such a float32 row can hold sums below 2^-24, which the float32 CDF cannot resolve
-    anyway; the max is far cheaper than counting the support over a large vocabulary.
+    A zero-weight column can never be that first index (its cdf equals its predecessor's), and
+    ``u * cdf_W`` is clamped below ``cdf_W`` so rounding cannot step past the last column.
     """
-    return probs.amax(dim=-1) == 1
-
-
-def draw_uniforms(
-    generators: Generators, counts: Sequence[int], width: int, device: torch.device
-) -> torch.Tensor:
-    """[n, width] float32 uniforms in [0, 1) on ``device``, n = len(counts).
-
-    With a sequence of generators, row i draws exactly ``counts[i]`` values from
-    ``generators[i]`` (None: torch's default generator) into its first columns; the remaining
-    columns are 0 and must be ignored by the caller. With a single generator (or None) the whole
-    [n, width] block is drawn at once: fast, but a row's values then depend on the batch.
-    """
-    n = len(counts)
-    if generators is None or isinstance(generators, torch.Generator):
-        return torch.rand(n, width, generator=generators, device=device)
-    if len(generators) != n:
-        raise ValueError(f"expected {n} generators (one per row), got {len(generators)}")
-    u = torch.zeros(n, width)
-    for i, (g, c) in enumerate(zip(generators, counts, strict=True)):
-        if c:
-            u[i, :c] = torch.rand(c, generator=g, device=g.device if g is not None else "cpu")
-    return u.to(device)
-
-
-def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """[n, V] probs (need not be normalised), [n] uniforms in [0, 1) -> [n] int64 tokens.
-
-    Returns the first t with ``cdf_t > u * cdf_V``. Since ``cdf_t == cdf_{t-1}`` when
-    ``probs_t == 0``, a zero-probability token can never be that first index. ``u * cdf_V`` is
-    clamped below ``cdf_V`` so float rounding cannot push it past the last token.
-    """
-    cdf = probs.cumsum(dim=-1)
+    cdf = weights.cumsum(dim=-1, dtype=torch.float64)
     total = cdf[:, -1:]
     x = torch.minimum(u[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
-    return torch.searchsorted(cdf, x, right=True)[:, 0]
+    return torch.searchsorted(cdf, x, right=True)[:, 0].clamp(max=weights.shape[1] - 1)
 
 
-def sample(probs: torch.Tensor, generators: Generators) -> torch.Tensor:
-    """[n, V] float32 probs -> [n] int64 tokens.
+def propose(
+    logits: torch.Tensor,
+    st: SamplingTensors,
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+    top_m: int = DEFAULT_TOP_M,
+    fanout: torch.Tensor | int = 0,
+    saguaro_c: float = 1.0,
+) -> tuple[torch.Tensor, SparseQ]:
+    """Draft proposals for R rows: tokens [R] and the exact q [R, M] each was drawn from.
 
-    One uniform per row that is not one-hot, drawn from that row's own generator, mapped through
-    the row's CDF. One-hot (greedy) rows return their argmax and draw nothing. A single
-    generator (or None: torch's default) draws all n uniforms in one vectorised call instead.
+    q is the row's processed distribution (temperature, top-k, top-p: :mod:`.probs`) restricted
+    to its M most likely tokens and renormalised, then reweighted by Saguaro sampling
+    (``fanout`` F per row, constant ``saguaro_c``). Greedy rows are the point mass at the argmax.
+    Each token is drawn with ``u(seed, position, DRAFT)``: the position is that of the token.
     """
-    draws = ~is_one_hot(probs)
-    tokens = probs.argmax(dim=-1)
-    if bool(draws.any()):  # the CDF only for rows that draw
-        u = draw_uniforms(generators, draws.long().tolist(), 1, probs.device)[:, 0]
-        tokens[draws] = inverse_cdf(probs[draws], u[draws])
-    return tokens
+    rows, vocab = logits.shape
+    device = logits.device
+    greedy = st.greedy.to(device)
+    argmax = logits.argmax(dim=-1)
+    if bool(greedy.all()):
+        return argmax, SparseQ.point_mass(argmax)
+    width = min(top_m, vocab)
+    x = logits.float()
+    values, ids = x.topk(width, dim=-1, sorted=True)
+    t = torch.where(greedy, 1.0, st.temperature.to(device))[:, None]
+    z = (values - values[:, :1]) / t
+    top_k, top_p = st.top_k.to(device), st.top_p.to(device)
+    thr = torch.full((rows,), -torch.inf, device=device)
+    cut = ~greedy & (((top_k > 0) & (top_k < vocab)) | (top_p < 1))
+    if bool(cut.any()):  # top-k / top-p need the full row's mass
+        r = cut.nonzero()[:, 0]
+        thr[r] = cutoffs((x[r] - values[r, :1]) / t[r], top_k[r], top_p[r])
+    kept = z >= thr[:, None]
+    weights = torch.where(kept, z.exp(), 0.0)
+    weights = saguaro_weights(weights, kept, fanout, saguaro_c)
+    probs = weights / weights.sum(dim=-1, keepdim=True)
+    point = SparseQ.point_mass(argmax, width)
+    ids = torch.where(greedy[:, None], point.ids, ids)
+    probs = torch.where(greedy[:, None], point.probs, probs)
+    u = uniforms(seeds.to(device), positions.to(device), Purpose.DRAFT)
+    col = inverse_cdf(probs, u)
+    tokens = torch.where(greedy, argmax, ids.gather(1, col[:, None])[:, 0])
+    return tokens, SparseQ(ids, probs)

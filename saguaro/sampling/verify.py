@@ -1,8 +1,8 @@
-"""Lossless verification of speculated tokens (DESIGN §3).
+"""Lossless verification of speculated tokens.
 
-Rule, per row: for j = 1..num_draft accept ``s_j`` with probability ``min(1, p_j(s_j) / q_j(s_j))``;
-at the first rejection draw ``t ~ norm(max(0, p_j - q_j))``; if all were accepted draw the bonus
-``t ~ p_{num_draft+1}``.
+Rule, per sequence: for j = 1..num_draft accept ``s_j`` with probability
+``min(1, p_j(s_j) / q_j(s_j))``; at the first rejection draw ``t ~ norm(max(0, p_j - q_j))``;
+if all were accepted draw the bonus ``t ~ p_{num_draft+1}``.
 
 Why the committed tokens are distributed exactly as the target's: at one position, with
 ``s ~ q`` and ``m = min(p, q)``,
@@ -10,19 +10,27 @@ Why the committed tokens are distributed exactly as the target's: at one positio
     P(commit x) = q(x) * min(1, p(x)/q(x)) + P(reject) * max(0, p(x) - q(x)) / Z
                 = m(x) + (1 - sum m) * (p(x) - m(x)) / (1 - sum m)  =  p(x),
 
-because ``Z = sum max(0, p - q) = sum (p - m) = 1 - sum m = P(reject)``. Every position uses
-fresh uniforms and ``p_{j+1}``, ``q_{j+1}`` are conditioned on the same committed prefix
-``s_1..s_j``, so by induction the committed sequence (up to the stop position) has the target's
-joint law; the bonus token is an ordinary sample of ``p_{K+1}`` given the accepted prefix.
-The identity holds for any ``q`` that ``s`` really was drawn from, including a point mass
-``q = delta(s)``: accept with ``p(s)``, else draw from ``p`` with ``s`` removed (this is
-``max(0, p - delta(s))``). A rejected token is never recovered: rejection implies ``q(s) > p(s)``,
-so its residual mass is 0.
+because ``Z = sum max(0, p - q) = sum (p - m) = 1 - sum m = P(reject)``. The uniforms that
+decide position i are independent of the prefix (:mod:`saguaro.sampling.noise`) and ``p_{j+1}``,
+``q_{j+1}`` are conditioned on the same committed prefix ``s_1..s_j``, so by induction the
+committed sequence has the target's joint law; the bonus token is an ordinary sample of
+``p_{K+1}`` given the accepted prefix. The identity holds for any ``q`` that ``s`` really was drawn
+from, including a point mass ``q = delta(s)``: accept with ``p(s)``, else draw from ``p`` with
+``s`` removed (this is ``max(0, p - delta(s))``). A rejected token is never recovered: rejection
+implies ``q(s) > p(s)``, so its residual mass is 0.
 
-Acceptance is computed as ``u * q(s) < p(s)`` with ``u ~ U[0, 1)``: equal to ``u < p(s)/q(s)``
-for ``q(s) > 0``, needs no division, and is deterministic whenever ``p`` is one-hot
-(``p(s) = 1`` always accepts, ``p(s) = 0`` never does). Greedy rows therefore follow
-"accept while s_j == argmax p_j, then t = argmax" without drawing any randomness.
+Numerics that keep it exact on confident rows and large vocabularies:
+
+* The test is ``log u + log q(s) < log p(s)`` with ``u`` in (0, 1): equal to ``u < p(s)/q(s)``,
+  and ``log p`` comes from the log-sum-exp of the scaled logits, so a token of probability 1e-30
+  is accepted at rate 1e-30 / q(s) even where a float32 softmax rounds its row to one-hot.
+  Only temperature 0 is greedy; a row that merely looks one-hot is sampled like any other.
+* Temperature 0 is the same rule with ``p`` the point mass at the argmax: ``log p(s)`` is 0 or
+  ``-inf``, so the row accepts while ``s_j == argmax p_j`` and then commits the argmax.
+* A row is processed only when its test can matter (the sequence accepted everything before
+  it); the residual and the final draw touch one row per sequence, the one at its stop
+  position, sampled through a CDF summed in float64
+  (:func:`saguaro.sampling.sampler.inverse_cdf`).
 """
 
 from __future__ import annotations
@@ -31,90 +39,106 @@ from dataclasses import dataclass
 
 import torch
 
-from saguaro.sampling.sampler import Generators, draw_uniforms, inverse_cdf, is_one_hot
+from saguaro.sampling.noise import Purpose, uniforms
+from saguaro.sampling.probs import SamplingTensors, process
+from saguaro.sampling.sampler import inverse_cdf
+from saguaro.sampling.sparse import SparseQ
 
 
 @dataclass
 class VerifyResult:
     num_accepted: torch.Tensor  # [n] int64, k in 0..num_draft[i]
     next_token: torch.Tensor  # [n] int64, recovery token (k < num_draft) or bonus token
+    # [n] bool: the logits that decide the sequence were not a distribution (NaN, inf, all
+    # -inf); its outcome is meaningless and the caller must fail that sequence alone.
+    invalid: torch.Tensor
 
 
 def verify(
-    target_probs: torch.Tensor,
+    logits: torch.Tensor,
+    st: SamplingTensors,
     draft_tokens: torch.Tensor,
-    draft_probs: torch.Tensor | None,
     num_draft: torch.Tensor,
-    generators: Generators,
-    point_mass: torch.Tensor | None = None,
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+    draft_q: SparseQ | None = None,
+    rows: torch.Tensor | None = None,
 ) -> VerifyResult:
-    """Verify one round of speculation for n rows; see the module docstring for the math.
+    """Verify one round of speculation for n sequences; see the module docstring for the math.
 
     Args:
-        target_probs: [n, K+1, V] float32, p_1..p_{K+1} after the target's transforms.
+        logits: [R, V] the target's logits for the scored positions of all sequences.
+        st: the n sequences' sampling transforms (they define each ``p_j``).
         draft_tokens: [n, K] int64, s_1..s_K; entries at or after ``num_draft[i]`` are padding.
-        draft_probs: [n, K, V] float32, the q_j each s_j was sampled from, bit for bit.
-            None: every row is a point-mass proposal.
-        num_draft: [n] int64 in 0..K, the number of real proposals of row i.
-        generators: one generator per row (None entries: torch's default generator), or a
-            single generator / None that draws for all rows at once (batch-dependent values).
-        point_mass: [n] bool, rows whose proposals are deterministic (q_j = delta(s_j)); their
-            ``draft_probs`` rows are ignored.
+        num_draft: [n] int64 in 0..K, the number of real proposals of sequence i.
+        seeds: [n] int64 noise keys (:func:`saguaro.sampling.noise.seed_tensor`).
+        positions: [n] int64, the absolute position of s_1 (the sequence's length before the
+            round); position j of the round decides token ``positions + j - 1``.
+        draft_q: [n, K, M] the exact q each s_j was drawn from; None: every proposal is a point
+            mass (greedy draft, n-gram lookup).
+        rows: [n, K+1] int64, the logits row scoring position j of sequence i; rows past
+            ``num_draft[i] + 1`` are never read but must index a row of the same sequence.
+            None: ``logits`` is [n * (K+1), V] in sequence-major order.
 
-    Randomness: a non-greedy row draws exactly ``num_draft[i] + 1`` uniforms from its generator
-    (acceptance tests, then the final sample) whatever the outcome; a row whose scored target
-    rows are all one-hot draws none. So seeded rows are reproducible in any batch.
+    Nothing is drawn from a stream: the uniforms are functions of (seed, position, purpose), so
+    a sequence's outcome is the same in any batch.
     """
-    n, k_plus_1, vocab = target_probs.shape
-    k_max = k_plus_1 - 1
-    if draft_tokens.shape != (n, k_max):
-        raise ValueError(f"draft_tokens must be [{n}, {k_max}], got {list(draft_tokens.shape)}")
-    if draft_probs is not None and draft_probs.shape != (n, k_max, vocab):
-        raise ValueError(
-            f"draft_probs must be [{n}, {k_max}, {vocab}], got {list(draft_probs.shape)}"
-        )
-    if bool(((num_draft < 0) | (num_draft > k_max)).any()):
-        raise ValueError(f"num_draft must be in 0..{k_max}, got {num_draft.tolist()}")
-    device = target_probs.device
-    rows = torch.arange(n, device=device)
-
+    n, k_max = draft_tokens.shape
+    device = logits.device
+    if rows is None:
+        if logits.shape[0] != n * (k_max + 1):
+            raise ValueError(f"logits must have n*(K+1)={n * (k_max + 1)} rows without `rows`")
+        rows = torch.arange(n * (k_max + 1), device=device).view(n, k_max + 1)
+    if rows.shape != (n, k_max + 1):
+        raise ValueError(f"rows must be [{n}, {k_max + 1}], got {list(rows.shape)}")
+    if num_draft.shape != (n,) or bool(((num_draft < 0) | (num_draft > k_max)).any()):
+        raise ValueError(f"num_draft must be [{n}] in 0..{k_max}, got {num_draft.tolist()}")
+    if draft_q is not None and draft_q.ids.shape[:2] != (n, k_max):
+        raise ValueError(f"draft_q must be [{n}, {k_max}, M], got {list(draft_q.ids.shape)}")
+    seq = torch.arange(n, device=device)
     valid = torch.arange(k_max, device=device) < num_draft[:, None]  # [n, K]
     s = torch.where(valid, draft_tokens, 0)  # padding may be any value (e.g. -1)
-    p_s = target_probs[:, :k_max].gather(2, s[..., None])[..., 0]  # [n, K]
-    if draft_probs is None:
-        pm = torch.ones(n, dtype=torch.bool, device=device)
-        q_s = torch.ones_like(p_s)
-    else:
-        pm = point_mass if point_mass is not None else torch.zeros_like(valid[:, 0])
-        q_s = torch.where(pm[:, None], 1.0, draft_probs.gather(2, s[..., None])[..., 0])
+    log_q = torch.zeros(n, k_max, dtype=torch.float64, device=device)
+    if draft_q is not None:
+        log_q = draft_q.prob_of(s).log()
+    pos = positions[:, None] + torch.arange(k_max + 1, device=device)  # [n, K+1]
+    log_u = uniforms(seeds[:, None], pos[:, :k_max], Purpose.ACCEPT).log()
+    # Position by position, only for sequences that accepted everything so far: the rows after
+    # a sequence's first rejection are never processed.
+    num_accepted = torch.zeros(n, dtype=torch.int64, device=device)
+    live = seq[valid[:, 0]] if k_max else seq[:0]
+    for j in range(k_max):
+        if len(live) == 0:
+            break
+        dist = process(logits[rows[live, j]], st.index(live.cpu()))
+        log_p = dist.log_prob(torch.arange(len(live), device=device), s[live, j])
+        ok = log_u[live, j] + log_q[live, j] < log_p
+        live = live[ok]
+        num_accepted[live] += 1
+        live = live[valid[live, j + 1]] if j + 1 < k_max else live[:0]
 
-    # Greedy rows: every target row that can be scored (positions 1..num_draft+1) is one-hot.
-    scored = torch.arange(k_plus_1, device=device) <= num_draft[:, None]
-    greedy = (is_one_hot(target_probs) | ~scored).all(dim=1)
-
-    counts = torch.where(greedy, 0, num_draft + 1).tolist()
-    u = draw_uniforms(generators, counts, k_plus_1, device)  # acceptance u's, then final u
-    accept = valid & (u[:, :k_max] * q_s < p_s)
-    num_accepted = accept.long().cumprod(dim=1).sum(dim=1)  # length of the accepted prefix
-
-    p_stop = target_probs[rows, num_accepted]  # [n, V]: p at the stop position
-    dist = p_stop
-    rejected = num_accepted < num_draft
-    if bool(rejected.any()):
-        r = rejected.nonzero()[:, 0]
-        k_r = num_accepted[r]
-        p_r = p_stop[r]
-        without_s = p_r.scatter(1, s[r, k_r][:, None], 0.0)  # point-mass residual
-        if draft_probs is None:
-            residual = without_s
+    dist = process(logits[rows[seq, num_accepted]], st)  # p at each sequence's stop position
+    if dist.z is None:  # every row greedy: no randomness, no distribution to build
+        return VerifyResult(num_accepted, dist.argmax, ~dist.valid)
+    target = dist.probs()  # [n, V]
+    rejected = (num_accepted < num_draft).nonzero()[:, 0]
+    if len(rejected):
+        k_r = num_accepted[rejected]
+        s_r = s[rejected, k_r]
+        if draft_q is None:  # point masses: the residual is p without s
+            target[rejected, s_r] = 0
         else:
-            residual = torch.where(pm[r, None], without_s, (p_r - draft_probs[r, k_r]).clamp(min=0))
-        # Zero residual mass needs p <= q everywhere, i.e. p == q up to rounding. Fall back to
-        # p without the rejected token, which keeps the invariant "s_j is never recovered".
-        empty = residual.sum(dim=-1) <= 0
-        dist = p_stop.index_copy(0, r, torch.where(empty[:, None], without_s, residual))
-
-    u_final = u.gather(1, num_draft[:, None])[:, 0]
-    sampled = inverse_cdf(dist, u_final)
-    next_token = torch.where(greedy, p_stop.argmax(dim=-1), sampled)
-    return VerifyResult(num_accepted=num_accepted, next_token=next_token)
+            q_r = draft_q[rejected, k_r]
+            residual = target[rejected].scatter_add_(1, q_r.ids, -q_r.normalised().float())
+            residual.clamp_(min=0)
+            # Zero residual mass needs p <= q everywhere, i.e. p == q up to rounding. Fall back
+            # to p without the rejected token, keeping the invariant "s_j is never recovered".
+            empty = (residual.sum(dim=-1) <= 0).nonzero()[:, 0]
+            residual[empty] = target[rejected[empty]]
+            residual[empty, s_r[empty]] = 0
+            target[rejected] = residual
+    stop_pos = pos[seq, num_accepted]
+    sampled = inverse_cdf(target, uniforms(seeds, stop_pos, Purpose.SAMPLE))
+    mass = target.sum(dim=-1)
+    invalid = ~dist.valid | ~mass.isfinite() | (mass <= 0)
+    return VerifyResult(num_accepted, torch.where(invalid, 0, sampled), invalid)

@@ -236,7 +236,10 @@ class AsyncEngine:
             active.sent = max(active.sent, len(text))
             event = StreamEvent(delta, seq.num_prompt_tokens, seq.num_output_tokens)
             if seq.is_finished:
-                event.finish_reason = seq.finish_reason
+                if seq.error is not None:  # this request alone failed
+                    event.error = seq.error
+                else:
+                    event.finish_reason = seq.finish_reason
                 self._finish(active, event)
             elif delta:
                 self._outbox.append((active.stream, event))

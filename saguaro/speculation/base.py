@@ -8,21 +8,21 @@ from typing import Protocol
 import torch
 
 from saguaro.engine.sequence import Sequence
+from saguaro.sampling import SparseQ
 
 
 @dataclass
 class Proposal:
     """Proposals for n sequences, padded to K columns.
 
-    ``probs`` holds q exactly as the proposals were sampled from (DESIGN §3: the verifier must see
-    the same q bit for bit). Rows with ``point_mass`` set were proposed deterministically
-    (q = delta(s)) and need no probabilities.
+    ``q`` holds, per proposal, exactly the distribution it was sampled from (the verifier must see
+    the same q bit for bit); deterministic proposals are point masses. None: every proposal is
+    a point mass (greedy draft, n-gram lookup).
     """
 
     tokens: torch.Tensor  # [n, K] int64
     num_draft: torch.Tensor  # [n] int64
-    probs: torch.Tensor | None = None  # [n, K, V] float32
-    point_mass: torch.Tensor | None = None  # [n] bool
+    q: SparseQ | None = None  # [n, K, M]
     hit: list[bool | None] | None = None  # SSD: per row, outcome found in the speculation cache
     backup: list[str | None] | None = None  # SSD: per row, backup used on a miss
     wait_s: float = 0.0  # SSD: time the target waited for these proposals

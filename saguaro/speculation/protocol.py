@@ -18,14 +18,15 @@
 A request carries, per sequence, the tokens committed since the worker last heard of it (the
 whole prompt for a new sequence): ``s_1..s_k, t`` after a round, from which the worker reads the
 outcome ``(k, t)``. The reply carries, per sequence, the next speculation and, at temperature > 0,
-the exact q rows it was sampled from (none at temperature 0: greedy proposals are point masses).
+the exact q it was sampled from as (id, probability) pairs of the draft's top-M tokens (none at
+temperature 0: greedy proposals are point masses).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
+from saguaro.sampling import SparseQ
 
 HELLO, READY, ROUND, SPEC, SHUTDOWN, ERROR = range(6)
 
@@ -37,6 +38,7 @@ class WorkerConfig:
     fanout: str | list[int]  # "auto" | "geometric" | "empirical" | fixed F_0..F_K
     budget: int | None  # branches per sequence; None = sized online to fit a verification
     saguaro_c: float  # Saguaro sampling constant C in (0, 1]
+    top_m: int  # the draft samples from its top-M tokens
     max_model_len: int
     max_num_seqs: int
     block_size: int
@@ -54,7 +56,7 @@ class SeqUpdate:
     temperature: float = 0.0  # sampling settings and seed: sent with a new sequence only
     top_k: int = 0
     top_p: float = 1.0
-    seed: int | None = None
+    seed: int = 0  # the request's seed: keys the draft's noise (saguaro.sampling.noise)
     new: bool = False
 
 
@@ -71,7 +73,7 @@ class RoundRequest:
 class SeqSpec:
     seq_id: int
     tokens: list[int]
-    probs: torch.Tensor | None  # [len(tokens), V] float32 q rows; None = point mass (greedy/n-gram)
+    q: SparseQ | None  # [len(tokens), M] exact q; None = point masses (greedy draft, n-gram)
     hit: bool | None  # None for a new sequence (nothing could be prepared yet)
     backup: str | None  # backup used on a miss
 

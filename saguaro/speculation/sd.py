@@ -2,7 +2,9 @@
 
 The draft runs K single-position forwards per round (the first also catches up on tokens
 committed since its last round), sampling each s_j from q_j = the draft's distribution under the
-request's own temperature / top-k / top-p. q_j is handed to the verifier exactly as sampled from.
+request's own temperature / top-k / top-p, restricted to its top-M tokens and renormalised, with
+the request's draft noise at s_j's position. q_j is handed to the verifier exactly as sampled
+from, as M (id, probability) pairs.
 The draft's KV lives in its own pool, indexed by the engine's block tables.
 """
 
@@ -15,11 +17,11 @@ import torch
 
 from saguaro.engine.model_runner import ModelRunner
 from saguaro.engine.sequence import Sequence
-from saguaro.sampling import SamplingParams, SamplingTensors, logits_to_probs, sample
+from saguaro.sampling import SamplingParams, SamplingTensors, SparseQ, propose, seed_tensor
 from saguaro.speculation.base import Proposal
 
-# (draft logits [m, V], chain indices of the m rows, depth) -> q [m, V] to sample from
-ProbsFn = Callable[[torch.Tensor, list[int], int], torch.Tensor]
+# (draft logits [m, V], chain indices of the m rows, depth, positions [m]) -> tokens, q
+ProposeFn = Callable[[torch.Tensor, list[int], int, torch.Tensor], tuple[torch.Tensor, SparseQ]]
 
 
 @dataclass
@@ -31,31 +33,33 @@ class Chain:
     start: int  # first index without draft KV (<= len(token_ids) - 1)
     k: int
     params: SamplingParams
-    generator: torch.Generator
+    seed: int
 
 
-def plain_probs(chains: list[Chain]) -> ProbsFn:
-    def fn(logits: torch.Tensor, rows: list[int], depth: int) -> torch.Tensor:
-        return logits_to_probs(
-            logits, SamplingTensors.from_params([chains[i].params for i in rows])
-        )
+def plain_proposals(chains: list[Chain], top_m: int) -> ProposeFn:
+    """Each chain's own transforms, its top ``top_m`` tokens, its seed's draft noise."""
+
+    def fn(logits: torch.Tensor, rows: list[int], depth: int, positions: torch.Tensor):
+        st = SamplingTensors.from_params([chains[i].params for i in rows])
+        seeds = seed_tensor([chains[i].seed for i in rows])
+        return propose(logits, st, seeds, positions, top_m)
 
     return fn
 
 
 def decode_chains(
-    runner: ModelRunner, chains: list[Chain], probs_fn: ProbsFn
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    runner: ModelRunner, chains: list[Chain], propose_fn: ProposeFn
+) -> tuple[torch.Tensor, SparseQ | None]:
     """Autoregressively draft ``chain.k`` tokens for every chain, batched: K forwards in all.
 
-    Returns tokens [n, K] and the q rows they were sampled from [n, K, V]; None when every chain
+    Returns tokens [n, K] and the q they were sampled from [n, K, M]; None when every chain
     is greedy (each q is then a point mass at the argmax, which is all verification needs).
     Draft KV is written for indices ``[start, len + k - 1)``: the last proposal is never fed.
     """
     n, k_max = len(chains), max(c.k for c in chains)
     tokens = torch.zeros(n, k_max, dtype=torch.int64)
     greedy = all(c.params.greedy for c in chains)
-    probs = None if greedy else torch.zeros(n, k_max, runner.config.vocab_size)
+    q: SparseQ | None = None
     active = [i for i, c in enumerate(chains) if c.k > 0]
     queries = [
         runner.sequence_query(
@@ -66,12 +70,15 @@ def decode_chains(
     for depth in range(k_max):
         logits = runner.forward(queries)
         idx = torch.tensor(active)
-        if probs is None:
-            tokens[idx, depth] = logits.argmax(dim=-1)
+        if greedy:
+            tokens[idx, depth] = logits.argmax(dim=-1).cpu()
         else:
-            q = probs_fn(logits, active, depth)
-            tokens[idx, depth] = sample(q, [chains[i].generator for i in active])
-            probs[idx, depth] = q
+            positions = torch.tensor([len(chains[i].token_ids) + depth for i in active])
+            drawn, q_rows = propose_fn(logits, active, depth, positions)
+            if q is None:
+                q = SparseQ.point_mass(torch.zeros(n, k_max, dtype=torch.int64), q_rows.width)
+            tokens[idx, depth] = drawn.cpu()
+            q.ids[idx, depth], q.probs[idx, depth] = q_rows.ids.cpu(), q_rows.probs.cpu()
         active = [i for i in active if chains[i].k > depth + 1]
         queries = [
             runner.sequence_query(
@@ -79,25 +86,25 @@ def decode_chains(
             )
             for i in active
         ]
-    return tokens, probs
+    return tokens, q
 
 
 class DraftProposer:
     shares_block_table = True
 
-    def __init__(self, runner: ModelRunner) -> None:
+    def __init__(self, runner: ModelRunner, top_m: int) -> None:
         self.runner = runner
+        self.top_m = top_m
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> Proposal:
         chains = [
-            Chain(s.block_table, s.token_ids, s.num_draft_computed, k, s.params, s.generator)
+            Chain(s.block_table, s.token_ids, s.num_draft_computed, k, s.params, s.seed)
             for s, k in zip(seqs, ks, strict=True)
         ]
-        tokens, probs = decode_chains(self.runner, chains, plain_probs(chains))
+        tokens, q = decode_chains(self.runner, chains, plain_proposals(chains, self.top_m))
         for s, k in zip(seqs, ks, strict=True):
             s.num_draft_computed = len(s) + k - 1
-        greedy = torch.tensor([s.params.greedy for s in seqs])
-        return Proposal(tokens, torch.tensor(ks), probs=probs, point_mass=greedy)
+        return Proposal(tokens, torch.tensor(ks), q=q)
 
     def observe(self, seqs: list[Sequence], target_s: float) -> None:
         """SD keeps no online statistics."""

@@ -24,6 +24,7 @@ from saguaro.config import EngineConfig
 from saguaro.distributed.channel import Channel, ChannelError
 from saguaro.engine.sequence import Sequence
 from saguaro.errors import SaguaroError
+from saguaro.sampling import SparseQ
 from saguaro.speculation import protocol as P
 from saguaro.speculation.base import Proposal
 from saguaro.speculation.policy import BackupPolicy
@@ -107,6 +108,7 @@ class SSDProposer:
                     fanout=cfg.fanout,
                     budget=cfg.cache_budget,
                     saguaro_c=cfg.saguaro_c,
+                    top_m=cfg.draft_top_m,
                     max_model_len=max_model_len,
                     max_num_seqs=cfg.max_num_seqs,
                     block_size=cfg.block_size,
@@ -138,7 +140,7 @@ class SSDProposer:
                         p.temperature,
                         p.top_k,
                         p.top_p,
-                        p.seed,
+                        s.seed,
                         new=True,
                     )
                 )
@@ -181,26 +183,24 @@ class SSDProposer:
         self.totals["cut"] += reply.cut
         n = len(seqs)
         tokens = torch.zeros(n, self.k, dtype=torch.int64)
-        # point masses (greedy, n-gram) need no q rows: skip the [n, K, V] block when all are
-        sampled = any(spec.probs is not None for spec in reply.specs)
-        probs = torch.zeros(n, self.k, self.vocab_size) if sampled else None
-        point_mass = torch.zeros(n, dtype=torch.bool)
         num_draft = torch.zeros(n, dtype=torch.int64)
+        sampled = [(i, spec.q) for i, spec in enumerate(reply.specs) if spec.q is not None]
         for i, (spec, k) in enumerate(zip(reply.specs, ks, strict=True)):
             m = min(len(spec.tokens), k)
             num_draft[i] = m
             tokens[i, :m] = torch.tensor(spec.tokens[:m], dtype=torch.int64)
-            if spec.probs is None:
-                point_mass[i] = True
-            else:
-                probs[i, :m] = spec.probs[:m]
+        q = None
+        if sampled:  # point masses (greedy, n-gram) for the rest
+            q = SparseQ.point_mass(tokens, max(sq.width for _, sq in sampled))
+            for i, sq in sampled:
+                m, padded = int(num_draft[i]), sq.pad_to(q.width)
+                q.ids[i, :m], q.probs[i, :m] = padded.ids[:m], padded.probs[:m]
         if reply.backup_s:
             self.policy.observe_times(self.verify_s or wait_s, backup_s={backup: reply.backup_s})
         return Proposal(
             tokens,
             num_draft,
-            probs=probs,
-            point_mass=point_mass,
+            q=q,
             hit=[s.hit for s in reply.specs],
             backup=[s.backup for s in reply.specs],
             wait_s=wait_s,

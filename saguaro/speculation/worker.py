@@ -23,8 +23,10 @@ depth always runs. A fan-out or budget fixed by the user is built in full.
 
 Exactness of a hit: the branch for ``(k, t)`` was sampled, with its q rows recorded, given exactly
 the prefix that the outcome commits; whether it is used depends only on the target's own
-randomness. Saguaro sampling (DESIGN §6) lowers q on the draft's top ``F_{i-1} + 1`` tokens at
-speculation position i; the target verifies against that same q.
+randomness. Every draft token, on a branch or in a backup, is drawn from the draft's top-M
+distribution with the request's draft noise at that token's absolute position, so a hit
+proposes what a backup would have. Saguaro sampling lowers q on the draft's top
+``F_{i-1} + 1`` tokens at speculation position i; the target verifies against that same q.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from saguaro.distributed.channel import Channel, ChannelError
 from saguaro.engine.block_manager import BlockManager
 from saguaro.engine.model_runner import ModelRunner, Query, token_slots
 from saguaro.models.loader import load_model
-from saguaro.sampling import SamplingParams, SamplingTensors, saguaro_probs, sample
+from saguaro.sampling import SamplingParams, SamplingTensors, SparseQ, propose, seed_tensor
 from saguaro.speculation import protocol as P
 from saguaro.speculation.fanout import FanoutEstimator
 from saguaro.speculation.ngram import prompt_lookup
@@ -63,15 +65,13 @@ class DraftSeq:
     seq_id: int
     token_ids: list[int]
     params: SamplingParams
-    generator: torch.Generator
+    seed: int
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)
     computed: int = 0  # committed tokens with valid draft KV
     written: int = 0  # draft KV written for indices < written by the last glue / backup
     spec: list[int] = field(default_factory=list)  # speculation the target is verifying
-    cache: dict[tuple[int, int], tuple[list[int], torch.Tensor | None]] = field(
-        default_factory=dict
-    )
+    cache: dict[tuple[int, int], tuple[list[int], SparseQ | None]] = field(default_factory=dict)
     ranked: list[list[int]] = field(default_factory=list)  # per outcome k: candidate ranking
 
 
@@ -165,10 +165,7 @@ class DraftWorker:
         for u in req.updates:
             if u.new:
                 params = SamplingParams(temperature=u.temperature, top_k=u.top_k, top_p=u.top_p)
-                seed = u.seed if u.seed is not None else int(torch.randint(0, 2**62, (1,)))
-                # a stream of its own, independent of the target's verification randomness
-                gen = torch.Generator().manual_seed(seed ^ 0x5A6A_0D1A)
-                seq = DraftSeq(u.seq_id, list(u.new_tokens), params, gen)
+                seq = DraftSeq(u.seq_id, list(u.new_tokens), params, u.seed)
                 self.seqs[u.seq_id] = seq
                 specs[u.seq_id] = P.SeqSpec(u.seq_id, [], None, None, None)
                 misses.append(seq)
@@ -228,26 +225,28 @@ class DraftWorker:
         for seq in misses:
             self.bm.allocate(seq, len(seq.token_ids) + self.k)
         chains = [
-            Chain(s.block_table, s.token_ids, s.computed, self.k, s.params, s.generator)
-            for s in misses
+            Chain(s.block_table, s.token_ids, s.computed, self.k, s.params, s.seed) for s in misses
         ]
-        tokens, probs = decode_chains(self.runner, chains, self._probs_fn(misses))
+        tokens, q = decode_chains(self.runner, chains, self._propose_fn(misses))
         for i, seq in enumerate(misses):
             seq.spec = tokens[i].tolist()
             seq.written = len(seq.token_ids) + self.k - 1
             seq.computed = min(seq.written, len(seq.token_ids) - 1)
             spec = specs[seq.seq_id]
             spec.tokens = list(seq.spec)
-            spec.probs = None if seq.params.greedy else probs[i].clone()
+            spec.q = None if q is None or seq.params.greedy else q[i].clone()
             spec.backup = "neural"
 
-    def _probs_fn(self, seqs: list[DraftSeq]):
+    def _propose_fn(self, seqs: list[DraftSeq]):
         """Saguaro sampling: speculation position i = depth + 1 uses F = F_{i-1} = F_depth."""
         fanout = self.fanout(self.k)
 
-        def fn(logits: torch.Tensor, rows: list[int], depth: int) -> torch.Tensor:
+        def fn(logits: torch.Tensor, rows: list[int], depth: int, positions: torch.Tensor):
             st = SamplingTensors.from_params([seqs[i].params for i in rows])
-            return saguaro_probs(logits, st, fanout[depth], self.cfg.saguaro_c)
+            seeds = seed_tensor([seqs[i].seed for i in rows])
+            return propose(
+                logits, st, seeds, positions, self.cfg.top_m, fanout[depth], self.cfg.saguaro_c
+            )
 
         return fn
 
@@ -333,8 +332,8 @@ class DraftWorker:
         tokens = {i: torch.tensor([t for _, t in branches[i]]) for i in live}
         out_tokens = {i: torch.zeros(len(branches[i]), k, dtype=torch.int64) for i in live}
         # greedy branches are point masses: their argmax is all a hit needs
-        out_probs = {
-            i: torch.zeros(len(branches[i]), k, self.vocab_size)
+        out_q = {
+            i: SparseQ.point_mass(out_tokens[i], min(self.cfg.top_m, self.vocab_size))
             for i in live
             if not seqs[i].params.greedy
         }
@@ -372,21 +371,29 @@ class DraftWorker:
                 if seq.params.greedy:
                     drawn = rows.argmax(dim=-1)
                 else:
-                    st = SamplingTensors.from_params([seq.params] * nb)
-                    q = saguaro_probs(rows, st, fanout[depth], self.cfg.saguaro_c)
-                    drawn = sample(q, [seq.generator] * nb)
-                    out_probs[i][:, depth] = q
+                    # the token drawn here lands right after the branch's input token
+                    positions = len(seq.token_ids) + layout[i][3] + depth + 1
+                    drawn, q = propose(
+                        rows,
+                        SamplingTensors.from_params([seq.params] * nb),
+                        seed_tensor([seq.seed] * nb),
+                        positions,
+                        self.cfg.top_m,
+                        fanout[depth],
+                        self.cfg.saguaro_c,
+                    )
+                    out_q[i].ids[:, depth], out_q[i].probs[:, depth] = q.ids, q.probs
                 out_tokens[i][:, depth] = drawn
                 tokens[i] = drawn
             seconds = time.perf_counter() - t0
             depths_s += seconds
             self.costs.observe_depth(num_branches, seconds)
         for i in live:
-            seq, probs = seqs[i], out_probs.get(i)
+            seq, q = seqs[i], out_q.get(i)
             for j, key in enumerate(branches[i]):
                 seq.cache[key] = (
                     out_tokens[i][j, :done].tolist(),
-                    None if probs is None else probs[j, :done].clone(),
+                    None if q is None else q[j, :done].clone(),
                 )
         return depths_s
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from saguaro.engine.block_manager import BlockManager, NoFreeBlocksError
 from saguaro.engine.sequence import Sequence
@@ -11,7 +10,7 @@ from saguaro.sampling import SamplingParams
 
 
 def make_seq(tokens, seq_id=0):
-    return Sequence(seq_id, list(tokens), len(tokens), SamplingParams(), torch.Generator())
+    return Sequence(seq_id, list(tokens), len(tokens), SamplingParams(), seed=0)
 
 
 def test_allocate_trim_free_roundtrip():

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from saguaro.sampling import SamplingParams, SamplingTensors, logits_to_probs
+from saguaro.sampling import SamplingParams, SamplingTensors, logits_to_probs, process
 
 
 def st_of(**kwargs) -> SamplingTensors:
@@ -19,7 +19,7 @@ def test_sampling_tensors_from_params_and_repeat():
     st = SamplingTensors.from_params(
         [SamplingParams(temperature=0.5, top_k=-1, top_p=0.9), SamplingParams(temperature=0)]
     )
-    assert st.temperature.dtype == torch.float32 and st.top_p.dtype == torch.float32
+    assert st.temperature.dtype == torch.float32 and st.top_p.dtype == torch.float64
     assert st.top_k.dtype == torch.int64 and st.top_k.tolist() == [0, 0]
     assert st.greedy.tolist() == [False, True]
     rep = st.repeat_interleave(3)
@@ -125,3 +125,81 @@ def test_minus_inf_logits_stay_zero():
     ):
         out = logits_to_probs(z, st_of(**kwargs))[0]
         assert out[1] == 0 and out[3] == 0 and out[0] > 0 and out[2] > 0
+
+
+def reference_kept(z: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """The kept set by the definition (module docstring of saguaro.sampling.probs), with a full
+    sort and float64 sums: the reference the partial search must reproduce exactly."""
+    x = (z.double() - z.double().max()) / temperature
+    vals = x.sort(descending=True).values
+    thr = vals[top_k - 1] if 0 < top_k < len(x) else -math.inf
+    r = torch.where(vals >= thr, vals, -math.inf)
+    r = (r - torch.logsumexp(r, 0)).exp()
+    before = torch.cat([torch.zeros(1, dtype=torch.float64), r.cumsum(0)[:-1]])
+    keep = max(1, int((before < top_p).sum()))
+    return x >= max(thr, float(vals[keep - 1]))
+
+
+def nasty_rows(vocab: int, n: int, seed: int) -> torch.Tensor:
+    """Random rows with ties, -inf entries, peaked rows (tiny nuclei) and flat ones."""
+    g = torch.Generator().manual_seed(seed)
+    z = torch.randn(n, vocab, generator=g) * torch.rand(n, 1, generator=g) * 8
+    z[::3] = z[::3].round()  # many ties
+    z[1::5, : vocab // 4] = -math.inf
+    z[2::7, 7] += 40  # one dominant token
+    return z
+
+
+@pytest.mark.parametrize("vocab", [50, 3000])
+def test_partial_search_equals_full_sort_and_definition(vocab):
+    """top-k / top-p through the leading candidates give the same kept set as a full sort of
+    every row (candidates = V), and as the float64 definition."""
+    z = nasty_rows(vocab, 60, seed=vocab)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(6):
+        params = [
+            SamplingParams(
+                temperature=float(torch.rand(1, generator=g)) * 1.5 + 0.1,
+                top_k=int(torch.randint(0, 80, (1,), generator=g)),
+                top_p=float(torch.rand(1, generator=g)) ** 0.3,
+            )
+            for _ in range(len(z))
+        ]
+        st = SamplingTensors.from_params(params)
+        partial = process(z, st)
+        full = process(z, st, candidates=vocab)
+        assert torch.equal(partial.thr, full.thr)
+        kept = partial.z >= partial.thr[:, None]
+        for i, p in enumerate(params):
+            ref = reference_kept(z[i], p.temperature, p.top_k, p.top_p)
+            assert torch.equal(kept[i], ref), (i, p)
+
+
+def test_candidate_path_decides_small_nuclei_without_a_full_sort(monkeypatch):
+    """Rows whose nucleus closes inside the candidates never reach the full sort."""
+    z = torch.randn(8, 1000, generator=torch.Generator().manual_seed(2)) * 6
+    sorted_rows = []
+    original = torch.Tensor.sort
+
+    def counting_sort(self, *args, **kwargs):
+        sorted_rows.append(len(self))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "sort", counting_sort)
+    process(z, SamplingTensors.from_params([SamplingParams(top_p=0.5)] * 8))
+    assert sorted_rows == []
+    process(z, SamplingTensors.from_params([SamplingParams(temperature=50.0, top_p=0.99)] * 8))
+    assert sorted_rows == [8]
+
+
+def test_extreme_values_are_handled_as_their_limits():
+    z = torch.tensor([[0.5, 3.0, 1.0, 3.0, -2.0]])
+    # a vanishing temperature: uniform over the tied maxima, finite everywhere
+    out = logits_to_probs(z, st_of(temperature=1e-38))[0]
+    assert out.tolist() == [0, 0.5, 0, 0.5, 0]
+    out = logits_to_probs(z, st_of(temperature=5e-324))[0]  # below float32's range
+    assert out.tolist() == [0, 0.5, 0, 0.5, 0]
+    # a top_p that rounds to 0 in float32 still keeps the top value (and its tie)
+    assert logits_to_probs(z, st_of(top_p=1e-50))[0].tolist() == [0, 0.5, 0, 0.5, 0]
+    # a top_k beyond int64 is "off"
+    torch.testing.assert_close(logits_to_probs(z, st_of(top_k=2**70))[0], torch.softmax(z, -1)[0])

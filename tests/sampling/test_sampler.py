@@ -1,8 +1,20 @@
+"""Inverse-CDF draws, the draft's top-M proposals and the counter-based noise behind both."""
+
 import pytest
 import torch
 
-from saguaro.sampling import sample
-from saguaro.sampling.sampler import draw_uniforms, inverse_cdf
+from saguaro.sampling import (
+    Purpose,
+    SamplingParams,
+    SamplingTensors,
+    SparseQ,
+    inverse_cdf,
+    logits_to_probs,
+    propose,
+    seed_tensor,
+    uniforms,
+)
+from saguaro.sampling.noise import GOLDEN, MASK64, MIX1, MIX2, hash_words
 from tests.stats import assert_samples_follow, tv_distance, tv_noise_floor
 
 N = 200_000  # draws for vectorised distribution checks
@@ -15,85 +27,142 @@ def random_probs(vocab: int, seed: int, zeros: tuple[int, ...] = ()) -> torch.Te
     return p / p.sum()
 
 
-def seeded(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
+def dense(q: SparseQ, vocab: int) -> torch.Tensor:
+    """[n, M] pairs -> [n, V] float64 distributions."""
+    out = torch.zeros(*q.ids.shape[:-1], vocab, dtype=torch.float64)
+    return out.scatter_add_(-1, q.ids, q.normalised())
+
+
+# ---- noise ---------------------------------------------------------------------------------
+
+
+def _mix(x: int) -> int:
+    x = ((x ^ (x >> 30)) * MIX1) & MASK64
+    x = ((x ^ (x >> 27)) * MIX2) & MASK64
+    return x ^ (x >> 31)
+
+
+def test_hash_matches_python_integers():
+    """int64 tensor arithmetic wraps exactly like the unsigned 64-bit hash it stands for."""
+    seeds = [0, 1, 2**63 - 1, 2**63, 2**64 - 1, 987654321987654321]
+    positions = [0, 1, 5, 2**40, 131_071, 7]
+    got = hash_words(seed_tensor(seeds), torch.tensor(positions), Purpose.SAMPLE).tolist()
+    for h, seed, pos in zip(got, seeds, positions, strict=True):
+        ref = _mix((seed + GOLDEN) & MASK64)
+        ref = _mix((ref + pos * GOLDEN) & MASK64)
+        ref = _mix((ref + int(Purpose.SAMPLE) * GOLDEN) & MASK64)
+        assert h & MASK64 == ref
+
+
+def test_uniforms_are_uniform_and_independent_across_keys():
+    n = 200_000
+    seeds = seed_tensor(list(range(n)))
+    u = uniforms(seeds, torch.tensor(17), Purpose.ACCEPT)
+    assert 0 < float(u.min()) and float(u.max()) < 1
+    bins = torch.bucketize(u, torch.linspace(0, 1, 33)[1:-1])
+    assert_samples_follow(bins, torch.full((32,), 1 / 32), "uniform bins")
+    others = [
+        uniforms(seeds, torch.tensor(18), Purpose.ACCEPT),  # next position
+        uniforms(seeds, torch.tensor(17), Purpose.SAMPLE),  # other purpose
+        uniforms(seeds + 1, torch.tensor(17), Purpose.ACCEPT),  # neighbouring seed
+    ]
+    for v in others:
+        corr = float(torch.corrcoef(torch.stack([u, v]))[0, 1])
+        assert abs(corr) < 5 / n**0.5  # about 5 standard errors of a zero correlation
+    # 2-d uniformity of pairs (the joint law, not just the correlation): a 6x6 grid
+    cells = (u * 6).long() * 6 + (others[1] * 6).long()
+    assert_samples_follow(cells, torch.full((36,), 1 / 36), "pairs (ACCEPT, SAMPLE)")
+
+
+def test_uniforms_depend_only_on_their_key():
+    a = uniforms(seed_tensor([5, 6, 7]), torch.tensor([10, 20, 30]), Purpose.DRAFT)
+    b = uniforms(seed_tensor([7, 5]), torch.tensor([30, 10]), Purpose.DRAFT)
+    assert a[2] == b[0] and a[0] == b[1]
+
+
+# ---- inverse CDF ----------------------------------------------------------------------------
 
 
 def test_inverse_cdf_edges_skip_zero_mass_tokens():
     probs = torch.tensor([[0.0, 0.3, 0.0, 0.7, 0.0]] * 3)
-    u = torch.tensor([0.0, 0.3, 1 - 2**-24])
+    u = torch.tensor([1e-12, 0.31, 1 - 2**-53], dtype=torch.float64)
     assert inverse_cdf(probs, u).tolist() == [1, 3, 3]
 
 
-def test_distribution_matches_probs_vectorised():
-    p = random_probs(10, seed=0)
-    assert_samples_follow(sample(p.expand(N, -1), seeded(1)), p, "single generator")
-
-
-def test_distribution_matches_probs_per_row_generators():
-    n = 20_000  # the per-row path loops in Python; the noise floor widens accordingly
-    p = random_probs(10, seed=2)
-    gens = [seeded(1000 + i) for i in range(n)]
-    assert_samples_follow(sample(p.expand(n, -1), gens), p, "per-row generators")
-
-
-def test_never_returns_zero_probability_tokens():
+def test_inverse_cdf_follows_probs_and_never_draws_zero_mass():
     p = random_probs(12, seed=3, zeros=(0, 4, 5, 11))
     p[7] = 1e-30  # tiny but positive: may appear, must not be skipped as "zero" either
     p /= p.sum()
-    tokens = sample(p.expand(N, -1), seeded(4))
+    u = uniforms(seed_tensor(list(range(N))), torch.tensor(0), Purpose.SAMPLE)
+    tokens = inverse_cdf(p.expand(N, -1), u)
     assert bool((p[tokens] > 0).all())
-    tokens = sample(p.expand(500, -1), [seeded(i) for i in range(500)])
-    assert bool((p[tokens] > 0).all())
+    assert_samples_follow(tokens, p, "inverse cdf")
 
 
-def test_seeded_row_is_independent_of_batch():
-    target = random_probs(10, seed=5)
-    alone_gen = seeded(1234)
-    alone = [int(sample(target[None], [alone_gen])[0]) for _ in range(200)]
-
-    batch = torch.stack(
-        [
-            random_probs(10, seed=6),
-            torch.nn.functional.one_hot(torch.tensor(3), 10).float(),  # greedy row
-            target,
-            random_probs(10, seed=7),
-            target,
-        ]
-    )
-    gens = [seeded(1), seeded(2), seeded(1234), None, seeded(99)]
-    greedy_state = gens[1].get_state()
-    rows = torch.stack([sample(batch, gens) for _ in range(200)])
-    assert rows[:, 2].tolist() == alone
-    assert rows[:, 4].tolist() != alone  # same probs, other seed
-    assert rows[:, 1].tolist() == [3] * 200
-    assert torch.equal(gens[1].get_state(), greedy_state)  # one-hot rows draw nothing
-
-
-def test_one_draw_per_non_greedy_row():
-    g, ref = seeded(8), seeded(8)
-    sample(random_probs(6, seed=9)[None], [g])
-    torch.rand(1, generator=ref)
-    assert torch.equal(g.get_state(), ref.get_state())
-
-
-def test_draw_uniforms_per_row_counts_and_validation():
-    u = draw_uniforms([seeded(0), None, seeded(0)], [3, 0, 1], 4, torch.device("cpu"))
-    assert u[1].tolist() == [0, 0, 0, 0]
-    assert u[0, 0] == u[2, 0] and u[0, 3] == 0 and u[2, 1:].tolist() == [0, 0, 0]
-    with pytest.raises(ValueError, match="generators"):
-        draw_uniforms([seeded(0)], [1, 1], 1, torch.device("cpu"))
-
-
-@pytest.mark.parametrize(("vocab", "num_samples"), [(8, N), (10, N), (36, 300_000), (8, 100_000)])
+@pytest.mark.parametrize(("vocab", "num_samples"), [(8, N), (10, N), (36, 300_000), (64, N)])
 def test_tv_check_has_power(vocab, num_samples):
     """Self-test of tests/stats.py: moving 2% of the mass is caught at the sizes these tests use."""
     p = random_probs(vocab, seed=10)
     biased = p.clone()
     biased[p.argmax()] -= 0.02
     biased[p.argmin()] += 0.02
-    counts = torch.bincount(sample(biased.expand(num_samples, -1), seeded(11)), minlength=vocab)
+    u = uniforms(seed_tensor(list(range(num_samples))), torch.tensor(0), Purpose.SAMPLE)
     floor = tv_noise_floor(vocab, num_samples)
+    counts = torch.bincount(inverse_cdf(biased.expand(num_samples, -1), u), minlength=vocab)
     assert tv_distance(counts, p) > floor
-    counts = torch.bincount(sample(p.expand(num_samples, -1), seeded(11)), minlength=vocab)
+    counts = torch.bincount(inverse_cdf(p.expand(num_samples, -1), u), minlength=vocab)
     assert tv_distance(counts, p) <= floor
+
+
+# ---- draft proposals ------------------------------------------------------------------------
+
+
+def draw(z: torch.Tensor, params: SamplingParams, n: int = N, **kw):
+    """n proposals from the single logits row ``z``, seed i for row i."""
+    st = SamplingTensors.from_params([params] * n)
+    seeds, pos = seed_tensor(list(range(n))), torch.full((n,), 3)
+    return propose(z.expand(n, -1).contiguous(), st, seeds, pos, **kw)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0.8),
+        SamplingParams(temperature=1.2, top_k=5),
+        SamplingParams(temperature=0.9, top_p=0.8),
+    ],
+)
+def test_proposals_follow_the_q_they_report(params):
+    """With M >= V, q is the processed distribution; with M < V, its top-M renormalised; the
+    tokens follow the q that is shipped with them either way."""
+    vocab = 20
+    z = torch.randn(vocab, generator=torch.Generator().manual_seed(4)) * 2
+    full = logits_to_probs(z[None], SamplingTensors.from_params([params]))[0].double()
+    tokens, q = draw(z, params, top_m=64)
+    torch.testing.assert_close(dense(q[:1], vocab)[0], full, rtol=1e-6, atol=1e-7)
+    assert_samples_follow(tokens, full, f"{params} M>=V")
+    tokens, q = draw(z, params, top_m=3)
+    top = full.argsort(descending=True)[:3]
+    truncated = torch.zeros_like(full)
+    truncated[top] = full[top] / full[top].sum()
+    torch.testing.assert_close(dense(q[:1], vocab)[0], truncated, rtol=1e-6, atol=1e-7)
+    assert_samples_follow(tokens, truncated, f"{params} M=3")
+
+
+def test_greedy_rows_are_point_masses_at_the_argmax():
+    z = torch.tensor([[0.0, 2.0, 2.0, 1.0], [3.0, 0.0, 0.0, 0.0]])
+    st = SamplingTensors.from_params([SamplingParams(temperature=0), SamplingParams()])
+    tokens, q = propose(z, st, seed_tensor([1, 2]), torch.tensor([0, 0]), top_m=3)
+    assert int(tokens[0]) == 1  # lowest index among tied maxima
+    assert q.ids[0, 0] == 1 and q.probs[0].tolist() == [1, 0, 0]
+    assert int(tokens[1]) in q.ids[1].tolist() and float(q.probs[1].sum()) == pytest.approx(1)
+
+
+def test_proposals_depend_only_on_seed_and_position():
+    z = torch.randn(6, 30, generator=torch.Generator().manual_seed(5))
+    st = SamplingTensors.from_params([SamplingParams(temperature=1.5)] * 6)
+    seeds, pos = seed_tensor([9, 9, 9, 4, 4, 1]), torch.tensor([3, 3, 4, 3, 3, 3])
+    tokens, _ = propose(z, st, seeds, pos)
+    order = torch.tensor([5, 2, 0, 4, 1, 3])
+    shuffled, _ = propose(z[order], st.index(order), seeds[order], pos[order])
+    assert torch.equal(shuffled, tokens[order])

@@ -1,17 +1,31 @@
-"""Lossless verification: the committed tokens must follow the target's law exactly (DESIGN §3).
+"""Lossless verification: the committed tokens must follow the target's law exactly.
 
-Distribution checks run many independent rows in one vectorised call (one generator for the
-batch) and compare histograms with the exact target law within ``tests.stats`` noise floors.
+Distribution checks run many independent rows in one vectorised call: row i carries seed i, so
+its uniforms are independent of every other row's. Draft tokens come from torch's own sampler,
+independent of the code under test. Histograms are compared with the exact target law within
+``tests.stats`` noise floors.
 """
+
+import math
 
 import pytest
 import torch
 
-from saguaro.sampling import SamplingParams, SamplingTensors, logits_to_probs, sample, verify
+from saguaro.sampling import (
+    SamplingParams,
+    SamplingTensors,
+    SparseQ,
+    inverse_cdf,
+    logits_to_probs,
+    process,
+    verify,
+)
+from saguaro.sampling.noise import seed_tensor
 from tests.stats import assert_samples_follow, tv_distance, tv_noise_floor
 
 V = 8
 N = 200_000
+PLAIN = SamplingParams()  # temperature 1, no truncation: p = softmax(logits)
 
 
 def seeded(seed: int) -> torch.Generator:
@@ -35,6 +49,35 @@ def with_zeros(p: torch.Tensor, tokens: list[int]) -> torch.Tensor:
 
 def one_hot(token: int, vocab: int = V) -> torch.Tensor:
     return torch.nn.functional.one_hot(torch.tensor(token), vocab).float()
+
+
+def dense_q(q: torch.Tensor) -> SparseQ:
+    """A full-vocabulary q as (id, prob) pairs; ``q`` is [..., V]."""
+    ids = torch.arange(q.shape[-1]).expand(q.shape).contiguous()
+    return SparseQ(ids, q.contiguous())
+
+
+def run(
+    p: torch.Tensor,
+    s: torch.Tensor,
+    q: torch.Tensor | SparseQ | None,
+    num: torch.Tensor,
+    seed0: int = 0,
+    params: SamplingParams = PLAIN,
+):
+    """Verify n rows whose target distributions are ``p`` [n, K+1, V] (as log-probabilities
+    under ``params``); row i uses seed ``seed0 + i`` at position 100."""
+    n, k1, vocab = p.shape
+    q = dense_q(q) if isinstance(q, torch.Tensor) else q
+    return verify(
+        p.log().reshape(n * k1, vocab),
+        SamplingTensors.from_params([params] * n),
+        s,
+        num,
+        seed_tensor(list(range(seed0, seed0 + n))),
+        torch.full((n,), 100),
+        q,
+    )
 
 
 def cases() -> dict[str, tuple[torch.Tensor, torch.Tensor, bool]]:
@@ -71,14 +114,13 @@ def first_committed(
     p: torch.Tensor, q: torch.Tensor, point_mass: bool, n: int = N, seed: int = 0
 ) -> torch.Tensor:
     """One K=1 round on n independent rows: s ~ q, verify against p; the first committed token."""
-    g = seeded(seed)
-    s = draws(q, n, g)
-    res = verify(
+    s = draws(q, n, seeded(seed))
+    res = run(
         p.expand(n, 2, -1),
         s[:, None],
         None if point_mass else q.expand(n, 1, -1),
         torch.ones(n, dtype=torch.long),
-        g,
+        seed0=seed * n,
     )
     return torch.where(res.num_accepted > 0, s, res.next_token)
 
@@ -88,13 +130,12 @@ def test_first_committed_token_follows_target(name):
     p, q, point_mass = cases()[name]
     tokens = first_committed(p, q, point_mass)
     assert_samples_follow(tokens, p, name)
-    if name == "greedy_target":
-        assert bool((tokens == p.argmax()).all())
 
 
 @pytest.mark.parametrize("wrong_rule", ["greedy_acceptance", "resample_from_p"])
 def test_known_wrong_verifiers_are_caught(wrong_rule):
-    """Power check: the same test rejects the biased rules DESIGN §11 warns about."""
+    """Power check: the same test rejects biased rules (greedy acceptance at T > 0, and a
+    rejection followed by a draw from p instead of the residual)."""
     p, q, _ = cases()["random"]
     g = seeded(0)
     s = draws(q, N, g)
@@ -107,11 +148,29 @@ def test_known_wrong_verifiers_are_caught(wrong_rule):
     assert tv_distance(counts, p) > tv_noise_floor(V, N)
 
 
+def test_greedy_target_row_is_its_argmax():
+    p, q, _ = cases()["greedy_target"]
+    n = 5_000
+    s = draws(q, n, seeded(1))
+    z = logits(0).expand(n * 2, -1).contiguous()
+    res = verify(
+        z,
+        SamplingTensors.from_params([SamplingParams(temperature=0)] * n),
+        s[:, None],
+        torch.ones(n, dtype=torch.long),
+        seed_tensor(list(range(n))),
+        torch.zeros(n, dtype=torch.long),
+        dense_q(q.expand(n, 1, -1)),
+    )
+    first = torch.where(res.num_accepted > 0, s, res.next_token)
+    assert bool((first == p.argmax()).all())
+
+
 def test_mixed_rows_in_one_batch():
-    """All cases share one K=2 batch with different num_draft, point-mass rows whose
-    draft_probs are NaN (must be ignored) and -1 padding; each keeps the target's law."""
+    """All cases share one K=2 batch with different num_draft, point-mass rows among sampled
+    ones and -1 padding; each keeps the target's law."""
     n, k = 40_000, 2
-    targets, tokens, drafts, nums, pms = [], [], [], [], []
+    targets, tokens, qs, nums = [], [], [], []
     g = seeded(3)
     for i, (p, q, point_mass) in enumerate(cases().values()):
         num = i % (k + 1)
@@ -119,12 +178,11 @@ def test_mixed_rows_in_one_batch():
         s[:, num:] = -1
         targets.append(p.expand(n, k + 1, -1))
         tokens.append(s)
-        drafts.append(torch.full((n, k, V), torch.nan) if point_mass else q.expand(n, k, -1))
+        rows = SparseQ.point_mass(s.clamp(min=0), V) if point_mass else dense_q(q.expand(n, k, -1))
+        qs.append(rows)
         nums.append(torch.full((n,), num))
-        pms.append(torch.full((n,), point_mass))
-    res = verify(
-        torch.cat(targets), torch.cat(tokens), torch.cat(drafts), torch.cat(nums), g, torch.cat(pms)
-    )
+    q = SparseQ(torch.cat([x.ids for x in qs]), torch.cat([x.probs for x in qs]))
+    res = run(torch.cat(targets), torch.cat(tokens), q, torch.cat(nums))
     first = torch.where(res.num_accepted > 0, torch.cat(tokens)[:, 0], res.next_token)
     assert bool((res.num_accepted <= torch.cat(nums)).all())
     for i, (name, (p, _, _)) in enumerate(cases().items()):
@@ -154,19 +212,27 @@ def test_first_two_committed_tokens_and_bonus_follow_target(kind):
     if draft is None:  # deterministic proposals: any token, then a fixed function of it
         s1 = draws(p1, n, g)
         s2 = p2[s1].argmax(-1)
-        draft_probs = None
+        q = None
     else:
         q1, q2 = draft
         s1 = draws(q1, n, g)
-        s2 = sample(q2[s1], g)
-        draft_probs = torch.stack([q1.expand(n, -1), q2[s1]], dim=1)
+        s2 = torch.multinomial(q2[s1], 1, generator=g)[:, 0]
+        q = torch.stack([q1.expand(n, -1), q2[s1]], dim=1)
     target = torch.stack([p1.expand(n, -1), p2[s1], p3.expand(n, -1)], dim=1)
-    res = verify(target, torch.stack([s1, s2], 1), draft_probs, torch.full((n,), 2), g)
+    res = run(target, torch.stack([s1, s2], 1), q, torch.full((n,), 2))
     k, t = res.num_accepted, res.next_token
 
-    # Rows that accept nothing commit only x1 = t; their x2 comes from the next round.
+    # Rows that accept nothing commit only x1 = t; their x2 comes from the next round, at the
+    # next position with the same seeds.
     empty = torch.empty(n, 0, dtype=torch.long)
-    nxt = verify(p2[t][:, None], empty, None, torch.zeros(n, dtype=torch.long), g)
+    nxt = verify(
+        p2[t].log(),
+        SamplingTensors.from_params([PLAIN] * n),
+        empty,
+        torch.zeros(n, dtype=torch.long),
+        seed_tensor(list(range(n))),
+        torch.full((n,), 101),
+    )
     x1 = torch.where(k >= 1, s1, t)
     x2 = torch.where(k >= 2, s2, torch.where(k == 1, t, nxt.next_token))
     assert_samples_follow(x1 * vocab + x2, (p1[:, None] * p2).flatten(), f"{kind}: (x1, x2)")
@@ -177,138 +243,184 @@ def test_first_two_committed_tokens_and_bonus_follow_target(kind):
 def test_num_draft_zero_samples_first_target_distribution():
     p, q, _ = cases()["random"]
     tokens = torch.full((N, 2), -1)  # pure padding
-    res = verify(
-        p.expand(N, 3, -1), tokens, q.expand(N, 2, -1), torch.zeros(N, dtype=torch.long), seeded(6)
-    )
+    res = run(p.expand(N, 3, -1), tokens, q.expand(N, 2, -1), torch.zeros(N, dtype=torch.long))
     assert bool((res.num_accepted == 0).all())
     assert_samples_follow(res.next_token, p, "num_draft=0")
 
 
-def greedy_batch():
+def test_greedy_target_accepts_while_equal_to_argmax():
     k = 3
     z = torch.randn(5, k + 1, V, generator=seeded(7))
-    st = SamplingTensors.from_params([SamplingParams(temperature=0)]).repeat_interleave(5 * (k + 1))
-    p = logits_to_probs(z.view(-1, V), st).view(5, k + 1, V)
     a = z.argmax(-1)
     s = a[:, :k].clone()
     s[1, 0] = (a[1, 0] + 1) % V  # mismatch at position 1
     s[2, 1] = (a[2, 1] + 1) % V  # mismatch at position 2
     s[3, 1:] = -1  # num_draft = 1
     num = torch.tensor([3, 3, 3, 1, 0])
-    return p, s, num, a
-
-
-@pytest.mark.parametrize("point_mass", [False, True])
-def test_greedy_target_accepts_while_equal_to_argmax(point_mass):
-    p, s, num, a = greedy_batch()
-    q = torch.softmax(torch.randn(5, 3, V, generator=seeded(8)), -1)  # a non-greedy draft
-    gens = [seeded(i) for i in range(5)]
-    states = [g.get_state() for g in gens]
-    res = verify(p, s, None if point_mass else q, num, gens)
-    assert res.num_accepted.tolist() == [3, 0, 1, 1, 0]
-    stop = res.num_accepted.tolist()
-    assert res.next_token.tolist() == [int(a[i, j]) for i, j in enumerate(stop)]
-    for g, state in zip(gens, states, strict=True):
-        assert torch.equal(g.get_state(), state), "greedy rows must draw no randomness"
+    q = torch.softmax(torch.randn(5, k, V, generator=seeded(8)), -1)  # a non-greedy draft
+    for draft_q in (None, dense_q(q)):
+        res = verify(
+            z.view(-1, V),
+            SamplingTensors.from_params([SamplingParams(temperature=0)] * 5),
+            s,
+            num,
+            seed_tensor(list(range(5))),
+            torch.zeros(5, dtype=torch.long),
+            draft_q,
+        )
+        assert res.num_accepted.tolist() == [3, 0, 1, 1, 0]
+        stop = res.num_accepted.tolist()
+        assert res.next_token.tolist() == [int(a[i, j]) for i, j in enumerate(stop)]
 
 
 def test_rejected_token_is_never_the_recovery_token():
     n, k = 50_000, 2
     p, q, _ = cases()["random"]
-    g = seeded(9)
-    s = draws(q, n * k, g).view(n, k)
+    s = draws(q, n * k, seeded(9)).view(n, k)
     point_mass = torch.arange(n) % 2 == 0
+    sampled = dense_q(q.expand(n, k, -1))
+    pm = SparseQ.point_mass(s, V)
+    draft_q = SparseQ(
+        torch.where(point_mass[:, None, None], pm.ids, sampled.ids),
+        torch.where(point_mass[:, None, None], pm.probs, sampled.probs),
+    )
     num = torch.full((n,), k)
-    res = verify(p.expand(n, k + 1, -1), s, q.expand(n, k, -1), num, g, point_mass)
+    res = run(p.expand(n, k + 1, -1), s, draft_q, num)
     rejected = res.num_accepted < num
     assert int(rejected.sum()) > n // 4
     s_at_stop = s.gather(1, res.num_accepted.clamp(max=k - 1)[:, None])[:, 0]
     assert not bool((res.next_token == s_at_stop)[rejected].any())
 
 
-def test_zero_mass_residual_falls_back_to_p_without_the_rejected_token():
-    # q >= p everywhere (q = 1.01 p, unnormalised): a rejection leaves max(0, p - q) == 0.
-    p, _, _ = cases()["random"]
-    s = draws(p, N, seeded(10))
-    res = verify(
-        p.expand(N, 2, -1),
-        s[:, None],
-        (1.01 * p).expand(N, 1, -1),
-        torch.ones(N, dtype=torch.long),
-        seeded(11),
-    )
-    rejected = res.num_accepted == 0
-    assert int(rejected.sum()) > 500
-    assert not bool((res.next_token == s)[rejected].any())
-    assert bool((p[res.next_token] > 0).all())
-
-
 def random_rows(n: int, k: int):
-    """A varied batch: draft / point-mass / greedy rows with num_draft in 0..k."""
+    """A varied batch: sampled / point-mass / greedy rows with num_draft in 0..k."""
     g = seeded(12)
     z = torch.randn(n, k + 1, V, generator=g)
     params = [SamplingParams(temperature=0.0 if i % 4 == 3 else 1.0) for i in range(n)]
-    st = SamplingTensors.from_params(params).repeat_interleave(k + 1)
-    p = logits_to_probs(z.view(-1, V), st).view(n, k + 1, V)
     q = torch.softmax(torch.randn(n, k, V, generator=g), -1)
-    s = sample(q.reshape(-1, V), g).view(n, k)
+    s = torch.multinomial(q.reshape(-1, V), 1, generator=g).view(n, k)
     num = torch.arange(n) % (k + 1)
-    point_mass = torch.arange(n) % 3 == 1
-    return p, s, q, num, point_mass
+    point_mass = (torch.arange(n) % 3 == 1)[:, None, None]
+    pm, sampled = SparseQ.point_mass(s, V), dense_q(q)
+    draft_q = SparseQ(
+        torch.where(point_mass, pm.ids, sampled.ids),
+        torch.where(point_mass, pm.probs, sampled.probs),
+    )
+    return z, params, s, draft_q, num
 
 
 def test_seeded_rows_are_independent_of_the_batch():
+    """A sequence alone and inside any batch (other rows, other order, padding) gets the same
+    outcome: its uniforms depend only on its seed and positions."""
     n, k = 16, 3
-    p, s, q, num, pm = random_rows(n, k)
-    alone = []
-    for i in range(n):
+    z, params, s, q, num = random_rows(n, k)
+    seeds, positions = list(range(100, 100 + n)), torch.arange(n) * 7
+
+    def one(i: int):
         d = int(num[i])
         r = verify(
-            p[i : i + 1, : d + 1],
+            z[i, : d + 1],
+            SamplingTensors.from_params([params[i]]),
             s[i : i + 1, :d],
-            q[i : i + 1, :d],
             num[i : i + 1],
-            [seeded(100 + i)],
-            pm[i : i + 1],
+            seed_tensor([seeds[i]]),
+            positions[i : i + 1],
+            q[i : i + 1, :d],
         )
-        alone.append((int(r.num_accepted), int(r.next_token)))
-    # In the batch: padding after num_draft, a non-one-hot p beyond the scored positions.
-    p_pad = p.clone()
-    scored = torch.arange(k + 1) <= num[:, None]
-    p_pad[~scored] = 1 / V
+        return int(r.num_accepted), int(r.next_token)
+
+    alone = [one(i) for i in range(n)]
+    order = torch.randperm(n, generator=seeded(13))
     s_pad = torch.where(torch.arange(k) < num[:, None], s, -1)
-    batched = verify(p_pad, s_pad, q, num, [seeded(100 + i) for i in range(n)], pm)
-    assert batched.num_accepted.tolist() == [k for k, _ in alone]
-    assert batched.next_token.tolist() == [t for _, t in alone]
+    batched = verify(
+        z[order].reshape(-1, V),
+        SamplingTensors.from_params([params[i] for i in order]),
+        s_pad[order],
+        num[order],
+        seed_tensor([seeds[i] for i in order]),
+        positions[order],
+        q[order],
+    )
+    got = list(zip(batched.num_accepted.tolist(), batched.next_token.tolist(), strict=True))
+    assert [got[j] for j in order.argsort().tolist()] == alone
+    outcomes = {
+        tuple(
+            verify(
+                z.reshape(-1, V),
+                SamplingTensors.from_params(params),
+                s,
+                num,
+                seed_tensor([seed * n + i for i in range(n)]),
+                positions,
+                q,
+            ).next_token.tolist()
+        )
+        for seed in range(20)
+    }
+    assert len(outcomes) > 1  # the seed matters
 
 
-def test_fixed_randomness_per_row_and_reproducible():
-    n, k = 16, 3
-    p, s, q, num, pm = random_rows(n, k)
-    gens = [seeded(200 + i) for i in range(n)]
-    first = verify(p, s, q, num, gens, pm)
-    greedy = torch.arange(n) % 4 == 3
-    for i, g in enumerate(gens):
-        ref = seeded(200 + i)
-        if not greedy[i]:
-            torch.rand(int(num[i]) + 1, generator=ref)  # num_draft acceptance tests + final sample
-        assert torch.equal(g.get_state(), ref.get_state()), i
-    again = verify(p, s, q, num, [seeded(200 + i) for i in range(n)], pm)
-    assert torch.equal(first.num_accepted, again.num_accepted)
-    assert torch.equal(first.next_token, again.next_token)
-    outcomes = set()
-    for seed in range(20):
-        r = verify(p, s, q, num, [seeded(seed * n + i) for i in range(n)], pm)
-        outcomes.add(tuple(r.next_token.tolist()))
-    assert len(outcomes) > 1
+@pytest.mark.parametrize("temperature", [0.3, 0.5, 1.0])
+def test_confident_rows_accept_improbable_drafts_at_their_rate(temperature):
+    """Rows whose float32 softmax rounds to one-hot are still sampled exactly: a draft token of
+    target probability ~1e-9..1e-30 is accepted with probability p/q, i.e. never in 50k tries,
+    where a verifier that treats such rows as greedy-with-mass accepts it every time."""
+    n, vocab = 50_000, 16
+    gap = 20.0 * temperature  # log p(s) = -20 for every non-argmax token, whatever T
+    z = torch.zeros(vocab)
+    z[3] = gap
+    p = torch.softmax(z / temperature, -1)
+    assert float(p.max()) == 1.0 and float(p.min()) > 0  # rounds to one-hot, but is not
+    params = SamplingParams(temperature=temperature)
+    q = torch.full((vocab,), 1 / vocab)
+    s = draws(q, n, seeded(14))
+    res = verify(
+        z.expand(2 * n, -1).contiguous(),
+        SamplingTensors.from_params([params] * n),
+        s[:, None],
+        torch.ones(n, dtype=torch.long),
+        seed_tensor(list(range(n))),
+        torch.zeros(n, dtype=torch.long),
+        dense_q(q.expand(n, 1, -1)),
+    )
+    first = torch.where(res.num_accepted > 0, s, res.next_token)
+    assert bool((first == 3).all()), "committed a token of probability ~2e-9"
+    # and a moderately likely token keeps its rate: p(s) = e^-3 / (1 + 15 e^-3) ~ 0.038
+    z[3] = 3.0 * temperature
+    p = probs_under(z, temperature=temperature)
+    assert_samples_follow(first_committed(p, q, False), p, "moderate gap")
+
+
+def test_150k_vocabulary_tail_token_keeps_its_rate():
+    """The last token of a 151,936-token row with mass 1e-8 owns an interval of uniforms of
+    length 1e-8 (to 1e-5 relative): the CDF resolves it behind a mass near 1."""
+    vocab, tail = 151_936, 1e-8
+    p = torch.full((vocab,), 1e-9, dtype=torch.float64)
+    p[-1] = tail
+    p[0] = 1 - float(p[1:].sum())
+    probs = process(p.log().float()[None], SamplingTensors.from_params([PLAIN])).probs()
+    lo, hi = 0.5, 1.0  # bisect the smallest uniform that draws the last token
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        token = int(inverse_cdf(probs, torch.tensor([mid], dtype=torch.float64))[0])
+        lo, hi = (lo, mid) if token == vocab - 1 else (mid, hi)
+    width = 1 - hi
+    expected = float(probs[0, -1]) / float(probs.double().sum())
+    assert math.isclose(width, expected, rel_tol=1e-5), (width, expected)
+    assert math.isclose(expected, tail, rel_tol=1e-3)
+    # Power: a float32 CDF cannot resolve it (the whole tail is one rounding step).
+    cdf32 = probs.cumsum(-1)
+    assert float(cdf32[0, -1] - cdf32[0, -2]) != pytest.approx(tail, rel=0.5)
 
 
 def test_shape_validation():
-    p = torch.full((2, 3, V), 1 / V)
+    z = torch.zeros(6, V)
+    st = SamplingTensors.from_params([PLAIN] * 2)
     s = torch.zeros(2, 2, dtype=torch.long)
-    with pytest.raises(ValueError, match="draft_tokens"):
-        verify(p, s[:, :1], None, torch.ones(2, dtype=torch.long), None)
-    with pytest.raises(ValueError, match="draft_probs"):
-        verify(p, s, p, torch.ones(2, dtype=torch.long), None)
+    seeds, pos = seed_tensor([0, 1]), torch.zeros(2, dtype=torch.long)
+    with pytest.raises(ValueError, match="rows"):
+        verify(z[:5], st, s, torch.ones(2, dtype=torch.long), seeds, pos)
+    with pytest.raises(ValueError, match="draft_q"):
+        verify(z, st, s, torch.ones(2, dtype=torch.long), seeds, pos, dense_q(torch.ones(2, 1, V)))
     with pytest.raises(ValueError, match="num_draft"):
-        verify(p, s, None, torch.tensor([0, 3]), None)
+        verify(z, st, s, torch.tensor([0, 3]), seeds, pos)

@@ -108,12 +108,8 @@ V = SMALL_VOCAB
 SAMPLES = 12_000
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("temperature, top_p", [(0.7, 1.0), (1.0, 0.8)])
-@pytest.mark.parametrize("which_draft", ["close", "far"])
-def test_sd_first_two_tokens_follow_target(small_vocab_pair, temperature, top_p, which_draft):
-    target, close, far = small_vocab_pair
-    draft = close if which_draft == "close" else far
+def first_two_tv(target, draft, temperature: float, top_p: float) -> tuple[float, float, LLM]:
+    """TV distance between SD's first two tokens and the exact law, and its noise floor."""
     prompt = [1, 4, 2]
     base = SamplingParams(temperature=temperature, top_p=top_p, max_tokens=4, ignore_eos=True)
     expected = exact_first_two(target, prompt, base)
@@ -144,6 +140,23 @@ def test_sd_first_two_tokens_follow_target(small_vocab_pair, temperature, top_p,
         for out in llm.generate([prompt] * 2000, params):
             counts[out.token_ids[0], out.token_ids[1]] += 1
     tv = 0.5 * (counts / counts.sum() - expected).abs().sum().item()
-    floor = tv_noise_floor(V * V, SAMPLES)
+    return tv, tv_noise_floor(V * V, SAMPLES), llm
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("temperature, top_p", [(0.7, 1.0), (1.0, 0.8)])
+@pytest.mark.parametrize("which_draft", ["close", "far"])
+def test_sd_first_two_tokens_follow_target(small_vocab_pair, temperature, top_p, which_draft):
+    target, close, far = small_vocab_pair
+    draft = close if which_draft == "close" else far
+    tv, floor, llm = first_two_tv(target, draft, temperature, top_p)
     assert tv < floor, f"TV {tv:.4f} >= noise floor {floor:.4f}"
     assert llm.last_run["drafted"] > 0
+
+
+@pytest.mark.slow
+def test_sd_first_two_tokens_follow_confident_target(confident_pair):
+    """Rows that round to one-hot at T = 0.5, a draft that proposes their improbable tokens."""
+    tv, floor, llm = first_two_tv(*confident_pair, 0.5, 1.0)
+    assert tv < floor, f"TV {tv:.4f} >= noise floor {floor:.4f}"
+    assert 0 < llm.last_run["accepted"] < llm.last_run["drafted"]

@@ -129,6 +129,20 @@ BATCH = 1_000
 )
 def test_ssd_first_two_tokens_follow_target(small_vocab_pair, name, temperature, top_p, overrides):
     target, draft, _ = small_vocab_pair
+    check_first_two(target, draft, name, temperature, top_p, overrides)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name, overrides",
+    [("hit path", dict(fanout=[3, 2, 2, 3])), ("miss + neural", dict(fanout="0", backup="neural"))],
+)
+def test_ssd_first_two_tokens_follow_confident_target(confident_pair, name, overrides):
+    """Rows that round to one-hot at T = 0.5, a draft that proposes their improbable tokens."""
+    check_first_two(*confident_pair, f"confident, {name}", 0.5, 1.0, overrides)
+
+
+def check_first_two(target, draft, name, temperature, top_p, overrides):
     prompt = [1, 4, 2]
     base = SamplingParams(temperature=temperature, top_p=top_p, max_tokens=4, ignore_eos=True)
     expected = exact_first_two(target, prompt, base)
@@ -245,3 +259,32 @@ def test_external_worker_via_env_rendezvous(tiny_llama, close_draft, ar_referenc
     finally:
         if worker.poll() is None:
             worker.kill()
+
+
+# ---- reproducibility ---------------------------------------------------------------------------
+
+
+def test_seeded_text_is_the_same_alone_in_a_batch_and_in_sd(tiny_llama, close_draft):
+    """Counter-based noise: a seeded request's draft tokens depend on (seed, position) only, so
+    SSD with a neural backup and C = 1 proposes what SD proposes, hit or miss, and commits the
+    same text alone, in any batch, and as SD (up to float rounding of the forwards)."""
+    params = [
+        SamplingParams(temperature=0.8, top_p=0.95, seed=10 + i, max_tokens=24, ignore_eos=True)
+        for i in range(4)
+    ]
+    sd = LLM(
+        model=str(tiny_llama),
+        draft=str(close_draft),
+        mode="sd",
+        num_speculative_tokens=3,
+        max_model_len=256,
+    )
+    expected = [o.token_ids for o in sd.generate(PROMPTS[:4], params)]
+    with ssd(
+        tiny_llama, close_draft, num_speculative_tokens=3, fanout=[2, 1, 1, 2], backup="neural"
+    ) as llm:
+        batched = [o.token_ids for o in llm.generate(PROMPTS[:4], params)]
+        assert 0 < llm.last_run["cache_hit_rate"] < 1  # both paths ran
+        alone = [llm.generate(p, q)[0].token_ids for p, q in zip(PROMPTS[:4], params, strict=True)]
+    assert batched == expected
+    assert alone == expected

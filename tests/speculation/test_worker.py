@@ -17,6 +17,7 @@ def make_worker(draft_dir, k, fanout, **kw) -> DraftWorker:
         fanout=fanout,
         budget=None,
         saguaro_c=1.0,
+        top_m=64,
         max_model_len=256,
         max_num_seqs=4,
         block_size=16,
@@ -48,8 +49,8 @@ def test_every_branch_equals_sequential_greedy_decoding(tiny_draft, k, fanout):
         # the neural first speculation is the draft's own greedy continuation
         assert seq.spec == reference.generate([prompt], greedy)[0].token_ids
         assert len(seq.cache) == sum(fanout[:k]) + fanout[k]
-        for (kk, t), (tokens, probs) in seq.cache.items():
-            assert probs is None  # greedy: point masses, nothing to ship
+        for (kk, t), (tokens, q) in seq.cache.items():
+            assert q is None  # greedy: point masses, nothing to ship
             if kk < k:
                 assert t != seq.spec[kk]  # the drafted token is never a recovery candidate
             prefix = prompt + seq.spec[:kk] + [t]

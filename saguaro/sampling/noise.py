@@ -1,0 +1,84 @@
+"""Counter-based randomness: every uniform a request uses is a hash of where it is used.
+
+A uniform is a pure function ``u(seed, position, purpose)`` of the request's seed, the absolute
+position of the token it decides (its index in the sequence, prompt included) and what it
+decides (:class:`Purpose`). Nothing is consumed from a stream, so:
+
+* a seeded request draws the same uniforms alone or in any batch, in any row order, on any
+  device, in any process (the SSD draft worker computes the draft's noise itself);
+* there is no per-request generator state to create, carry, ship or free.
+
+Why this stays exact in speculative decoding: the token committed at position i is decided by
+the draft token proposed there (drawn with ``u(seed, i, DRAFT)`` from q given the prefix),
+``u(seed, i, ACCEPT)`` and ``u(seed, i, SAMPLE)``. The prefix is a function of the noise at
+positions ``< i`` only (a round's outcome never depends on proposals after its first rejection),
+so the three uniforms at i are independent of the prefix and of each other, which is all the
+rejection-sampling argument in :mod:`saguaro.sampling.verify` needs. Speculation that is thrown
+away and later redrawn at the same position reuses the same draft uniform; that is harmless,
+because a discarded proposal never influenced what was committed.
+
+The hash is SplitMix64's finaliser (a bijection of 64-bit words with full avalanche), applied
+to the seed, then to the position and purpose folded in; the top 53 bits become a float64 in
+(0, 1), never exactly 0 or 1. Arithmetic is int64 with two's-complement wrap-around, which
+PyTorch has on CPU and CUDA; a test checks it against the same hash in Python integers.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import torch
+
+MASK64 = (1 << 64) - 1
+MANTISSA_BITS = 53  # a float64 represents every multiple of 2^-53 in [0, 1) exactly
+# SplitMix64's increment and finaliser multipliers (Steele, Lea, Flood 2014).
+GOLDEN = 0x9E3779B97F4A7C15
+MIX1 = 0xBF58476D1CE4E5B9
+MIX2 = 0x94D049BB133111EB
+
+
+class Purpose(enum.IntEnum):
+    """What a uniform decides; each purpose is an independent stream per (seed, position)."""
+
+    ACCEPT = 1  # the acceptance test of the proposal at this position
+    SAMPLE = 2  # the target's sample at this position (AR, recovery or bonus token)
+    DRAFT = 3  # the draft's proposal at this position
+
+
+def as_int64(value: int) -> int:
+    """A Python int in [-2^63, 2^64) as the int64 with the same low 64 bits."""
+    value &= MASK64
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _shr(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 words (``>>`` is arithmetic on signed tensors)."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def _mix(x: torch.Tensor) -> torch.Tensor:
+    x = (x ^ _shr(x, 30)) * as_int64(MIX1)
+    x = (x ^ _shr(x, 27)) * as_int64(MIX2)
+    return x ^ _shr(x, 31)
+
+
+def hash_words(seeds: torch.Tensor, positions: torch.Tensor, purpose: int) -> torch.Tensor:
+    """int64 words ``mix(mix(mix(seed + G) + pos * G) + purpose * G)``, broadcast."""
+    g = as_int64(GOLDEN)
+    h = _mix(seeds.to(torch.int64) + g)
+    h = _mix(h + positions.to(torch.int64) * g)
+    return _mix(h + as_int64(int(purpose) * GOLDEN))
+
+
+def uniforms(seeds: torch.Tensor, positions: torch.Tensor, purpose: Purpose) -> torch.Tensor:
+    """float64 uniforms in (0, 1), one per broadcast element of ``seeds`` and ``positions``.
+
+    ``seeds`` are int64 (:func:`as_int64` of the request seed); the result is on their device.
+    """
+    top = _shr(hash_words(seeds, positions, purpose), 64 - MANTISSA_BITS)
+    return (top.double() + 0.5) * 2.0**-MANTISSA_BITS
+
+
+def seed_tensor(seeds: list[int], device: torch.device | str | None = None) -> torch.Tensor:
+    """[n] int64 keys for request seeds in [-2^63, 2^64)."""
+    return torch.tensor([as_int64(s) for s in seeds], dtype=torch.int64, device=device)
