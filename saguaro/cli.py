@@ -19,6 +19,12 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--max-model-len", type=int)
     p.add_argument("--threads", type=int, help="torch threads for this process")
+    p.add_argument(
+        "--draft-top-m",
+        type=int,
+        help="sd/ssd: the draft samples from its top-M tokens; exact for any M "
+        "(default: EngineConfig.draft_top_m)",
+    )
     ssd = p.add_argument_group("SSD (--mode ssd)")
     ssd.add_argument(
         "--fanout",
@@ -70,6 +76,7 @@ def build_llm(args: argparse.Namespace) -> Any:
         device=args.device,
         max_model_len=args.max_model_len,
         num_threads=args.threads,
+        **({} if args.draft_top_m is None else {"draft_top_m": args.draft_top_m}),
         fanout=args.fanout,
         cache_budget=args.cache_budget,
         saguaro_c=args.saguaro_c,

@@ -271,6 +271,36 @@ def round_table(rows: list[Row]) -> str:
     return "\n".join(parts)
 
 
+STEP_COLUMNS = (
+    ("step", "step"),
+    ("target forward", "forward"),
+    ("draft", "draft"),
+    ("sampling + verify", "verify"),
+    ("other", "other"),
+)
+
+
+def step_table(rows: list[Row]) -> str:
+    """Every saguaro mode's engine step, part by part (ms), and the share outside the models."""
+    measured = [r for r in rows if r.step_costs]
+    if not measured:
+        return ""
+    head = ["dataset", "T", "batch", "mode", *(c[0] for c in STEP_COLUMNS), "outside models"]
+    parts = [
+        "**Step breakdown** (mean ms per decoding step; *draft* is SD's drafting or SSD's wait "
+        "for the worker; *outside models* is (sampling + verify + other) / step)\n",
+        "| " + " | ".join(head) + " |",
+        "|" + "|".join("---" if i < 4 else "---:" for i in range(len(head))) + "|",
+    ]
+    for r in sorted(measured, key=lambda r: (r.dataset, r.temperature, r.batch_size, r.variant)):
+        c = r.step_costs
+        cells = [r.dataset, f"{r.temperature:g}", str(r.batch_size), r.variant]
+        cells += [f"{c[key]:.1f}" for _, key in STEP_COLUMNS] + [f"{c['outside']:.1%}"]
+        parts.append("| " + " | ".join(cells) + " |")
+    parts.append("")
+    return "\n".join(parts)
+
+
 def correctness_banner(correctness: dict[str, Any]) -> str:
     if correctness["ok"] is None:
         return f"Greedy correctness check: not run ({correctness['note']})."
@@ -341,7 +371,7 @@ def markdown(meta: dict[str, Any], rows: list[Row], correctness: dict[str, Any])
     ]
     lines += [f"- **draft failure (fell back to AR): {f}**" for f in failures]
     lines += ["", "**Summary** (output tok/s in total)", ""]
-    lines += [summary_table(rows), markdown_table(rows), round_table(rows)]
+    lines += [summary_table(rows), markdown_table(rows), step_table(rows), round_table(rows)]
     lines += [f"![{p.removesuffix('.png')}]({p})" for p in PLOTS]
     return "\n".join(lines) + "\n"
 

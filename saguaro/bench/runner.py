@@ -44,6 +44,7 @@ class BenchConfig:
     max_tokens: int = 128
     batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16)
     temperatures: tuple[float, ...] = (0.0, 1.0)
+    top_p: float = 1.0  # nucleus of every request at temperature > 0
     ks: tuple[int, ...] = (4,)
     fanouts: tuple[str, ...] = ("auto",)
     saguaro_cs: tuple[float, ...] = (1.0,)
@@ -244,7 +245,7 @@ class HFAssistedBackend:
                 do_sample=sampling,
                 temperature=p.temperature if sampling else None,
                 top_k=0,
-                top_p=1.0,
+                top_p=p.top_p if sampling else 1.0,
                 eos_token_id=None,  # the same output length as our modes (ignore_eos)
                 pad_token_id=self.pad_id,
             )
@@ -325,6 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, help="output tokens per request (default 128)")
     p.add_argument("--batch-sizes", type=_ints, metavar="B,..", help="default: 1,2,4,8,16")
     p.add_argument("--temperatures", type=_floats, metavar="T,..", help="default: 0,1.0")
+    p.add_argument("--top-p", type=float, help="top-p of every request at T > 0 (default 1.0)")
     p.add_argument(
         "--k", type=_ints, metavar="K,..", dest="ks", help="speculation length(s) K (default 4)"
     )
@@ -484,6 +486,7 @@ def _params(
     return [
         SamplingParams(
             temperature=temperature,
+            top_p=cfg.top_p,
             max_tokens=cfg.max_tokens,
             seed=request_seed(cfg.seed, repeat, i),
             ignore_eos=True,  # every mode produces exactly max_tokens tokens
@@ -613,6 +616,7 @@ class Row:
     speculation: dict[str, Any] = field(default_factory=dict)  # engine metrics (DESIGN §10)
     ssd: dict[str, Any] | None = None  # last round's fan-out, budget, timings; policy inputs
     round_costs: dict[str, float] | None = None  # SSD: mean ms per engine round, by part
+    step_costs: dict[str, float] | None = None  # saguaro modes: mean ms per engine step, by part
 
 
 def round_costs(group: list[Run]) -> dict[str, float] | None:
@@ -652,6 +656,31 @@ def round_costs(group: list[Run]) -> dict[str, float] | None:
         out[name] = sum(t[key] for t in totals) * ms
     out["overran"] = sum(t["overran"] for t in totals) / rounds
     out["cut"] = sum(t["cut"] for t in totals) / rounds
+    return out
+
+
+def step_costs(group: list[Run]) -> dict[str, float] | None:
+    """Where a saguaro engine step's wall time goes, in mean milliseconds per decoding step.
+
+    ``forward``: the target's forward; ``draft``: getting the proposals (SD: the draft's
+    forwards and sampling; SSD: the wait for the worker's reply); ``verify``: sampling and
+    verification; ``other``: the rest (scheduling, batching inputs, committing, detokenising).
+    ``outside``: the share of the step spent neither in a forward nor in drafting, i.e.
+    (verify + other) / step.
+    """
+    records = [rec for r in group for s in r.gen.records for rec in s]
+    steps = len({rec.step for rec in records})
+    if not steps:
+        return None
+    ms = 1000.0 / steps
+    out = {
+        "step": sum(rec.step_s for rec in records) * ms,
+        "forward": sum(rec.target_s for rec in records) * ms,
+        "draft": sum(rec.draft_s for rec in records) * ms,
+        "verify": sum(rec.verify_s for rec in records) * ms,
+    }
+    out["other"] = out["step"] - out["forward"] - out["draft"] - out["verify"]
+    out["outside"] = (out["verify"] + out["other"]) / out["step"] if out["step"] else 0.0
     return out
 
 
@@ -709,6 +738,7 @@ def aggregate(runs: list[Run], variants: list[Variant]) -> list[Row]:
                 speculation=spec if v.mode in SPEC_MODES else {},
                 ssd=last_ssd,
                 round_costs=round_costs(group) if v.mode == "ssd" else None,
+                step_costs=step_costs(group),
             )
         )
     # Speedups within a cell: over AR, and over SD with the same K.

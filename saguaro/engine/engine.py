@@ -232,6 +232,7 @@ class LLMEngine:
 
     def step(self) -> list[Sequence]:
         """Run one engine step; return the sequences that committed tokens or finished."""
+        start = time.perf_counter()
         batch = self.scheduler.schedule()
         if not batch:
             return []
@@ -272,6 +273,10 @@ class LLMEngine:
         if not rounds:
             return []
         self._verify_and_commit(rounds, row, proposal, logits, t1 - t0, t2 - t1)
+        step_s = (time.perf_counter() - start) / len(rounds)
+        for s in rounds:  # a failed request recorded no round
+            if s.seq.records and s.seq.records[-1].step == self.num_steps:
+                s.seq.records[-1].step_s = step_s
         if spec and self.proposer is not None:
             self.proposer.observe([s.seq for s in spec], t2 - t1)
         return [s.seq for s in rounds]
@@ -307,6 +312,7 @@ class LLMEngine:
             dst, src = (torch.tensor(x) for x in zip(*take, strict=True))
             q.ids[dst], q.probs[dst] = proposal.q.ids[src, :k_max], proposal.q.probs[src, :k_max]
         seqs = [s.seq for s in rounds]
+        verify_start = time.perf_counter()
         args = (
             SamplingTensors.from_params([seq.params for seq in seqs]),
             draft_tokens.to(device),
@@ -318,6 +324,7 @@ class LLMEngine:
         )
         num_accepted, next_token, errors = self._verify(logits, args)
         now = time.perf_counter()
+        verify_s = (now - verify_start) / n
         for i, s in enumerate(rounds):
             seq = s.seq
             if errors[i] is not None:
@@ -348,6 +355,7 @@ class LLMEngine:
                     target_s=target_s / len(rounds),
                     draft_s=draft_s / len(row) if j is not None else 0.0,
                     wait_s=proposal.wait_s if j is not None else 0.0,
+                    verify_s=verify_s,
                 )
             )
             if seq.is_finished:

@@ -30,6 +30,8 @@ class RoundRecord:
     target_s: float = 0.0
     draft_s: float = 0.0
     wait_s: float = 0.0  # SSD: time the target waited for the draft
+    verify_s: float = 0.0  # sampling and verification (this round's share of the batch's)
+    step_s: float = 0.0  # the whole engine step, schedule to commit (this round's share)
 
 
 @dataclass(eq=False)  # identity semantics: sequences are looked up in queues by identity

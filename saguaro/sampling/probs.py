@@ -19,10 +19,11 @@ is, ``z <= 0`` with the max at 0, so the row tends to its limit (uniform over th
 instead of overflowing. Temperatures below float32's smallest normal number are computed at that
 number; the distribution is then already that limit for any logits that differ at all.
 
-Nothing here sorts a whole vocabulary unless it must: the top-k / top-p cut-off is found among
-the ``CANDIDATES`` largest values of each row (a partial top-k), and only rows whose nucleus is
-not closed within them (its mass there is below top_p) fall back to a full sort. Both paths
-run the same arithmetic on the same leading values, so the kept set is identical.
+Nothing here sorts a whole vocabulary: the top-k / top-p cut-off is found among the
+``CANDIDATES`` largest values of each row (a partial top-k), and rows whose nucleus is not
+closed within them (its mass there is below top_p) bucket their values by magnitude and sort
+only the bucket where the nucleus ends (:func:`_wide_nucleus`). Both give the kept set of a full
+sort (tested against it on rows with ties, -inf entries, tiny and wide nuclei).
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ import torch
 
 from saguaro.sampling.params import SamplingParams
 
-CANDIDATES = 64  # leading values per row searched for a top-p cut-off before a full sort
+CANDIDATES = 64  # leading values per row searched for a top-p cut-off before bucketing
+NUCLEUS_BUCKETS = 4096  # value buckets of a wide nucleus: few values share the one crossing top_p
+NUCLEUS_SPAN = 40.0  # nats below the max the buckets cover; a value below it has mass < 5e-18
 # int64 must hold top_k; any value at or above the vocabulary size disables it anyway.
 MAX_TOP_K = 2**31
 TINY_TEMPERATURE = torch.finfo(torch.float32).tiny
@@ -146,7 +149,7 @@ def process(logits: torch.Tensor, st: SamplingTensors, candidates: int = CANDIDA
     top_k = torch.where(greedy, 0, st.top_k.to(device))
     top_p = torch.where(greedy, 1.0, st.top_p.to(device))
     thr = cutoffs(z, top_k, top_p, candidates)
-    kept = z if bool((thr == -torch.inf).all()) else torch.where(z >= thr[:, None], z, -torch.inf)
+    kept = z if bool((thr == -torch.inf).all()) else z.masked_fill(z < thr[:, None], -torch.inf)
     lse = torch.logsumexp(kept, dim=-1)
     return Dist(z, thr, lse, greedy, argmax, vocab, top.isfinite())
 
@@ -161,38 +164,75 @@ def cutoffs(
     need = ((k > 0) | (top_p < 1)).nonzero()[:, 0]
     if len(need) == 0:
         return thr
-    width = min(vocab, max(candidates, int(k[need].max())))
-    values = z[need].topk(width, dim=-1, sorted=True).values
-    cut, closed = _cutoff(z[need], values, k[need], top_p[need])
-    thr[need] = cut
-    if not bool(closed.all()):  # nuclei wider than the candidates: full sort of those rows
-        wide = need[~closed]
-        full = z[wide].sort(dim=-1, descending=True).values
-        thr[wide] = _cutoff(z[wide], full, k[wide], top_p[wide])[0]
+    if len(need) < rows:
+        z, k, top_p = z[need], k[need], top_p[need]
+    width = min(vocab, max(candidates, int(k.max())))
+    values = z.topk(width, dim=-1, sorted=True).values
+    k_thr = torch.where(k > 0, values.gather(1, (k - 1).clamp(min=0)[:, None])[:, 0], -torch.inf)
+    use_p = top_p < 1
+    if not bool(use_p.any()):
+        thr[need] = k_thr
+        return thr
+    # The top-k distribution's normaliser: top-p works on the renormalised top-k distribution.
+    in_k = z if not bool((k > 0).any()) else z.masked_fill(z < k_thr[:, None], -torch.inf)
+    lse_k = torch.logsumexp(in_k, dim=-1)
+    zero = torch.zeros(len(need), dtype=torch.float64, device=z.device)
+    p_thr, reached = _nucleus(values, k_thr, lse_k, top_p, zero)
+    holds_all = (width == vocab) | (values[:, -1] < k_thr)  # every kept value is a candidate
+    wide = (use_p & ~reached & ~holds_all).nonzero()[:, 0]
+    if len(wide):  # nuclei wider than the candidates
+        p_thr[wide] = _wide_nucleus(z[wide], k_thr[wide], lse_k[wide], top_p[wide])
+    thr[need] = torch.where(use_p, torch.maximum(k_thr, p_thr), k_thr)
     return thr
 
 
-def _cutoff(
-    z: torch.Tensor, values: torch.Tensor, k: torch.Tensor, top_p: torch.Tensor
+def _nucleus(
+    values: torch.Tensor,
+    k_thr: torch.Tensor,
+    lse_k: torch.Tensor,
+    top_p: torch.Tensor,
+    before: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cut-off per row from its leading ``values`` (sorted descending); also whether those
-    values decide it (for top-p: their mass reaches top_p, or they hold the whole kept set)."""
-    width = values.shape[1]
-    use_k, use_p = k > 0, top_p < 1
-    k_thr = torch.where(use_k, values.gather(1, (k - 1).clamp(min=0)[:, None])[:, 0], -torch.inf)
-    if not bool(use_p.any()):
-        return k_thr, torch.ones_like(use_k)
-    in_k = z >= k_thr[:, None]
-    lse_k = torch.logsumexp(torch.where(in_k, z, -torch.inf), dim=-1)  # top-k renormaliser
+    """The top-p cut-off among ``values`` (descending, the next ones of each row after values of
+    total mass ``before``), and whether the nucleus closes among them."""
     lead = torch.where(values >= k_thr[:, None], values - lse_k[:, None], -torch.inf)
-    mass = lead.double().exp().cumsum(dim=-1)
-    before = torch.nn.functional.pad(mass[:, :-1], (1, 0))
-    num_keep = (before < top_p[:, None]).sum(dim=-1).clamp(min=1)
-    p_thr = values.gather(1, (num_keep - 1)[:, None])[:, 0]
-    thr = torch.where(use_p, torch.maximum(k_thr, p_thr), k_thr)
-    holds_all = (width == z.shape[1]) | (values[:, -1] < k_thr)
-    closed = ~use_p | (mass[:, -1] >= top_p) | holds_all
-    return thr, closed
+    mass = lead.double().exp().cumsum(dim=-1) + before[:, None]
+    mass_before = torch.cat([before[:, None], mass[:, :-1]], dim=1)
+    num_keep = (mass_before < top_p[:, None]).sum(dim=-1).clamp(min=1)
+    return values.gather(1, (num_keep - 1)[:, None])[:, 0], mass[:, -1] >= top_p
+
+
+def _wide_nucleus(
+    z: torch.Tensor, k_thr: torch.Tensor, lse_k: torch.Tensor, top_p: torch.Tensor
+) -> torch.Tensor:
+    """The top-p cut-off of rows whose nucleus is wide, without sorting them.
+
+    Values are bucketed by magnitude (bucket 0 holds the largest), one pass sums each bucket's
+    mass, the bucket where the running mass reaches top_p is found, and only its own values
+    are sorted. Equal values share a bucket, so the kept set is the full sort's; the masses
+    are the same float64 terms summed in another order, which can move the cut-off only where
+    a prefix's mass lies within float64 rounding (~1e-15) of top_p.
+    """
+    rows, _ = z.shape
+    dropped = z < k_thr[:, None]  # outside the top-k set
+    # z <= 0 with the max at 0; values below -NUCLEUS_SPAN share the last bucket.
+    bucket = z.mul(-NUCLEUS_BUCKETS / NUCLEUS_SPAN).floor_().clamp_(max=NUCLEUS_BUCKETS - 1)
+    bucket = bucket.masked_fill_(dropped, NUCLEUS_BUCKETS).long()  # a spare bucket, never summed
+    offsets = torch.arange(rows, device=z.device)[:, None] * (NUCLEUS_BUCKETS + 1)
+    mass = (z - lse_k[:, None]).exp_().masked_fill_(dropped, 0.0).double()
+    sums = torch.zeros(rows * (NUCLEUS_BUCKETS + 1), dtype=torch.float64, device=z.device)
+    sums = sums.index_add_(0, (bucket + offsets).view(-1), mass.view(-1))
+    sums = sums.view(rows, -1)[:, :-1]
+    running = sums.cumsum(dim=-1)
+    # The first bucket whose running mass reaches top_p (the last one if rounding leaves the
+    # total a hair below top_p: the nucleus is then everything kept).
+    crossing = (running < top_p[:, None]).sum(dim=-1).clamp(max=NUCLEUS_BUCKETS - 1)
+    before = running.gather(1, (crossing - 1).clamp(min=0)[:, None])[:, 0]
+    before = before.masked_fill(crossing == 0, 0.0)
+    outside = bucket != crossing[:, None]
+    width = max(1, int((~outside).sum(dim=-1).max()))
+    values = z.masked_fill(outside, -torch.inf).topk(width, dim=-1, sorted=True).values
+    return _nucleus(values, k_thr, lse_k, top_p, before)[0]
 
 
 def logits_to_probs(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
