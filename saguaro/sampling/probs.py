@@ -139,10 +139,14 @@ def process(logits: torch.Tensor, st: SamplingTensors, candidates: int = CANDIDA
     greedy = st.greedy.to(device)
     x = logits.float()
     top, argmax = x.max(dim=-1)  # the first index among tied maxima
+    valid = top.isfinite()
+    if not bool(valid.all()):  # flagged, and computed as a flat row so that nothing raises
+        x = x.masked_fill(~valid[:, None], 0.0)
+        top, argmax = x.max(dim=-1)
     if bool(greedy.all()):  # nothing to temper or filter
         inf = torch.full((rows,), -torch.inf, device=device)
         zero = torch.zeros(rows, device=device)
-        return Dist(None, inf, zero, greedy, argmax, vocab, top.isfinite())
+        return Dist(None, inf, zero, greedy, argmax, vocab, valid)
     # Greedy rows are never read through z; divide them by 1 to keep them finite.
     t = torch.where(greedy, 1.0, st.temperature.to(device))
     z = (x - top[:, None]).div_(t[:, None])
@@ -151,7 +155,7 @@ def process(logits: torch.Tensor, st: SamplingTensors, candidates: int = CANDIDA
     thr = cutoffs(z, top_k, top_p, candidates)
     kept = z if bool((thr == -torch.inf).all()) else z.masked_fill(z < thr[:, None], -torch.inf)
     lse = torch.logsumexp(kept, dim=-1)
-    return Dist(z, thr, lse, greedy, argmax, vocab, top.isfinite())
+    return Dist(z, thr, lse, greedy, argmax, vocab, valid)
 
 
 def cutoffs(

@@ -50,6 +50,9 @@ def propose(
     rows, vocab = logits.shape
     device = logits.device
     greedy = st.greedy.to(device)
+    broken = ~logits.amax(dim=-1).isfinite()
+    if bool(broken.any()):  # NaN / inf from the draft: any q is exact, so propose from a flat one
+        logits = logits.masked_fill(broken[:, None], 0.0)
     argmax = logits.argmax(dim=-1)
     if bool(greedy.all()):
         return argmax, SparseQ.point_mass(argmax)

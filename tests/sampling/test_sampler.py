@@ -166,3 +166,17 @@ def test_proposals_depend_only_on_seed_and_position():
     order = torch.tensor([5, 2, 0, 4, 1, 3])
     shuffled, _ = propose(z[order], st.index(order), seeds[order], pos[order])
     assert torch.equal(shuffled, tokens[order])
+
+
+def test_non_finite_draft_rows_still_give_a_valid_q():
+    """A broken draft row (NaN, inf) must not poison verification: any q is exact, so it
+    proposes from a flat q over its top-M and reports exactly that q."""
+    z = torch.randn(3, 30, generator=torch.Generator().manual_seed(6))
+    z[0, 4] = torch.nan
+    z[1, 7] = torch.inf
+    st = SamplingTensors.from_params([SamplingParams(temperature=0.9, top_p=0.9)] * 3)
+    tokens, q = propose(z, st, seed_tensor([1, 2, 3]), torch.zeros(3, dtype=torch.long), 8)
+    assert bool(q.probs.isfinite().all()) and torch.allclose(
+        q.normalised().sum(-1), torch.ones(3, dtype=torch.float64)
+    )
+    assert all(int(t) in ids for t, ids in zip(tokens, q.ids.tolist(), strict=True))
