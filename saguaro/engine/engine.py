@@ -232,7 +232,7 @@ class LLMEngine:
 
     def step(self) -> list[Sequence]:
         """Run one engine step; return the sequences that committed tokens or finished."""
-        start = time.perf_counter()
+        step_start = time.perf_counter()
         batch = self.scheduler.schedule()
         if not batch:
             return []
@@ -273,7 +273,7 @@ class LLMEngine:
         if not rounds:
             return []
         self._verify_and_commit(rounds, row, proposal, logits, t1 - t0, t2 - t1)
-        step_s = (time.perf_counter() - start) / len(rounds)
+        step_s = (time.perf_counter() - step_start) / len(rounds)
         for s in rounds:  # a failed request recorded no round
             if s.seq.records and s.seq.records[-1].step == self.num_steps:
                 s.seq.records[-1].step_s = step_s

@@ -217,25 +217,31 @@ def _wide_nucleus(
     are the same float64 terms summed in another order, which can move the cut-off only where
     a prefix's mass lies within float64 rounding (~1e-15) of top_p.
     """
-    rows, _ = z.shape
+    rows, vocab = z.shape
     dropped = z < k_thr[:, None]  # outside the top-k set
     # z <= 0 with the max at 0; values below -NUCLEUS_SPAN share the last bucket.
     bucket = z.mul(-NUCLEUS_BUCKETS / NUCLEUS_SPAN).floor_().clamp_(max=NUCLEUS_BUCKETS - 1)
-    bucket = bucket.masked_fill_(dropped, NUCLEUS_BUCKETS).long()  # a spare bucket, never summed
+    bucket.masked_fill_(dropped, NUCLEUS_BUCKETS)  # a spare bucket, never summed
     offsets = torch.arange(rows, device=z.device)[:, None] * (NUCLEUS_BUCKETS + 1)
     mass = (z - lse_k[:, None]).exp_().masked_fill_(dropped, 0.0).double()
     sums = torch.zeros(rows * (NUCLEUS_BUCKETS + 1), dtype=torch.float64, device=z.device)
-    sums = sums.index_add_(0, (bucket + offsets).view(-1), mass.view(-1))
-    sums = sums.view(rows, -1)[:, :-1]
-    running = sums.cumsum(dim=-1)
+    sums = sums.index_add_(0, (bucket.long() + offsets).view(-1), mass.view(-1))
+    running = sums.view(rows, -1)[:, :-1].cumsum(dim=-1)
     # The first bucket whose running mass reaches top_p (the last one if rounding leaves the
     # total a hair below top_p: the nucleus is then everything kept).
     crossing = (running < top_p[:, None]).sum(dim=-1).clamp(max=NUCLEUS_BUCKETS - 1)
     before = running.gather(1, (crossing - 1).clamp(min=0)[:, None])[:, 0]
     before = before.masked_fill(crossing == 0, 0.0)
-    outside = bucket != crossing[:, None]
-    width = max(1, int((~outside).sum(dim=-1).max()))
-    values = z.masked_fill(outside, -torch.inf).topk(width, dim=-1, sorted=True).values
+    # The crossing bucket's values, sorted descending within each row, padded with -inf.
+    flat = (bucket == crossing[:, None].to(bucket.dtype)).view(-1).nonzero()[:, 0]
+    vals, row = z.view(-1)[flat], flat // vocab
+    order = vals.argsort(descending=True, stable=True)
+    order = order[row[order].argsort(stable=True)]
+    vals, row = vals[order], row[order]
+    counts = torch.bincount(row, minlength=rows)
+    pos = torch.arange(len(row), device=z.device) - (counts.cumsum(0) - counts)[row]
+    values = torch.full((rows, max(1, int(counts.max()))), -torch.inf, device=z.device)
+    values[row, pos] = vals
     return _nucleus(values, k_thr, lse_k, top_p, before)[0]
 
 
