@@ -20,6 +20,12 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", type=int)
     p.add_argument("--threads", type=int, help="torch threads for this process")
     p.add_argument(
+        "--sampling",
+        choices=["rejection", "coupled"],
+        help="how T > 0 is sampled exactly: rejection sampling, or coupled (the same text in "
+        "every mode for a seed) (default: EngineConfig.sampling)",
+    )
+    p.add_argument(
         "--draft-top-m",
         type=int,
         help="sd/ssd: the draft samples from its top-M tokens; exact for any M "
@@ -76,7 +82,7 @@ def build_llm(args: argparse.Namespace) -> Any:
         device=args.device,
         max_model_len=args.max_model_len,
         num_threads=args.threads,
-        **({} if args.draft_top_m is None else {"draft_top_m": args.draft_top_m}),
+        **{k: v for k in ("draft_top_m", "sampling") if (v := getattr(args, k)) is not None},
         fanout=args.fanout,
         cache_budget=args.cache_budget,
         saguaro_c=args.saguaro_c,

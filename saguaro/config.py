@@ -11,6 +11,7 @@ from saguaro.sampling.sampler import DEFAULT_TOP_M
 from saguaro.speculation.fanout import parse_fanout
 
 MODES = ("ar", "sd", "ssd")
+SAMPLING_METHODS = ("rejection", "coupled")
 BACKUPS = ("auto", "neural", "fast")
 
 # SSD on CPU pins the process (cores and torch threads) to its target's share. Engines may
@@ -63,6 +64,7 @@ class EngineConfig:
     seed: int = 0
     num_threads: int | None = None  # torch intra-op threads in this process (None: leave as is)
     draft_top_m: int = DEFAULT_TOP_M  # sd/ssd: the draft samples from its top-M tokens
+    sampling: str = "rejection"  # at T > 0: rejection sampling | coupled (docs/sampling.md)
     # --- SSD (mode="ssd") ---
     fanout: str | list[int] = "auto"  # auto | geometric | empirical | fixed F_0..F_K
     cache_budget: int | None = None  # branches per sequence; None: sized to fit a verification
@@ -102,6 +104,8 @@ class EngineConfig:
             raise ValueError(
                 f"draft_worker must be 'spawn' or 'external', got {self.draft_worker!r}"
             )
+        if self.sampling not in SAMPLING_METHODS:
+            raise ValueError(f"sampling must be one of {SAMPLING_METHODS}, got {self.sampling!r}")
         if self.draft_top_m < 1:
             raise ValueError(f"draft_top_m must be >= 1, got {self.draft_top_m}")
         if self.cache_budget is not None and self.cache_budget < 0:

@@ -23,6 +23,7 @@ import torch
 from tqdm import tqdm
 
 from saguaro.bench.datasets import DATASETS, Prompt, file_prompts, load_dataset, select
+from saguaro.config import SAMPLING_METHODS
 from saguaro.engine.sequence import RoundRecord
 from saguaro.errors import SaguaroError
 from saguaro.sampling import SamplingParams
@@ -48,6 +49,7 @@ class BenchConfig:
     ks: tuple[int, ...] = (4,)
     fanouts: tuple[str, ...] = ("auto",)
     saguaro_cs: tuple[float, ...] = (1.0,)
+    samplings: tuple[str, ...] = ("rejection",)  # sampling method(s) at T > 0
     repeats: int = 1
     seed: int = 0
     device: str = "auto"
@@ -76,6 +78,7 @@ class Variant:
     fanout: str | None = None  # SSD fan-out, as given on the command line
     label: str = ""
     saguaro_c: float = 1.0  # SSD's Saguaro sampling constant C
+    sampling: str = "rejection"  # "rejection" | "coupled"
 
 
 @dataclass
@@ -140,6 +143,7 @@ class SaguaroBackend:
             mode=variant.mode,
             num_speculative_tokens=variant.k or 1,  # AR: unused, but must be valid
             fanout=variant.fanout or "auto",
+            sampling=variant.sampling,
             saguaro_c=variant.saguaro_c,
             device=cfg.device,
             max_model_len=max_model_len,
@@ -328,6 +332,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperatures", type=_floats, metavar="T,..", help="default: 0,1.0")
     p.add_argument("--top-p", type=float, help="top-p of every request at T > 0 (default 1.0)")
     p.add_argument(
+        "--sampling",
+        type=_names(SAMPLING_METHODS),
+        dest="samplings",
+        metavar="S,..",
+        help="sampling method(s) at T > 0, side by side: rejection,coupled (default rejection)",
+    )
+    p.add_argument(
         "--k", type=_ints, metavar="K,..", dest="ks", help="speculation length(s) K (default 4)"
     )
     p.add_argument(
@@ -393,24 +404,35 @@ def build_variants(cfg: BenchConfig) -> list[Variant]:
         if len(errors) == len(cfg.ks):
             raise ValueError(errors[0])
     many_k, many_f, many_c = len(cfg.ks) > 1, len(cfg.fanouts) > 1, len(cfg.saguaro_cs) > 1
+    many_s = len(cfg.samplings) > 1
 
-    def label(mode: str, k: int, f: str | None = None, c: float | None = None) -> str:
-        parts = ([f"k={k}"] if many_k else []) + ([f"f={f}"] if f and many_f else [])
+    def label(
+        mode: str, sampling: str, k: int | None = None, f: str | None = None, c: float | None = None
+    ) -> str:
+        parts = ([f"k={k}"] if k is not None and many_k else []) + (
+            [f"f={f}"] if f and many_f else []
+        )
         parts += [f"c={c:g}"] if c is not None and many_c else []
+        parts += [sampling] if many_s and mode != "hf-assisted" else []
         return f"{mode} {' '.join(parts)}" if parts else mode
 
     variants = []
     for mode in cfg.modes:
-        if mode == "ar":
-            variants.append(Variant("ar", label="ar"))
-        elif mode == "ssd":
-            variants += [
-                Variant("ssd", k, f, label("ssd", k, f, c), c)
-                for k, f in sorted(ssd_pairs)
-                for c in cfg.saguaro_cs
-            ]
-        else:
-            variants += [Variant(mode, k, label=label(mode, k)) for k in cfg.ks]
+        # transformers' assisted generation has its own sampler: one variant whatever the method
+        samplings = ("rejection",) if mode == "hf-assisted" else cfg.samplings
+        for sm in samplings:
+            if mode == "ar":
+                variants.append(Variant("ar", label=label("ar", sm), sampling=sm))
+            elif mode == "ssd":
+                variants += [
+                    Variant("ssd", k, f, label("ssd", sm, k, f, c), c, sm)
+                    for k, f in sorted(ssd_pairs)
+                    for c in cfg.saguaro_cs
+                ]
+            else:
+                variants += [
+                    Variant(mode, k, label=label(mode, sm, k), sampling=sm) for k in cfg.ks
+                ]
     return variants
 
 
@@ -594,6 +616,7 @@ class Row:
     batch_size: int
     variant: str
     mode: str
+    sampling: str
     k: int | None
     fanout: str | None
     requests: int
@@ -716,6 +739,7 @@ def aggregate(runs: list[Run], variants: list[Variant]) -> list[Row]:
                 batch_size=b,
                 variant=label,
                 mode=v.mode,
+                sampling=v.sampling,
                 k=v.k,
                 fanout=v.fanout,
                 requests=len(reqs),
@@ -742,10 +766,11 @@ def aggregate(runs: list[Run], variants: list[Variant]) -> list[Row]:
             )
         )
     # Speedups within a cell: over AR, and over SD with the same K.
-    index = {(r.dataset, r.temperature, r.batch_size, r.mode, r.k): r for r in rows}
+    index = {(r.dataset, r.temperature, r.batch_size, r.mode, r.k, r.sampling): r for r in rows}
     for row in rows:
-        ar = index.get((row.dataset, row.temperature, row.batch_size, "ar", None))
-        sd = index.get((row.dataset, row.temperature, row.batch_size, "sd", row.k))
+        cell = (row.dataset, row.temperature, row.batch_size)
+        ar = index.get((*cell, "ar", None, row.sampling))
+        sd = index.get((*cell, "sd", row.k, row.sampling))
         row.speedup_vs_ar = _ratio(row.tokens_per_s, ar.tokens_per_s if ar else None)
         if row.predicted_speedup is not None:
             row.predicted_speedup = _on_this_machine(row, ar)

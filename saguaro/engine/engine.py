@@ -36,6 +36,7 @@ from saguaro.sampling import (
     seed_tensor,
     verify,
 )
+from saguaro.sampling.coupled import verify_coupled
 from saguaro.speculation.base import Proposal, Proposer
 from saguaro.speculation.ssd import DraftWorkerError
 
@@ -82,6 +83,11 @@ def check_compatible(target_dir: Path, draft_dir: Path, tokenizer: Tokenizer) ->
         )
 
 
+def _verify_coupled(logits, st, tokens, num_draft, seeds, positions, draft_q, rows):
+    """Coupled verification with :func:`verify`'s arguments: it needs no q."""
+    return verify_coupled(logits, st, tokens, num_draft, seeds, positions, rows)
+
+
 class LLMEngine:
     def __init__(self, cfg: EngineConfig) -> None:
         self.cfg = cfg
@@ -98,6 +104,7 @@ class LLMEngine:
             self.close()  # a failed start leaves the process as it found it
             raise
         self.draft_failure: str | None = None
+        self._verifier = verify if cfg.sampling == "rejection" else _verify_coupled
         self.num_steps = 0
         self.seqs: dict[int, Sequence] = {}
         self._ids = itertools.count()
@@ -152,7 +159,9 @@ class LLMEngine:
 
             draft = load_model(draft_dir, cfg.dtype, cfg.device)
             self.proposer = DraftProposer(
-                ModelRunner(draft, num_blocks, cfg.block_size, cfg.device), cfg.draft_top_m
+                ModelRunner(draft, num_blocks, cfg.block_size, cfg.device),
+                cfg.draft_top_m,
+                coupled=cfg.sampling == "coupled",
             )
         elif cfg.mode == "ssd":
             from saguaro.speculation.ssd import SSDProposer
@@ -376,13 +385,14 @@ class LLMEngine:
         n = len(args[2])
         outcomes: dict[tuple[int, ...], VerifyResult | Exception] = {}
         try:
-            outcomes[tuple(range(n))] = verify(logits, *args)
+            outcomes[tuple(range(n))] = self._verifier(logits, *args)
         except Exception:
             log.exception("batched verification failed; verifying each request alone")
             for i in range(n):
                 one = tuple(a if a is None else a[i : i + 1] for a in args[1:])
                 try:
-                    outcomes[(i,)] = verify(logits, args[0].index(torch.tensor([i])), *one)
+                    one_st = args[0].index(torch.tensor([i]))
+                    outcomes[(i,)] = self._verifier(logits, one_st, *one)
                 except Exception as e:
                     outcomes[(i,)] = e
         num_accepted, next_token = [0] * n, [0] * n

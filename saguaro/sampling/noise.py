@@ -26,6 +26,7 @@ PyTorch has on CPU and CUDA; a test checks it against the same hash in Python in
 from __future__ import annotations
 
 import enum
+import math
 
 import torch
 
@@ -43,6 +44,7 @@ class Purpose(enum.IntEnum):
     ACCEPT = 1  # the acceptance test of the proposal at this position
     SAMPLE = 2  # the target's sample at this position (AR, recovery or bonus token)
     DRAFT = 3  # the draft's proposal at this position
+    GUMBEL = 4  # coupled sampling: one Gumbel variable per vocabulary entry at this position
 
 
 def as_int64(value: int) -> int:
@@ -62,12 +64,23 @@ def _mix(x: torch.Tensor) -> torch.Tensor:
     return x ^ _shr(x, 31)
 
 
-def hash_words(seeds: torch.Tensor, positions: torch.Tensor, purpose: int) -> torch.Tensor:
-    """int64 words ``mix(mix(mix(seed + G) + pos * G) + purpose * G)``, broadcast."""
+def hash_words(
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+    purpose: int,
+    columns: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """int64 words ``mix(mix(mix(seed + G) + pos * G) + purpose * G)``, with a vocabulary
+    column folded in by one more ``mix(h + column * G)``; broadcast over the inputs."""
     g = as_int64(GOLDEN)
     h = _mix(seeds.to(torch.int64) + g)
     h = _mix(h + positions.to(torch.int64) * g)
-    return _mix(h + as_int64(int(purpose) * GOLDEN))
+    h = _mix(h + as_int64(int(purpose) * GOLDEN))
+    return h if columns is None else _mix(h + columns.to(torch.int64) * g)
+
+
+def _unit(words: torch.Tensor) -> torch.Tensor:
+    return (_shr(words, 64 - MANTISSA_BITS).double() + 0.5) * 2.0**-MANTISSA_BITS
 
 
 def uniforms(seeds: torch.Tensor, positions: torch.Tensor, purpose: Purpose) -> torch.Tensor:
@@ -75,8 +88,18 @@ def uniforms(seeds: torch.Tensor, positions: torch.Tensor, purpose: Purpose) -> 
 
     ``seeds`` are int64 (:func:`as_int64` of the request seed); the result is on their device.
     """
-    top = _shr(hash_words(seeds, positions, purpose), 64 - MANTISSA_BITS)
-    return (top.double() + 0.5) * 2.0**-MANTISSA_BITS
+    return _unit(hash_words(seeds, positions, purpose))
+
+
+# The largest Gumbel value a uniform in (0, 1) with 53 bits can give: -log(-log(1 - 2^-54)).
+GUMBEL_MAX = -math.log(-math.log1p(-(2.0 ** -(MANTISSA_BITS + 1))))
+
+
+def gumbels(seeds: torch.Tensor, positions: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """float64 standard Gumbel variables ``g(seed, position)[token] = -log(-log u)``, one per
+    broadcast element; every value is at most :data:`GUMBEL_MAX`."""
+    u = _unit(hash_words(seeds, positions, Purpose.GUMBEL, tokens))
+    return -(-u.log()).log()
 
 
 def seed_tensor(seeds: list[int], device: torch.device | str | None = None) -> torch.Tensor:

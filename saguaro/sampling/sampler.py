@@ -31,6 +31,38 @@ def inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return torch.searchsorted(cdf, x, right=True)[:, 0].clamp(max=weights.shape[1] - 1)
 
 
+def draft_support(
+    logits: torch.Tensor, st: SamplingTensors, top_m: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """The draft's processed distribution restricted to its M most likely tokens.
+
+    Returns ``greedy`` [R], ``argmax`` [R], and over the top-M: ``ids`` [R, M] (descending),
+    their scaled logits ``z`` (0 at the max) and ``kept`` (inside top-k / top-p); ``z`` is None
+    when every row is greedy. Rows whose logits are not finite are read as flat rows: a broken
+    draft row must still give a valid proposal (any proposal is exact).
+    """
+    rows, vocab = logits.shape
+    device = logits.device
+    greedy = st.greedy.to(device)
+    broken = ~logits.amax(dim=-1).isfinite()
+    if bool(broken.any()):
+        logits = logits.masked_fill(broken[:, None], 0.0)
+    argmax = logits.argmax(dim=-1)
+    if bool(greedy.all()):
+        return greedy, argmax, argmax[:, None], None, greedy[:, None]
+    x = logits.float()
+    values, ids = x.topk(min(top_m, vocab), dim=-1, sorted=True)
+    t = torch.where(greedy, 1.0, st.temperature.to(device))[:, None]
+    z = (values - values[:, :1]) / t
+    top_k, top_p = st.top_k.to(device), st.top_p.to(device)
+    thr = torch.full((rows,), -torch.inf, device=device)
+    cut = ~greedy & (((top_k > 0) & (top_k < vocab)) | (top_p < 1))
+    if bool(cut.any()):  # top-k / top-p need the full row's mass
+        r = cut.nonzero()[:, 0]
+        thr[r] = cutoffs((x[r] - values[r, :1]) / t[r], top_k[r], top_p[r])
+    return greedy, argmax, ids, z, z >= thr[:, None]
+
+
 def propose(
     logits: torch.Tensor,
     st: SamplingTensors,
@@ -47,31 +79,14 @@ def propose(
     (``fanout`` F per row, constant ``saguaro_c``). Greedy rows are the point mass at the argmax.
     Each token is drawn with ``u(seed, position, DRAFT)``: the position is that of the token.
     """
-    rows, vocab = logits.shape
-    device = logits.device
-    greedy = st.greedy.to(device)
-    broken = ~logits.amax(dim=-1).isfinite()
-    if bool(broken.any()):  # NaN / inf from the draft: any q is exact, so propose from a flat one
-        logits = logits.masked_fill(broken[:, None], 0.0)
-    argmax = logits.argmax(dim=-1)
-    if bool(greedy.all()):
+    greedy, argmax, ids, z, kept = draft_support(logits, st, top_m)
+    if z is None:
         return argmax, SparseQ.point_mass(argmax)
-    width = min(top_m, vocab)
-    x = logits.float()
-    values, ids = x.topk(width, dim=-1, sorted=True)
-    t = torch.where(greedy, 1.0, st.temperature.to(device))[:, None]
-    z = (values - values[:, :1]) / t
-    top_k, top_p = st.top_k.to(device), st.top_p.to(device)
-    thr = torch.full((rows,), -torch.inf, device=device)
-    cut = ~greedy & (((top_k > 0) & (top_k < vocab)) | (top_p < 1))
-    if bool(cut.any()):  # top-k / top-p need the full row's mass
-        r = cut.nonzero()[:, 0]
-        thr[r] = cutoffs((x[r] - values[r, :1]) / t[r], top_k[r], top_p[r])
-    kept = z >= thr[:, None]
+    device = logits.device
     weights = torch.where(kept, z.exp(), 0.0)
     weights = saguaro_weights(weights, kept, fanout, saguaro_c)
     probs = weights / weights.sum(dim=-1, keepdim=True)
-    point = SparseQ.point_mass(argmax, width)
+    point = SparseQ.point_mass(argmax, ids.shape[1])
     ids = torch.where(greedy[:, None], point.ids, ids)
     probs = torch.where(greedy[:, None], point.probs, probs)
     u = uniforms(seeds.to(device), positions.to(device), Purpose.DRAFT)

@@ -54,6 +54,25 @@ class VerifyResult:
     invalid: torch.Tensor
 
 
+def round_rows(
+    logits: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    num_draft: torch.Tensor,
+    rows: torch.Tensor | None,
+) -> torch.Tensor:
+    """Check a round's shapes; ``rows`` [n, K+1], built sequence-major when None."""
+    n, k_max = draft_tokens.shape
+    if rows is None:
+        if logits.shape[0] != n * (k_max + 1):
+            raise ValueError(f"logits must have n*(K+1)={n * (k_max + 1)} rows without `rows`")
+        rows = torch.arange(n * (k_max + 1), device=logits.device).view(n, k_max + 1)
+    if rows.shape != (n, k_max + 1):
+        raise ValueError(f"rows must be [{n}, {k_max + 1}], got {list(rows.shape)}")
+    if num_draft.shape != (n,) or bool(((num_draft < 0) | (num_draft > k_max)).any()):
+        raise ValueError(f"num_draft must be [{n}] in 0..{k_max}, got {num_draft.tolist()}")
+    return rows
+
+
 def verify(
     logits: torch.Tensor,
     st: SamplingTensors,
@@ -85,14 +104,7 @@ def verify(
     """
     n, k_max = draft_tokens.shape
     device = logits.device
-    if rows is None:
-        if logits.shape[0] != n * (k_max + 1):
-            raise ValueError(f"logits must have n*(K+1)={n * (k_max + 1)} rows without `rows`")
-        rows = torch.arange(n * (k_max + 1), device=device).view(n, k_max + 1)
-    if rows.shape != (n, k_max + 1):
-        raise ValueError(f"rows must be [{n}, {k_max + 1}], got {list(rows.shape)}")
-    if num_draft.shape != (n,) or bool(((num_draft < 0) | (num_draft > k_max)).any()):
-        raise ValueError(f"num_draft must be [{n}] in 0..{k_max}, got {num_draft.tolist()}")
+    rows = round_rows(logits, draft_tokens, num_draft, rows)
     if draft_q is not None and draft_q.ids.shape[:2] != (n, k_max):
         raise ValueError(f"draft_q must be [{n}, {k_max}, M], got {list(draft_q.ids.shape)}")
     seq = torch.arange(n, device=device)

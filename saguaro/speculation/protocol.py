@@ -39,6 +39,7 @@ class WorkerConfig:
     budget: int | None  # branches per sequence; None = sized online to fit a verification
     saguaro_c: float  # Saguaro sampling constant C in (0, 1]
     top_m: int  # the draft samples from its top-M tokens
+    sampling: str  # "rejection" | "coupled" (see saguaro.sampling.coupled)
     max_model_len: int
     max_num_seqs: int
     block_size: int

@@ -4,7 +4,8 @@ The draft runs K single-position forwards per round (the first also catches up o
 committed since its last round), sampling each s_j from q_j = the draft's distribution under the
 request's own temperature / top-k / top-p, restricted to its top-M tokens and renormalised, with
 the request's draft noise at s_j's position. q_j is handed to the verifier exactly as sampled
-from, as M (id, probability) pairs.
+from, as M (id, probability) pairs. Under coupled sampling s_j is q_j's perturbed argmax under
+the target's noise at that position instead, and no q is needed.
 The draft's KV lives in its own pool, indexed by the engine's block tables.
 """
 
@@ -18,10 +19,14 @@ import torch
 from saguaro.engine.model_runner import ModelRunner
 from saguaro.engine.sequence import Sequence
 from saguaro.sampling import SamplingParams, SamplingTensors, SparseQ, propose, seed_tensor
+from saguaro.sampling.coupled import propose_coupled
 from saguaro.speculation.base import Proposal
 
-# (draft logits [m, V], chain indices of the m rows, depth, positions [m]) -> tokens, q
-ProposeFn = Callable[[torch.Tensor, list[int], int, torch.Tensor], tuple[torch.Tensor, SparseQ]]
+# (draft logits [m, V], chain indices of the m rows, depth, positions [m]) -> tokens, q (None:
+# the proposals need no q, as under coupled sampling)
+ProposeFn = Callable[
+    [torch.Tensor, list[int], int, torch.Tensor], tuple[torch.Tensor, SparseQ | None]
+]
 
 
 @dataclass
@@ -36,13 +41,15 @@ class Chain:
     seed: int
 
 
-def plain_proposals(chains: list[Chain], top_m: int) -> ProposeFn:
-    """Each chain's own transforms, its top ``top_m`` tokens, its seed's draft noise."""
+def plain_proposals(chains: list[Chain], top_m: int, coupled: bool) -> ProposeFn:
+    """Each chain's own transforms, its top ``top_m`` tokens, its seed's noise: a draw from q
+    (rejection sampling) or q's perturbed argmax (coupled sampling)."""
+    make = propose_coupled if coupled else propose
 
     def fn(logits: torch.Tensor, rows: list[int], depth: int, positions: torch.Tensor):
         st = SamplingTensors.from_params([chains[i].params for i in rows])
         seeds = seed_tensor([chains[i].seed for i in rows])
-        return propose(logits, st, seeds, positions, top_m)
+        return make(logits, st, seeds, positions, top_m)
 
     return fn
 
@@ -53,7 +60,8 @@ def decode_chains(
     """Autoregressively draft ``chain.k`` tokens for every chain, batched: K forwards in all.
 
     Returns tokens [n, K] and the q they were sampled from [n, K, M]; None when every chain
-    is greedy (each q is then a point mass at the argmax, which is all verification needs).
+    is greedy (each q is then a point mass at the argmax, which is all verification needs) or
+    the proposals need no q (coupled sampling).
     Draft KV is written for indices ``[start, len + k - 1)``: the last proposal is never fed.
     """
     n, k_max = len(chains), max(c.k for c in chains)
@@ -75,10 +83,11 @@ def decode_chains(
         else:
             positions = torch.tensor([len(chains[i].token_ids) + depth for i in active])
             drawn, q_rows = propose_fn(logits, active, depth, positions)
-            if q is None:
-                q = SparseQ.point_mass(torch.zeros(n, k_max, dtype=torch.int64), q_rows.width)
             tokens[idx, depth] = drawn.cpu()
-            q.ids[idx, depth], q.probs[idx, depth] = q_rows.ids.cpu(), q_rows.probs.cpu()
+            if q_rows is not None:
+                if q is None:
+                    q = SparseQ.point_mass(torch.zeros(n, k_max, dtype=torch.int64), q_rows.width)
+                q.ids[idx, depth], q.probs[idx, depth] = q_rows.ids.cpu(), q_rows.probs.cpu()
         active = [i for i in active if chains[i].k > depth + 1]
         queries = [
             runner.sequence_query(
@@ -92,16 +101,19 @@ def decode_chains(
 class DraftProposer:
     shares_block_table = True
 
-    def __init__(self, runner: ModelRunner, top_m: int) -> None:
+    def __init__(self, runner: ModelRunner, top_m: int, coupled: bool) -> None:
         self.runner = runner
         self.top_m = top_m
+        self.coupled = coupled
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> Proposal:
         chains = [
             Chain(s.block_table, s.token_ids, s.num_draft_computed, k, s.params, s.seed)
             for s, k in zip(seqs, ks, strict=True)
         ]
-        tokens, q = decode_chains(self.runner, chains, plain_proposals(chains, self.top_m))
+        tokens, q = decode_chains(
+            self.runner, chains, plain_proposals(chains, self.top_m, self.coupled)
+        )
         for s, k in zip(seqs, ks, strict=True):
             s.num_draft_computed = len(s) + k - 1
         return Proposal(tokens, torch.tensor(ks), q=q)

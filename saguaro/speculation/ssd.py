@@ -109,6 +109,7 @@ class SSDProposer:
                     budget=cfg.cache_budget,
                     saguaro_c=cfg.saguaro_c,
                     top_m=cfg.draft_top_m,
+                    sampling=cfg.sampling,
                     max_model_len=max_model_len,
                     max_num_seqs=cfg.max_num_seqs,
                     block_size=cfg.block_size,

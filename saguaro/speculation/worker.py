@@ -27,6 +27,10 @@ randomness. Every draft token, on a branch or in a backup, is drawn from the dra
 distribution with the request's draft noise at that token's absolute position, so a hit
 proposes what a backup would have. Saguaro sampling lowers q on the draft's top
 ``F_{i-1} + 1`` tokens at speculation position i; the target verifies against that same q.
+Under coupled sampling every draft token is the perturbed argmax of the draft's distribution
+under the target's own noise at its position, and outcome k's candidates are ranked by the
+same perturbed values (excluding s_{k+1}): speculation at T > 0 then works like greedy
+speculation on perturbed logits, and nothing about q is shipped.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from saguaro.engine.block_manager import BlockManager
 from saguaro.engine.model_runner import ModelRunner, Query, token_slots
 from saguaro.models.loader import load_model
 from saguaro.sampling import SamplingParams, SamplingTensors, SparseQ, propose, seed_tensor
+from saguaro.sampling.coupled import propose_coupled, ranked_proposals
 from saguaro.speculation import protocol as P
 from saguaro.speculation.fanout import FanoutEstimator
 from saguaro.speculation.ngram import prompt_lookup
@@ -84,6 +89,7 @@ class DraftWorker:
             torch.set_num_threads(cfg.num_threads)
         model = load_model(cfg.draft_dir, cfg.dtype, cfg.device)
         self.k = cfg.k
+        self.coupled = cfg.sampling == "coupled"
         self.vocab_size = model.config.vocab_size
         per_seq = -(-(cfg.max_model_len + (MAX_BUDGET + 2) * cfg.k) // cfg.block_size)
         num_blocks = per_seq * cfg.max_num_seqs
@@ -244,6 +250,8 @@ class DraftWorker:
         def fn(logits: torch.Tensor, rows: list[int], depth: int, positions: torch.Tensor):
             st = SamplingTensors.from_params([seqs[i].params for i in rows])
             seeds = seed_tensor([seqs[i].seed for i in rows])
+            if self.coupled:
+                return propose_coupled(logits, st, seeds, positions, self.cfg.top_m)
             return propose(
                 logits, st, seeds, positions, self.cfg.top_m, fanout[depth], self.cfg.saguaro_c
             )
@@ -283,7 +291,16 @@ class DraftWorker:
             m = len(seq.spec) + 1
             rows = glue_logits[offset : offset + m]
             offset += m
-            top = torch.topk(rows, min(MAX_RANK + 1, self.vocab_size), dim=-1).indices.tolist()
+            width = min(MAX_RANK + 1, self.vocab_size)
+            if self.coupled and not seq.params.greedy:
+                # outcome k's token is the target's perturbed argmax at position n + k: rank
+                # the draft's candidates under the same noise
+                st = SamplingTensors.from_params([seq.params] * m)
+                positions = len(seq.token_ids) + torch.arange(m)
+                seeds = seed_tensor([seq.seed] * m)
+                top = ranked_proposals(rows, st, seeds, positions, width)[:, :width].tolist()
+            else:
+                top = torch.topk(rows, width, dim=-1).indices.tolist()
             fanout = self.fanout(m - 1)
             seq.ranked, seq_branches = [], []
             for k in range(m):
@@ -335,7 +352,7 @@ class DraftWorker:
         out_q = {
             i: SparseQ.point_mass(out_tokens[i], min(self.cfg.top_m, self.vocab_size))
             for i in live
-            if not seqs[i].params.greedy
+            if not seqs[i].params.greedy and not self.coupled
         }
         num_branches = sum(len(branches[i]) for i in live)
         depths_s, done = 0.0, k
@@ -373,16 +390,21 @@ class DraftWorker:
                 else:
                     # the token drawn here lands right after the branch's input token
                     positions = len(seq.token_ids) + layout[i][3] + depth + 1
-                    drawn, q = propose(
-                        rows,
-                        SamplingTensors.from_params([seq.params] * nb),
-                        seed_tensor([seq.seed] * nb),
-                        positions,
-                        self.cfg.top_m,
-                        fanout[depth],
-                        self.cfg.saguaro_c,
-                    )
-                    out_q[i].ids[:, depth], out_q[i].probs[:, depth] = q.ids, q.probs
+                    st = SamplingTensors.from_params([seq.params] * nb)
+                    seeds = seed_tensor([seq.seed] * nb)
+                    if self.coupled:
+                        drawn, _ = propose_coupled(rows, st, seeds, positions, self.cfg.top_m)
+                    else:
+                        drawn, q = propose(
+                            rows,
+                            st,
+                            seeds,
+                            positions,
+                            self.cfg.top_m,
+                            fanout[depth],
+                            self.cfg.saguaro_c,
+                        )
+                        out_q[i].ids[:, depth], out_q[i].probs[:, depth] = q.ids, q.probs
                 out_tokens[i][:, depth] = drawn
                 tokens[i] = drawn
             seconds = time.perf_counter() - t0

@@ -1,0 +1,123 @@
+"""Coupled sampling: the Gumbel-max token follows p exactly, the candidate search gives the
+exact argmax, verification commits the target's token whatever was proposed, and a coupled
+proposal matches at least (1 - TV) / (1 + TV) of the time."""
+
+import pytest
+import torch
+
+from saguaro.sampling import SamplingParams, SamplingTensors, coupled, logits_to_probs, process
+from saguaro.sampling.coupled import (
+    perturbed_argmax,
+    propose_coupled,
+    ranked_proposals,
+    verify_coupled,
+)
+from saguaro.sampling.noise import seed_tensor
+from tests.stats import assert_samples_follow
+
+N = 200_000
+PARAMS = [
+    SamplingParams(temperature=1.0),
+    SamplingParams(temperature=0.5),
+    SamplingParams(temperature=1.3, top_k=4),
+    SamplingParams(temperature=0.8, top_p=0.7),
+    SamplingParams(temperature=1.0, top_k=6, top_p=0.9),
+]
+
+
+def seeded(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def targets(n: int, z: torch.Tensor, params: SamplingParams, seed0: int = 0):
+    st = SamplingTensors.from_params([params] * n)
+    dist = process(z.expand(n, -1).contiguous(), st)
+    seeds = seed_tensor(list(range(seed0, seed0 + n)))
+    return perturbed_argmax(dist, seeds, torch.full((n,), 7))
+
+
+@pytest.mark.parametrize("params", PARAMS, ids=str)
+def test_perturbed_argmax_follows_the_processed_distribution(params):
+    z = torch.randn(8, generator=seeded(0)) * 1.5
+    p = logits_to_probs(z[None], SamplingTensors.from_params([params]))[0]
+    assert_samples_follow(targets(N, z, params), p, str(params))
+
+
+def test_greedy_rows_take_the_argmax():
+    z = torch.tensor([0.0, 2.0, 2.0, -1.0])
+    assert targets(100, z, SamplingParams(temperature=0)).tolist() == [1] * 100
+
+
+@pytest.mark.parametrize("vocab", [100, 5000])
+def test_candidate_search_is_the_exact_argmax(monkeypatch, vocab):
+    """The search from the largest logits equals the argmax over every token, on flat rows (the
+    fallback runs) and peaked ones (it does not)."""
+    g = seeded(1)
+    z = torch.randn(40, vocab, generator=g) * torch.linspace(0.1, 30, 40)[:, None]
+    st = SamplingTensors.from_params([PARAMS[i % len(PARAMS)] for i in range(40)])
+    seeds, pos = seed_tensor(list(range(40))), torch.arange(40)
+    fast = perturbed_argmax(process(z, st), seeds, pos)
+    monkeypatch.setattr(coupled, "CANDIDATES", vocab)
+    assert torch.equal(fast, perturbed_argmax(process(z, st), seeds, pos))
+
+
+def test_verification_commits_the_targets_tokens_whatever_is_proposed():
+    """Every committed token is the target's perturbed argmax at its position: accepted
+    proposals equal it, and the token after them is it."""
+    n, k, vocab = 2000, 3, 6
+    g = seeded(2)
+    z = torch.randn(n, k + 1, vocab, generator=g)
+    params = PARAMS[3]
+    st = SamplingTensors.from_params([params] * n)
+    seeds, pos = seed_tensor(list(range(n))), torch.full((n,), 11)
+    x = torch.stack(
+        [perturbed_argmax(process(z[:, j], st), seeds, pos + j) for j in range(k + 1)],
+        dim=1,
+    )
+    # proposals: the target's own tokens, mutated at random positions
+    s = torch.where(
+        torch.rand(n, k, generator=g) < 0.3, torch.randint(0, vocab, (n, k), generator=g), x[:, :k]
+    )
+    num = torch.randint(0, k + 1, (n,), generator=g)
+    res = verify_coupled(z.view(-1, vocab), st, s, num, seeds, pos)
+    for i in range(n):
+        a, t = int(res.num_accepted[i]), int(res.next_token[i])
+        assert s[i, :a].tolist() == x[i, :a].tolist()
+        assert t == int(x[i, a])
+        assert a == int(num[i]) or int(s[i, a]) != t
+    assert not bool(res.invalid.any())
+    assert 0 < float((res.num_accepted == num).float().mean()) < 1
+
+
+def test_a_coupled_proposal_matches_at_least_the_bound():
+    """P(draft's perturbed argmax == target's) >= (1 - TV) / (1 + TV) on random pairs (three
+    standard errors of slack for the estimate)."""
+    n, vocab = 40_000, 8
+    for pair in range(6):
+        g = seeded(10 + pair)
+        zt = torch.randn(vocab, generator=g) * 1.5
+        zd = zt + torch.randn(vocab, generator=g) * (0.3 + pair * 0.4)
+        params = SamplingParams(temperature=1.0)
+        x = targets(n, zt, params)
+        st = SamplingTensors.from_params([params] * n)
+        s, q = propose_coupled(
+            zd.expand(n, -1).contiguous(), st, seed_tensor(list(range(n))), torch.full((n,), 7), 64
+        )
+        assert q is None
+        p, qd = torch.softmax(zt, -1), torch.softmax(zd, -1)
+        tv = 0.5 * float((p - qd).abs().sum())
+        bound = (1 - tv) / (1 + tv)
+        rate = float((s == x).double().mean())
+        assert rate >= bound - 3 * (bound * (1 - bound) / n) ** 0.5, (pair, rate, bound)
+
+
+def test_ranked_proposals_put_the_proposal_first_and_cover_the_support():
+    z = torch.randn(5, 30, generator=seeded(3))
+    st = SamplingTensors.from_params([SamplingParams(temperature=0.9, top_k=10)] * 5)
+    seeds, pos = seed_tensor([1, 2, 3, 4, 5]), torch.arange(5)
+    ranked = ranked_proposals(z, st, seeds, pos, 30)
+    first, _ = propose_coupled(z, st, seeds, pos, 30)
+    assert torch.equal(ranked[:, 0], first)
+    assert all(sorted(r.tolist()) == list(range(30)) for r in ranked)
+    kept = z.topk(10, dim=-1).indices
+    assert all(set(ranked[i, :10].tolist()) == set(kept[i].tolist()) for i in range(5))

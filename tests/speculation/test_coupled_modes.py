@@ -1,0 +1,125 @@
+"""Coupled sampling end to end: a seeded request at T > 0 gives the same tokens in AR, SD and
+SSD (hits, misses, each backup, a killed worker), alone or in any batch, and coupled AR
+samples the target's distribution."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from saguaro import LLM, SamplingParams
+from tests.conftest import PROMPTS, SMALL_VOCAB, exact_first_two
+from tests.stats import tv_noise_floor
+
+SETTINGS = [
+    dict(temperature=0.5, top_k=20),
+    dict(temperature=1.0, top_p=0.9),
+    dict(temperature=1.0, top_k=30, top_p=0.95),
+    dict(temperature=0.5),
+]
+PARAMS = [
+    SamplingParams(**SETTINGS[i % len(SETTINGS)], seed=100 + i, max_tokens=24, ignore_eos=True)
+    for i in range(len(PROMPTS))
+]
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_llama):
+    """Coupled AR, each request alone."""
+    llm = LLM(model=str(tiny_llama), max_model_len=256, sampling="coupled")
+    return [llm.generate(p, q)[0].token_ids for p, q in zip(PROMPTS, PARAMS, strict=True)]
+
+
+def check_batches(llm, reference, sizes=range(1, 9)):
+    for b in sizes:
+        outs = llm.generate(PROMPTS[:b], PARAMS[:b])
+        assert [o.token_ids for o in outs] == reference[:b], f"batch {b}"
+
+
+@pytest.mark.parametrize("k", [2, 5])
+def test_sd_gives_ars_tokens(tiny_llama, close_draft, reference, k):
+    llm = LLM(
+        model=str(tiny_llama),
+        draft=str(close_draft),
+        mode="sd",
+        num_speculative_tokens=k,
+        max_model_len=256,
+        sampling="coupled",
+    )
+    check_batches(llm, reference)
+    assert llm.last_run["acceptance_rate"] > 0.3
+
+
+@pytest.mark.parametrize(
+    "name, k, overrides",
+    [
+        ("hits", 2, dict(fanout=[3, 2, 3])),
+        ("hits, K=5", 5, dict(fanout=[2, 1, 1, 1, 1, 2])),
+        ("misses, neural backup", 5, dict(fanout="0", backup="neural")),
+        ("misses, fast backup", 2, dict(fanout="0", backup="fast")),
+        ("planned", 5, dict()),
+    ],
+)
+def test_ssd_gives_ars_tokens(tiny_llama, close_draft, reference, name, k, overrides):
+    with LLM(
+        model=str(tiny_llama),
+        draft=str(close_draft),
+        mode="ssd",
+        num_speculative_tokens=k,
+        max_model_len=256,
+        max_num_seqs=8,
+        sampling="coupled",
+        **overrides,
+    ) as llm:
+        check_batches(llm, reference, sizes=(1, 3, 8) if name == "planned" else range(1, 9))
+        run = llm.last_run
+    if name.startswith("hits"):
+        assert run["cache_hit_rate"] > 0.3, run["cache_hit_rate"]
+    if name.startswith("misses"):
+        assert run["cache_hit_rate"] == 0 and set(run["backups"]) == {overrides["backup"]}
+
+
+def test_killed_worker_changes_nothing(tiny_llama, close_draft, reference):
+    with LLM(
+        model=str(tiny_llama),
+        draft=str(close_draft),
+        mode="ssd",
+        num_speculative_tokens=3,
+        max_model_len=256,
+        sampling="coupled",
+        fanout=[2, 1, 1, 2],
+    ) as llm:
+        eng = llm.engine
+        seqs = [
+            eng.add_request(eng.encode_prompt(p), q) for p, q in zip(PROMPTS, PARAMS, strict=True)
+        ]
+        for _ in range(3):
+            eng.step()
+        eng.proposer.proc.kill()
+        while eng.has_unfinished():
+            eng.step()
+        assert eng.proposer is None and "exited" in eng.draft_failure
+    assert [s.output_token_ids for s in seqs] == reference
+
+
+@pytest.mark.slow
+def test_coupled_ar_first_two_tokens_follow_target(small_vocab_pair):
+    target, _, _ = small_vocab_pair
+    prompt, v, samples = [1, 4, 2], SMALL_VOCAB, 12_000
+    base = SamplingParams(temperature=0.9, top_p=0.9, max_tokens=2, ignore_eos=True)
+    expected = exact_first_two(target, prompt, base)
+    llm = LLM(model=str(target), max_model_len=32, max_num_seqs=2000, sampling="coupled")
+    counts = torch.zeros(v, v)
+    seeds = itertools.count()
+    for _ in range(samples // 2000):
+        params = [
+            SamplingParams(temperature=0.9, top_p=0.9, max_tokens=2, ignore_eos=True, seed=s)
+            for s in itertools.islice(seeds, 2000)
+        ]
+        for out in llm.generate([prompt] * 2000, params):
+            counts[out.token_ids[0], out.token_ids[1]] += 1
+    tv = 0.5 * (counts / counts.sum() - expected).abs().sum().item()
+    floor = tv_noise_floor(v * v, samples)
+    assert tv < floor, f"TV {tv:.4f} >= noise floor {floor:.4f}"
