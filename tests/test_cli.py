@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from saguaro.cli import main
 
 
@@ -94,3 +96,16 @@ def test_errors_exit_2_with_message(tiny_llama, capsys):
     assert "draft" in capsys.readouterr().err
     assert main(["generate", "x", "--model", str(tiny_llama), "--fanout", "1,2"]) == 2
     assert "fan-out" in capsys.readouterr().err
+
+
+def test_sampling_method_and_top_m_reach_the_engine(tiny_llama, tiny_draft, capsys):
+    """--sampling coupled gives SD the same seeded text as AR; --draft-top-m is passed on."""
+    base = ["generate", "def f", "--model", str(tiny_llama), "--max-tokens", "10"]
+    base += ["--ignore-eos", "--temperature", "0.9", "--seed", "3", "--max-model-len", "128"]
+    assert main([*base, "--sampling", "coupled"]) == 0
+    ar = capsys.readouterr().out
+    spec = ["--draft", str(tiny_draft), "--mode", "sd", "--k", "3", "--draft-top-m", "5"]
+    assert main([*base, *spec, "--sampling", "coupled"]) == 0
+    assert capsys.readouterr().out == ar
+    with pytest.raises(SystemExit, match="2"):
+        main([*base, "--sampling", "nope"])

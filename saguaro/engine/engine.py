@@ -83,7 +83,16 @@ def check_compatible(target_dir: Path, draft_dir: Path, tokenizer: Tokenizer) ->
         )
 
 
-def _verify_coupled(logits, st, tokens, num_draft, seeds, positions, draft_q, rows):
+def _verify_coupled(
+    logits: torch.Tensor,
+    st: SamplingTensors,
+    tokens: torch.Tensor,
+    num_draft: torch.Tensor,
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+    draft_q: SparseQ | None,
+    rows: torch.Tensor,
+) -> VerifyResult:
     """Coupled verification with :func:`verify`'s arguments: it needs no q."""
     return verify_coupled(logits, st, tokens, num_draft, seeds, positions, rows)
 

@@ -16,7 +16,8 @@ class SamplingParams:
     """How one request turns the target's logits into tokens, and when it stops.
 
     The transforms (temperature, top-k, top-p) define the target distribution ``p`` that
-    speculative decoding must reproduce exactly (DESIGN §2). ``temperature == 0`` means greedy.
+    speculative decoding must reproduce exactly (docs/sampling.md). ``temperature == 0`` means
+    greedy, and nothing else does: any positive temperature samples, however confident the row.
     """
 
     temperature: float = 1.0

@@ -224,24 +224,31 @@ class DraftWorker:
     def _backup(self, misses: list[DraftSeq], kind: str, specs: dict[int, P.SeqSpec]) -> None:
         if kind == "fast":
             for seq in misses:
-                seq.spec = prompt_lookup(seq.token_ids, self.k)
+                seq.spec = prompt_lookup(seq.token_ids, self._room(seq))
                 specs[seq.seq_id].tokens = list(seq.spec)
                 specs[seq.seq_id].backup = "fast"
             return
-        for seq in misses:
-            self.bm.allocate(seq, len(seq.token_ids) + self.k)
+        ks = [self._room(seq) for seq in misses]
+        for seq, k in zip(misses, ks, strict=True):
+            self.bm.allocate(seq, len(seq.token_ids) + k)
         chains = [
-            Chain(s.block_table, s.token_ids, s.computed, self.k, s.params, s.seed) for s in misses
+            Chain(s.block_table, s.token_ids, s.computed, k, s.params, s.seed)
+            for s, k in zip(misses, ks, strict=True)
         ]
         tokens, q = decode_chains(self.runner, chains, self._propose_fn(misses))
-        for i, seq in enumerate(misses):
-            seq.spec = tokens[i].tolist()
-            seq.written = len(seq.token_ids) + self.k - 1
-            seq.computed = min(seq.written, len(seq.token_ids) - 1)
+        for i, (seq, k) in enumerate(zip(misses, ks, strict=True)):
+            seq.spec = tokens[i, :k].tolist()
+            if k:  # KV written up to the last proposal, which is never fed
+                seq.written = len(seq.token_ids) + k - 1
+                seq.computed = min(seq.written, len(seq.token_ids) - 1)
             spec = specs[seq.seq_id]
             spec.tokens = list(seq.spec)
-            spec.q = None if q is None or seq.params.greedy else q[i].clone()
+            spec.q = None if q is None or seq.params.greedy else q[i, :k].clone()
             spec.backup = "neural"
+
+    def _room(self, seq: DraftSeq) -> int:
+        """Proposals that still fit in the context after the sequence's committed tokens."""
+        return max(0, min(self.k, self.cfg.max_model_len - len(seq.token_ids)))
 
     def _propose_fn(self, seqs: list[DraftSeq]):
         """Saguaro sampling: speculation position i = depth + 1 uses F = F_{i-1} = F_depth."""
@@ -277,6 +284,8 @@ class DraftWorker:
         for seq in seqs:
             n = len(seq.token_ids)
             self.bm.allocate(seq, n + k_spec)
+            # No position past the context: the target cannot commit tokens there anyway.
+            seq.spec = seq.spec[: self._room(seq)]
             feed = seq.token_ids[seq.computed :] + seq.spec
             queries.append(
                 self.runner.sequence_query(seq.block_table, seq.computed, feed, len(seq.spec) + 1)
@@ -308,6 +317,11 @@ class DraftWorker:
                 ranking = [t for t in top[k] if t != excluded][:MAX_RANK]
                 seq.ranked.append(ranking)
                 seq_branches.extend((k, t) for t in ranking[: fanout[k]])
+            # A branch forked after the whole speculation decodes up to position
+            # n + len(spec) + depth - 1: near the end of the context, build nothing (every
+            # outcome then misses and the backup speculates what still fits).
+            if len(seq.token_ids) + len(seq.spec) + self.depth > self.cfg.max_model_len:
+                seq_branches = []
             branches.append(seq_branches)
         # 3. branch decoding
         depths_s = self._decode_branches(seqs, branches, stop)

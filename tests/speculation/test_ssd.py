@@ -288,3 +288,22 @@ def test_seeded_text_is_the_same_alone_in_a_batch_and_in_sd(tiny_llama, close_dr
         alone = [llm.generate(p, q)[0].token_ids for p, q in zip(PROMPTS[:4], params, strict=True)]
     assert batched == expected
     assert alone == expected
+
+
+def test_requests_that_reach_the_end_of_the_context_keep_the_worker(tiny_llama, close_draft):
+    """Branches and backups never decode past the model's context: a request near the end
+    speculates less, and the worker survives to serve the next requests."""
+    limit = 512  # the tiny models' max_position_embeddings: RoPE has no row past it
+    params = SamplingParams(temperature=0, max_tokens=limit, ignore_eos=True)
+    prompts = [PROMPTS[3] * 9, PROMPTS[0] * 3]
+    ar = LLM(model=str(tiny_llama)).generate(prompts, params)
+    for overrides in (dict(fanout=[3, 2, 2, 3]), dict(fanout="0", backup="neural")):
+        with ssd(
+            tiny_llama, close_draft, num_speculative_tokens=3, max_model_len=None, **overrides
+        ) as llm:
+            outs = llm.generate(prompts, params)
+            assert llm.engine.proposer is not None, llm.engine.draft_failure
+            assert [o.token_ids for o in outs] == [o.token_ids for o in ar]
+            assert all(len(o.prompt_token_ids) + len(o.token_ids) == limit for o in outs)
+            again = llm.generate(PROMPTS[:2], GREEDY)  # the worker still answers
+            assert llm.engine.proposer is not None and len(again[0].token_ids) == 32
