@@ -17,6 +17,7 @@ from tqdm import tqdm
 
 from saguaro.config import EngineConfig
 from saguaro.engine.engine import LLMEngine
+from saguaro.engine.sequence import RoundRecord
 from saguaro.engine.sequence import Sequence as Seq
 from saguaro.sampling import SamplingParams
 from saguaro.speculation.metrics import summarize
@@ -33,6 +34,7 @@ class RequestOutput:
     finish_reason: str | None  # "stop" | "length" | "abort" | "error"
     metrics: dict[str, Any] = field(default_factory=dict)
     error: str | None = None  # why this request failed (finish_reason "error")
+    records: list[RoundRecord] = field(default_factory=list)  # what each decoding round did
 
 
 def request_metrics(seq: Seq) -> dict[str, Any]:
@@ -158,6 +160,7 @@ class LLM:
             finish_reason=seq.finish_reason,
             metrics=request_metrics(seq),
             error=seq.error,
+            records=list(seq.records),
         )
 
     def close(self) -> None:

@@ -160,8 +160,6 @@ class SaguaroBackend:
         ssd = engine.proposer if self.variant.mode == "ssd" else None
         before = dict(ssd.totals) if ssd is not None else None
         outs = self.llm.generate(prompts, params)
-        # generate() adds its requests last, in order: they are the newest sequences.
-        seqs = list(engine.seqs.values())[-len(prompts) :]
         gen = Generation(
             elapsed_s=self.llm.last_run["elapsed_s"],
             requests=[
@@ -174,7 +172,7 @@ class SaguaroBackend:
                 )
                 for o in outs
             ],
-            records=[list(s.records) for s in seqs],
+            records=[o.records for o in outs],
             draft_failure=engine.draft_failure,
         )
         if ssd is not None and engine.proposer is ssd:

@@ -115,7 +115,7 @@ class LLMEngine:
         self.draft_failure: str | None = None
         self._verifier = verify if cfg.sampling == "rejection" else _verify_coupled
         self.num_steps = 0
-        self.seqs: dict[int, Sequence] = {}
+        self.seqs: dict[int, Sequence] = {}  # unfinished requests
         self._ids = itertools.count()
         self._seed_rng = torch.Generator().manual_seed(cfg.seed)
 
@@ -431,6 +431,8 @@ class LLMEngine:
         self.block_manager.register(seq, ready)
 
     def _release(self, seq: Sequence) -> None:
+        """A finished request leaves nothing behind: whoever holds the sequence keeps it."""
+        self.seqs.pop(seq.seq_id, None)
         self.scheduler.finish(seq)
         self.detok.drop(seq)
         if self.proposer is not None:

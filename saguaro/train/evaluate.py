@@ -120,8 +120,8 @@ def engine_acceptance(out: Path, prompts: list[list[int]], k: int, gen_tokens: i
         max_num_seqs=len(prompts),
         seed=0,
     ) as llm:
-        llm.generate(prompts, SamplingParams(temperature=0, max_tokens=gen_tokens))
-        rounds = [r for s in llm.engine.seqs.values() for r in s.records if r.num_drafted == k]
+        outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=gen_tokens))
+        rounds = [r for o in outs for r in o.records if r.num_drafted == k]
     return _acceptance([r.num_accepted for r in rounds], k, prefix="engine_")
 
 

@@ -163,3 +163,21 @@ def test_token_id_prompt_equals_string_prompt(tiny_llama):
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     ids = llm.tokenizer.encode("hello")
     assert llm.generate([ids], params)[0].token_ids == llm.generate("hello", params)[0].token_ids
+
+
+@pytest.mark.parametrize("mode", ["ar", "sd"])
+def test_finished_requests_leave_no_state(tiny_llama, tiny_draft, mode):
+    """After many requests (finished, stopped, aborted) the engine holds none of them: no
+    sequence, no detokenizer state, no scheduled work, every KV block free again."""
+    draft = str(tiny_draft) if mode == "sd" else None
+    llm = LLM(model=str(tiny_llama), draft=draft, mode=mode, max_model_len=128)
+    eng = llm.engine
+    for i in range(5):
+        outs = llm.generate(PROMPTS * 4, SamplingParams(temperature=0.7, seed=i, max_tokens=6))
+        assert all(o.records for o in outs)  # the caller keeps what the rounds did
+    stream = llm.stream(PROMPTS[0], SamplingParams(max_tokens=50))
+    next(stream)
+    stream.close()  # aborted mid-way
+    assert eng.seqs == {} and eng.detok.states == {}
+    assert not eng.has_unfinished()
+    assert eng.block_manager.num_free_blocks == eng.block_manager.num_blocks

@@ -83,8 +83,8 @@ def test_hits_kept_when_others_in_the_batch_miss(tiny_llama, close_draft):
     with ssd(
         tiny_llama, close_draft, num_speculative_tokens=3, fanout=[1, 1, 1, 1], backup="neural"
     ) as llm:
-        llm.generate(PROMPTS, GREEDY)
-        records = [r for s in llm.engine.seqs.values() for r in s.records if r.hit is not None]
+        outs = llm.generate(PROMPTS, GREEDY)
+        records = [r for o in outs for r in o.records if r.hit is not None]
     by_step = {}
     for r in records:
         by_step.setdefault(r.step, []).append(r)
