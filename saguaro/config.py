@@ -74,6 +74,8 @@ class EngineConfig:
     draft_addr: str = "127.0.0.1"  # rendezvous address (the target hosts it)
     draft_port: int = 0  # 0: a free port
     draft_timeout_s: float = 60.0  # a worker silent this long is given up on
+    draft_restarts: int = 3  # a failed worker is restarted at most this many times
+    draft_restart_backoff_s: float = 1.0  # wait before the first restart; doubles each time
     draft_device: str | None = None  # None: same as device
     pin_cpus: bool = True  # on CPU, pin target and worker to disjoint cores (ssd)
     target_cpus: list[int] | None = None  # default with pin_cpus: core 0
@@ -106,6 +108,8 @@ class EngineConfig:
             )
         if self.sampling not in SAMPLING_METHODS:
             raise ValueError(f"sampling must be one of {SAMPLING_METHODS}, got {self.sampling!r}")
+        if self.draft_restarts < 0 or self.draft_restart_backoff_s < 0:
+            raise ValueError("draft_restarts and draft_restart_backoff_s must be >= 0")
         if self.draft_top_m < 1:
             raise ValueError(f"draft_top_m must be >= 1, got {self.draft_top_m}")
         if self.cache_budget is not None and self.cache_budget < 0:

@@ -113,6 +113,8 @@ class LLMEngine:
             self.close()  # a failed start leaves the process as it found it
             raise
         self.draft_failure: str | None = None
+        self.draft_restarts = 0  # SSD worker restarts after failures, over the engine's life
+        self._restart_at: float | None = None  # when the next restart is due (monotonic)
         self._verifier = verify if cfg.sampling == "rejection" else _verify_coupled
         self.num_steps = 0
         self.seqs: dict[int, Sequence] = {}  # unfinished requests
@@ -173,11 +175,14 @@ class LLMEngine:
                 coupled=cfg.sampling == "coupled",
             )
         elif cfg.mode == "ssd":
-            from saguaro.speculation.ssd import SSDProposer
+            self.proposer = self._start_worker()
 
-            self.proposer = SSDProposer(
-                cfg, str(draft_dir), self.max_model_len, target.config.vocab_size
-            )
+    def _start_worker(self) -> Proposer:
+        from saguaro.speculation.ssd import SSDProposer
+
+        return SSDProposer(
+            self.cfg, str(self.draft_dir), self.max_model_len, self.model_config.vocab_size
+        )
 
     # ---- requests ---------------------------------------------------------------------------
 
@@ -237,20 +242,62 @@ class LLMEngine:
             unpin_process()
             self._pinned = False
 
+    @property
+    def draft_state(self) -> str:
+        """"none" (AR), "running", "restarting" (a failed SSD worker will be restarted) or
+        "failed" (speculation is off for good; decoding stays exact)."""
+        if self.cfg.mode == "ar":
+            return "none"
+        if self.proposer is not None:
+            return "running"
+        return "restarting" if self._restart_at is not None else "failed"
+
     def _drop_proposer(self, why: Exception) -> None:
-        """The draft is gone: finish every request exactly, without speculation (AR)."""
+        """The draft is gone: go on exactly without speculation (AR) and, for an SSD worker,
+        schedule its restart: after ``draft_restart_backoff_s``, doubling with each restart,
+        at most ``draft_restarts`` times over the engine's life."""
         log.warning("saguaro: %s; continuing without speculation (AR)", why)
         assert self.proposer is not None
         self.proposer.close(failed=True)
         self.proposer = None
         self.scheduler.lookahead = 0
         self.draft_failure = str(why)
+        self._schedule_restart()
+
+    def _schedule_restart(self) -> None:
+        cfg = self.cfg
+        if cfg.mode != "ssd" or self.draft_restarts >= cfg.draft_restarts:
+            self._restart_at = None
+            log.warning("saguaro: speculation stays off (draft restarts: %d)", self.draft_restarts)
+            return
+        delay = cfg.draft_restart_backoff_s * 2**self.draft_restarts
+        self._restart_at = time.monotonic() + delay
+        log.warning("saguaro: restarting the draft worker in %.1f s", delay)
+
+    def _restart_worker(self) -> None:
+        """Bring a failed SSD worker back once its backoff has passed. Requests in flight carry
+        on: the new worker is sent each sequence's tokens as it first sees it."""
+        if self._restart_at is None or time.monotonic() < self._restart_at:
+            return
+        self._restart_at = None
+        self.draft_restarts += 1
+        try:
+            self.proposer = self._start_worker()
+        except DraftWorkerError as e:
+            log.warning("saguaro: the draft worker did not restart: %s", e)
+            self.draft_failure = str(e)
+            self._schedule_restart()
+            return
+        self.scheduler.lookahead = self.cfg.lookahead
+        self.draft_failure = None
+        log.warning("saguaro: draft worker restarted (%d so far)", self.draft_restarts)
 
     # ---- one step -----------------------------------------------------------------------------
 
     def step(self) -> list[Sequence]:
         """Run one engine step; return the sequences that committed tokens or finished."""
         step_start = time.perf_counter()
+        self._restart_worker()
         batch = self.scheduler.schedule()
         if not batch:
             return []

@@ -36,7 +36,7 @@ from saguaro.server.async_engine import AsyncEngine, Histogram, RequestStream, S
 from saguaro.server.chat import chat_prompt_ids
 
 MAX_BODY_BYTES = 8 << 20
-DRAFT_STATES = ("none", "running", "failed")
+DRAFT_STATES = ("none", "running", "restarting", "failed")
 FINISH_REASONS = ("stop", "length", "abort", "error")
 ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
 
@@ -387,8 +387,15 @@ def render_metrics(ae: AsyncEngine, http: Counter[tuple[str, int]], model: str) 
             (
                 "saguaro_draft_worker_state",
                 "gauge",
-                "Draft: none (AR), running, or failed (still exact, without speculation).",
+                "Draft: none (AR), running, restarting or failed (exact either way, without "
+                "speculation while not running).",
                 [(_labels(state=s), int(s == draft_state(ae))) for s in DRAFT_STATES],
+            ),
+            (
+                "saguaro_draft_worker_restarts_total",
+                "counter",
+                "Restarts of a failed SSD draft worker.",
+                [("", eng.draft_restarts)],
             ),
             (
                 "saguaro_http_requests_total",
@@ -475,9 +482,7 @@ def render_metrics(ae: AsyncEngine, http: Counter[tuple[str, int]], model: str) 
 
 def draft_state(ae: AsyncEngine) -> str:
     """One of DRAFT_STATES."""
-    if ae.engine.cfg.mode == "ar":
-        return "none"
-    return "failed" if ae.engine.proposer is None else "running"
+    return ae.engine.draft_state
 
 
 # ---- the app ----------------------------------------------------------------------------------
@@ -554,11 +559,13 @@ def build_app(
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        body = {"status": "ok" if ae.running else "engine stopped", "mode": engine.cfg.mode}
-        body["draft"] = draft_state(ae)
-        if engine.draft_failure:
-            body["draft_failure"] = engine.draft_failure
-        return JSONResponse(body, 200 if ae.running else 503)
+        """200 "ok" while serving fully; 503 "degraded" while a speculative mode runs without
+        its draft (restarting it, or for good: still exact, slower); 503 "engine stopped"."""
+        draft = draft_state(ae)
+        status = "ok" if draft in ("none", "running") else "degraded"
+        status = status if ae.running else "engine stopped"
+        body = {"status": status, "mode": engine.cfg.mode, "draft": draft}
+        return JSONResponse(body, 200 if status == "ok" else 503)
 
     def model_card() -> dict[str, Any]:
         return {"id": model_name, "object": "model", "created": created, "owned_by": "saguaro"}

@@ -90,6 +90,7 @@ def test_killed_worker_changes_nothing(tiny_llama, close_draft, reference):
         max_model_len=256,
         sampling="coupled",
         fanout=[2, 1, 1, 2],
+        draft_restarts=0,
     ) as llm:
         eng = llm.engine
         seqs = [

@@ -199,7 +199,7 @@ def _run_with_fault(llm, fault, steps_before=3):
 
 def test_worker_killed_mid_generation(tiny_llama, close_draft, ar_reference, caplog):
     with caplog.at_level(logging.WARNING, logger="saguaro"):
-        with ssd(tiny_llama, close_draft, num_speculative_tokens=3) as llm:
+        with ssd(tiny_llama, close_draft, num_speculative_tokens=3, draft_restarts=0) as llm:
             seqs = _run_with_fault(llm, lambda proc: proc.kill())
             assert llm.engine.draft_failure and "exited" in llm.engine.draft_failure
             assert llm.engine.proposer is None
@@ -209,7 +209,9 @@ def test_worker_killed_mid_generation(tiny_llama, close_draft, ar_reference, cap
 
 
 def test_worker_that_stops_answering_times_out(tiny_llama, close_draft, ar_reference):
-    with ssd(tiny_llama, close_draft, num_speculative_tokens=3, draft_timeout_s=2) as llm:
+    with ssd(
+        tiny_llama, close_draft, num_speculative_tokens=3, draft_timeout_s=2, draft_restarts=0
+    ) as llm:
         proc = llm.engine.proposer.proc
         try:
             seqs = _run_with_fault(llm, lambda p: os.kill(p.pid, signal.SIGSTOP))
@@ -307,3 +309,37 @@ def test_requests_that_reach_the_end_of_the_context_keep_the_worker(tiny_llama, 
             assert all(len(o.prompt_token_ids) + len(o.token_ids) == limit for o in outs)
             again = llm.generate(PROMPTS[:2], GREEDY)  # the worker still answers
             assert llm.engine.proposer is not None and len(again[0].token_ids) == 32
+
+
+def test_a_killed_worker_is_restarted_and_speculation_resumes(
+    tiny_llama, close_draft, ar_reference
+):
+    """Requests in flight finish exactly while the worker is down; after the backoff a new
+    worker joins, picks the running sequences up and SSD rounds resume; restarts are capped."""
+    with ssd(
+        tiny_llama,
+        close_draft,
+        num_speculative_tokens=3,
+        fanout=[2, 1, 1, 2],
+        draft_restarts=1,
+        draft_restart_backoff_s=0.0,
+    ) as llm:
+        eng = llm.engine
+        first = eng.proposer.proc
+        long = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
+        seqs = [eng.add_request(eng.encode_prompt(p), long) for p in PROMPTS[:3]]
+        for _ in range(3):
+            eng.step()
+        first.kill()
+        while eng.has_unfinished():
+            eng.step()
+        assert eng.draft_restarts == 1 and eng.draft_state == "running"
+        resumed = [r for s in seqs for r in s.records if r.hit is not None and r.step > 5]
+        assert resumed, "no SSD rounds after the restart"
+        assert first.poll() is not None  # the dead worker was reaped
+        ar = LLM(model=str(tiny_llama), max_model_len=256).generate(PROMPTS[:3], long)
+        assert [s.output_token_ids for s in seqs] == [o.token_ids for o in ar]
+        eng.proposer.proc.kill()  # the cap is reached: speculation stays off, still exact
+        outs = llm.generate(PROMPTS[:2], GREEDY)
+        assert eng.draft_state == "failed" and eng.proposer is None
+        assert [o.token_ids for o in outs] == [ar_reference[p] for p in PROMPTS[:2]]
