@@ -40,6 +40,20 @@ class ChannelError(RuntimeError):
     """The peer died, closed the connection, or did not answer in time."""
 
 
+def _listen(addr: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``addr:port`` (port 0: a free one)."""
+    family, kind, proto, _, sockaddr = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(sockaddr)
+        sock.listen()
+    except OSError as e:
+        sock.close()
+        raise ChannelError(f"cannot listen on {addr}:{port}: {e}") from e
+    return sock
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -64,6 +78,10 @@ class Channel:
         self.timeout = timedelta(seconds=timeout_s)  # per message, once connected
         # Joining may wait for a peer that is still importing torch and loading its model.
         self.connect_timeout = timedelta(seconds=connect_timeout_s)
+        # The store's own listener would take every interface; rank 0 hands it a socket bound
+        # to the configured address instead, so a loopback rendezvous is reachable from
+        # loopback only.
+        listener = _listen(addr, port) if rank == 0 else None
         try:
             self.store = dist.TCPStore(
                 addr,
@@ -72,10 +90,15 @@ class Channel:
                 rank == 0,
                 timeout=self.connect_timeout,
                 wait_for_workers=False,
+                **({"master_listen_fd": listener.fileno()} if listener else {}),
             )
             self.port = self.store.port
         except (RuntimeError, dist.DistStoreError) as e:
+            if listener is not None:
+                listener.close()
             raise ChannelError(f"rendezvous store on {addr}:{port} failed: {e}") from e
+        if listener is not None:
+            listener.detach()  # the store owns the descriptor from here on
         self.addr, self.world_size = addr, world_size
         self.pg: dist.ProcessGroupGloo | None = None
 

@@ -56,3 +56,25 @@ def test_doorbell_counts_rings_from_either_side():
     assert target.rings() == 3
     worker.close()
     target.close()
+
+
+def _listening_addresses(port: int) -> set[str]:
+    """Local addresses (hex, as /proc/net/tcp writes them) with a socket listening on port."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                addr, hex_port = local.split(":")
+                if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                    found.add(addr)
+    return found
+
+
+def test_rendezvous_listens_on_the_configured_address_only():
+    target = Channel(0, "127.0.0.1", 0, timeout_s=5)
+    try:
+        assert _listening_addresses(target.port) == {"0100007F"}  # 127.0.0.1, nothing else
+    finally:
+        target.close()
+    assert _listening_addresses(target.port) == set()
