@@ -244,7 +244,7 @@ class LLMEngine:
 
     @property
     def draft_state(self) -> str:
-        """"none" (AR), "running", "restarting" (a failed SSD worker will be restarted) or
+        """ "none" (AR), "running", "restarting" (a failed SSD worker will be restarted) or
         "failed" (speculation is off for good; decoding stays exact)."""
         if self.cfg.mode == "ar":
             return "none"

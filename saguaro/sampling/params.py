@@ -41,8 +41,10 @@ class SamplingParams:
             raise ValueError(f"top_k must be an int >= -1 (0 or -1 disable it), got {self.top_k!r}")
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
             raise ValueError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
-        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < 2**64):
-            raise ValueError(f"seed must be an int in [0, 2**64) or None, got {self.seed!r}")
+        if self.seed is not None and (
+            not _is_int(self.seed) or not -(2**63) <= self.seed < 2**64
+        ):  # any 64-bit word, signed or not: the noise reads its low 64 bits
+            raise ValueError(f"seed must be an int in [-2**63, 2**64) or None, got {self.seed!r}")
 
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         for s in stop:

@@ -15,27 +15,38 @@ import hmac
 import json
 import math
 import os
+import signal
 import sys
+import threading
 import time
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from jinja2.exceptions import TemplateError
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from saguaro.errors import RequestError, SaguaroError
 from saguaro.sampling import SamplingParams
-from saguaro.server.async_engine import AsyncEngine, Histogram, RequestStream, StreamEvent
+from saguaro.server.async_engine import (
+    AsyncEngine,
+    Histogram,
+    RequestStream,
+    ShuttingDown,
+    StreamEvent,
+)
 from saguaro.server.chat import chat_prompt_ids
 
 MAX_BODY_BYTES = 8 << 20
+BODY_TIMEOUT_S = 30.0  # a request body not fully received by then gets 408
+MAX_STOP_SEQUENCES = 4  # as OpenAI's API
+SHUTDOWN_GRACE_S = 10.0  # on SIGTERM, requests in flight get this long to finish
 DRAFT_STATES = ("none", "running", "restarting", "failed")
 FINISH_REASONS = ("stop", "length", "abort", "error")
 ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
@@ -86,13 +97,20 @@ class _GenerationRequest(_Body):
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int = Field(0, ge=-1)  # saguaro extension: 0 or -1 disable it
-    seed: int | None = Field(None, ge=-(2**63), lt=2**64)  # what a torch generator accepts
-    stop: str | Annotated[list[str], Field(max_length=4)] | None = None  # OpenAI allows 4
+    seed: int | None = Field(None, ge=-(2**63), lt=2**64)  # any 64-bit word
+    stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: Literal[1] = 1
     user: str | None = None  # accepted for compatibility; not used
     ignore_eos: bool = False  # saguaro extension
+
+    @field_validator("stop")
+    @classmethod
+    def _at_most_four(cls, stop: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(stop, list) and len(stop) > MAX_STOP_SEQUENCES:
+            raise ValueError(f"at most {MAX_STOP_SEQUENCES} stop sequences, got {len(stop)}")
+        return stop
 
     def sampling_params(self, max_tokens: int) -> SamplingParams:
         if self.stream_options is not None and not self.stream:
@@ -165,10 +183,14 @@ async def _parse(request: Request, model: type[_Body]) -> Any:
     if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         raise APIError(413, f"request body exceeds {MAX_BODY_BYTES} bytes")
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_BODY_BYTES:
-            raise APIError(413, f"request body exceeds {MAX_BODY_BYTES} bytes")
+    try:
+        async with asyncio.timeout(BODY_TIMEOUT_S):  # a client that never finishes its body
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > MAX_BODY_BYTES:
+                    raise APIError(413, f"request body exceeds {MAX_BODY_BYTES} bytes")
+    except TimeoutError as e:
+        raise APIError(408, f"request body not received within {BODY_TIMEOUT_S:g} s") from e
     try:
         return model.model_validate_json(bytes(body))
     except ValidationError as e:
@@ -417,6 +439,12 @@ def render_metrics(ae: AsyncEngine, http: Counter[tuple[str, int]], model: str) 
                 [("", len(sched.running))],
             ),
             ("saguaro_requests_waiting", "gauge", "Sequences queued.", [("", len(sched.waiting))]),
+            (
+                "saguaro_engine_sequences",
+                "gauge",
+                "Requests the engine holds (finished ones leave none behind).",
+                [("", len(eng.seqs))],
+            ),
             ("saguaro_prompt_tokens_total", "counter", "Prompt tokens.", [("", st.prompt_tokens)]),
             (
                 "saguaro_generation_tokens_total",
@@ -537,6 +565,12 @@ def build_app(
     async def _internal(_: Request, e: Exception) -> JSONResponse:
         return error_response(APIError(500, "internal server error", kind="server_error"))
 
+    def submit(ids: list[int], params: SamplingParams) -> RequestStream:
+        try:
+            return ae.submit(ids, params)
+        except ShuttingDown as e:
+            raise APIError(503, "the server is shutting down", kind="server_error") from e
+
     def check_model(name: str | None) -> None:
         if name is not None and name != model_name:
             raise APIError(404, f"The model `{name}` does not exist.", "model", "model_not_found")
@@ -595,9 +629,9 @@ def build_app(
             if len(prompt) != 1:
                 raise APIError(400, "one prompt per request is supported", "prompt")
             prompt = prompt[0]
-        ids = validated(prompt, "prompt")
+        ids = await asyncio.to_thread(validated, prompt, "prompt")  # keep the loop responsive
         params = req.sampling_params(req.max_tokens or 16)
-        stream = ae.submit(ids, params)
+        stream = submit(ids, params)
         watcher = _abort_on_disconnect(request, stream)
         rid, now = f"cmpl-{uuid.uuid4().hex}", int(time.time())
 
@@ -617,13 +651,14 @@ def build_app(
     async def chat_completions(request: Request) -> Response:
         req: ChatCompletionRequest = await _parse(request, ChatCompletionRequest)
         check_model(req.model)
-        try:
-            ids = chat_prompt_ids(engine.tokenizer, [m.for_template() for m in req.messages])
+        messages = [m.for_template() for m in req.messages]
+        try:  # templating and tokenising run off the event loop: a huge prompt stalls no one
+            ids = await asyncio.to_thread(chat_prompt_ids, engine.tokenizer, messages)
         except TemplateError as e:  # e.g. the template's raise_exception on role order
             raise APIError(400, f"chat template: {e}", "messages") from e
-        ids = validated(ids, "messages")
+        ids = await asyncio.to_thread(validated, ids, "messages")
         limit = req.max_completion_tokens or req.max_tokens or engine.max_model_len - len(ids)
-        stream = ae.submit(ids, req.sampling_params(limit))
+        stream = submit(ids, req.sampling_params(limit))
         watcher = _abort_on_disconnect(request, stream)
         rid, now = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 
@@ -711,13 +746,51 @@ def serve_main(argv: list[str] | None = None) -> int:
         "(default: $SAGUARO_API_KEY; unset: no auth)",
     )
     parser.add_argument("--served-model-name", help="model id clients use (default: dir name)")
+    parser.add_argument(
+        "--shutdown-grace-s",
+        type=float,
+        default=SHUTDOWN_GRACE_S,
+        help="on SIGTERM / SIGINT, how long requests in flight may take to finish before they "
+        f"are ended (default {SHUTDOWN_GRACE_S:g}; a second signal stops at once)",
+    )
     args = parser.parse_args(argv)
     try:
         llm = build_llm(args)
     except (SaguaroError, ValueError) as e:
         print(f"saguaro serve: error: {e}", file=sys.stderr)
         return 2
+    # uvicorn re-raises the signal that stopped it once it is done; SIGTERM's default action
+    # would then end the process before the engine (and its draft worker) is closed.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     with llm:
         app = build_app(llm, args.api_key, args.served_model_name)
-        uvicorn.run(app, host=args.host, port=args.port, timeout_graceful_shutdown=5)
+        config = uvicorn.Config(app, host=args.host, port=args.port, timeout_graceful_shutdown=5)
+        _draining_server(config, app.state.async_engine, args.shutdown_grace_s).run()
     return 0
+
+
+def _exit_on_sigterm(sig: int, _frame: object) -> None:
+    raise SystemExit(128 + sig)
+
+
+def _draining_server(config: Any, ae: AsyncEngine, grace_s: float) -> Any:
+    """A uvicorn server whose first SIGTERM / SIGINT drains before it stops: new requests get
+    503, those in flight have ``grace_s`` seconds to finish, the rest end with a final chunk
+    (finish_reason "abort"); then uvicorn shuts down as usual. A second signal stops at once."""
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        draining = False
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if self.draining:
+                return super().handle_exit(sig, frame)
+            self.draining = True
+
+            def drain_then_exit() -> None:
+                ae.drain(grace_s)
+                uvicorn.Server.handle_exit(self, sig, frame)
+
+            threading.Thread(target=drain_then_exit, name="saguaro-drain", daemon=True).start()
+
+    return DrainingServer(config)

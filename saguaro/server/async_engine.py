@@ -19,9 +19,18 @@ from dataclasses import dataclass, field
 
 from saguaro.engine.engine import LLMEngine
 from saguaro.engine.sequence import Sequence
+from saguaro.errors import SaguaroError
 from saguaro.sampling import SamplingParams
 
 log = logging.getLogger("saguaro.server")
+
+ENGINE_FAILURE = "the engine failed while serving this request"
+DRAIN_POLL_S = 0.05  # how often a draining server checks whether its requests have finished
+
+
+class ShuttingDown(Exception):
+    """The server is draining: it finishes what it has and takes nothing new."""
+
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
@@ -138,6 +147,7 @@ class AsyncEngine:
         self._cond = threading.Condition()
         self._commands: list[tuple[str, RequestStream | None]] = []
         self._thread: threading.Thread | None = None
+        self.accepting = True  # False once draining: submit() refuses new requests
         # Loop-thread state.
         self._active: dict[int, _Active] = {}  # by seq_id
         self._outbox: list[tuple[RequestStream, StreamEvent]] = []
@@ -157,8 +167,23 @@ class AsyncEngine:
             self._thread.join()
             self._thread = None
 
+    def drain(self, grace_s: float) -> None:
+        """Take nothing new; give the requests in flight ``grace_s`` seconds to finish, then end
+        the rest (each stream gets a final event with finish_reason "abort"). Thread-safe."""
+        self.accepting = False
+        deadline = time.monotonic() + grace_s
+        while self.running and time.monotonic() < deadline:
+            with self._cond:
+                busy = bool(self._commands) or self.engine.has_unfinished()
+            if not busy:
+                return
+            time.sleep(DRAIN_POLL_S)
+        self._post(("abort_all", None))
+
     def submit(self, prompt_ids: list[int], params: SamplingParams) -> RequestStream:
         """Queue a validated prompt (see ``LLMEngine.encode_prompt``); call from the event loop."""
+        if not self.accepting:
+            raise ShuttingDown("the server is shutting down")
         stream = RequestStream(self, prompt_ids, params)
         self._post(("add", stream))
         return stream
@@ -177,11 +202,13 @@ class AsyncEngine:
                     self._cond.wait()
                 commands, self._commands = self._commands, []
             for kind, stream in commands:
-                if kind == "stop":
+                if kind in ("stop", "abort_all"):
                     for active in list(self._active.values()):
                         self._abort(active)
-                    self._flush()
-                    return
+                    if kind == "stop":
+                        self._flush()
+                        return
+                    continue
                 assert stream is not None
                 if kind == "add":
                     self._add(stream)
@@ -208,7 +235,8 @@ class AsyncEngine:
             seq = self.engine.add_request(stream.prompt_ids, stream.params)
         except Exception as e:  # fail this request, never the loop thread
             log.exception("cannot add request")
-            event = StreamEvent("", len(stream.prompt_ids), 0, error=str(e))
+            why = str(e) if isinstance(e, SaguaroError) else ENGINE_FAILURE
+            event = StreamEvent("", len(stream.prompt_ids), 0, error=why)
             self._outbox.append((stream, event))
             return
         stream.seq_id = seq.seq_id
@@ -217,13 +245,13 @@ class AsyncEngine:
     def _step(self) -> None:
         try:
             seqs = self.engine.step()
-        except Exception as e:  # a failed step must not take the server down with it
+        except Exception:  # a failed step must not take the server down with it
             log.exception("engine step failed; failing %d requests", len(self._active))
             for active in list(self._active.values()):
                 seq = active.seq
                 self.engine.abort(seq.seq_id)
                 event = StreamEvent("", seq.num_prompt_tokens, seq.num_output_tokens)
-                event.error = f"engine failure: {e}"
+                event.error = ENGINE_FAILURE  # the traceback goes to the log, not the client
                 self._finish(active, event)
             return
         for seq in seqs:

@@ -15,6 +15,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 import weakref
 
@@ -37,6 +38,10 @@ REPLY_TIMES = ("glue_s", "branch_s", "build_s", "backup_s", "handle_s")  # summe
 
 class DraftWorkerError(SaguaroError):
     """The draft worker died, failed or stopped answering."""
+
+
+def _on_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
 
 
 def _reap(proc: subprocess.Popen | None, grace_s: float = 5.0) -> None:
@@ -88,6 +93,10 @@ class SSDProposer:
                     str(self.channel.port),
                     "--timeout",
                     str(self.timeout_s),
+                    # Tie the worker's life to this process (never an orphan), but only when the
+                    # main thread spawns it: the kernel signals a child when the *thread* that
+                    # started it exits.
+                    *(["--parent-pid", str(os.getpid())] if _on_main_thread() else []),
                 ],
                 env={**os.environ, "OMP_NUM_THREADS": str(cfg.draft_threads or 1)},
             )

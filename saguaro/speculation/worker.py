@@ -480,6 +480,21 @@ def serve(channel: Channel) -> None:
         worker.build_pending(stop=next_request_sent)
 
 
+def _die_with(parent_pid: int) -> None:
+    """Ask the kernel for SIGTERM when the parent exits (Linux prctl PR_SET_PDEATHSIG); if the
+    parent is already gone, exit now."""
+    import ctypes
+    import signal
+
+    pr_set_pdeathsig = 1
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    except (OSError, AttributeError):  # not Linux: the target reaps its worker itself
+        return
+    if os.getppid() != parent_pid:
+        sys.exit(1)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="saguaro draft-worker",
@@ -488,9 +503,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--addr", default=os.environ.get("MASTER_ADDR", "127.0.0.1"))
     parser.add_argument("--port", type=int, default=int(os.environ.get("MASTER_PORT", "0")))
     parser.add_argument("--timeout", type=float, default=60.0, help="rendezvous timeout (s)")
+    parser.add_argument(
+        "--parent-pid", type=int, help="exit when this process (the target engine) exits (Linux)"
+    )
     args = parser.parse_args(argv)
     if not args.port:
         parser.error("--port (or MASTER_PORT) is required")
+    if args.parent_pid is not None:
+        _die_with(args.parent_pid)
     logging.basicConfig(level=logging.INFO, format="[draft-worker] %(message)s")
     try:
         serve(Channel(1, args.addr, args.port, args.timeout).connect())
