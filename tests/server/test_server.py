@@ -559,3 +559,51 @@ def test_fuzzed_requests_never_5xx_or_hang(server, request):
 
 def test_server_still_answers_after_the_fuzz(client):
     assert client.completions.create(model=MODEL, prompt="ok", max_tokens=3).choices
+
+
+# ---- robustness -----------------------------------------------------------------------------
+
+
+def test_five_stop_sequences_get_a_clear_message(server):
+    body = {"model": MODEL, "prompt": "x", "stop": ["a", "b", "c", "d", "e"]}
+    r = httpx.post(f"{server.url}/v1/completions", json=body, headers=AUTH)
+    assert r.status_code == 400
+    assert "at most 4 stop sequences" in r.json()["error"]["message"]
+
+
+def test_a_body_that_never_completes_times_out(server, monkeypatch):
+    """A client that sends half a body is answered 408 instead of holding the request open."""
+    from saguaro.server import app as app_module
+
+    monkeypatch.setattr(app_module, "BODY_TIMEOUT_S", 0.5)
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Authorization: Bearer {KEY}\r\nContent-Length: 100\r\n\r\n".encode()
+            + b'{"prompt": '
+        )
+        reply = s.recv(4096).decode()
+    assert reply.startswith("HTTP/1.1 408") and "not received within" in reply
+
+
+def test_a_huge_prompt_does_not_stall_other_requests(server):
+    """Tokenising a multi-megabyte prompt happens off the event loop: /health answers
+    meanwhile."""
+    big = "word " * 1_500_000  # 7.5 MB of text
+    done = threading.Event()
+
+    def post() -> None:
+        body = {"model": MODEL, "prompt": big, "max_tokens": 1}
+        httpx.post(f"{server.url}/v1/completions", json=body, headers=AUTH, timeout=120)
+        done.set()
+
+    threading.Thread(target=post, daemon=True).start()
+    time.sleep(0.3)  # the big request is being tokenised
+    worst = 0.0
+    while not done.is_set():
+        t0 = time.perf_counter()
+        assert httpx.get(f"{server.url}/health", timeout=30).status_code == 200
+        worst = max(worst, time.perf_counter() - t0)
+        time.sleep(0.05)
+    assert worst < 1.0, f"/health took {worst:.2f} s while a huge prompt was tokenised"
