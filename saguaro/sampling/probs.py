@@ -111,11 +111,12 @@ class Dist:
 
     def probs(self, rows: torch.Tensor | None = None, dtype=torch.float32) -> torch.Tensor:
         """``p`` of the given rows (all if None) as dense [m, V] rows."""
-        if rows is None:
+        every = rows is None
+        if every:
             rows = torch.arange(len(self.thr), device=self.thr.device)
         greedy = self.greedy[rows]
         if self.z is not None:
-            z = self.z[rows]
+            z = self.z if every else self.z[rows]
             logp = z - self.lse[rows, None]
             thr = self.thr[rows]
             if bool((thr > -torch.inf).any()):
@@ -218,14 +219,18 @@ def _wide_nucleus(
     a prefix's mass lies within float64 rounding (~1e-15) of top_p.
     """
     rows, vocab = z.shape
-    dropped = z < k_thr[:, None]  # outside the top-k set
+    # outside the top-k set: a spare bucket, never summed (None: top-k is off in every row)
+    dropped = (z < k_thr[:, None]) if bool((k_thr > -torch.inf).any()) else None
     # z <= 0 with the max at 0; values below -NUCLEUS_SPAN share the last bucket.
     bucket = z.mul(-NUCLEUS_BUCKETS / NUCLEUS_SPAN).floor_().clamp_(max=NUCLEUS_BUCKETS - 1)
-    bucket.masked_fill_(dropped, NUCLEUS_BUCKETS)  # a spare bucket, never summed
-    offsets = torch.arange(rows, device=z.device)[:, None] * (NUCLEUS_BUCKETS + 1)
-    mass = (z - lse_k[:, None]).exp_().masked_fill_(dropped, 0.0).double()
+    mass = (z - lse_k[:, None]).exp_()
+    if dropped is not None:
+        bucket.masked_fill_(dropped, NUCLEUS_BUCKETS)
+        mass.masked_fill_(dropped, 0.0)
+    # Each row's buckets get their own range of one flat index (exact in float32 up to 2^24).
+    offsets = torch.arange(rows, device=z.device, dtype=z.dtype)[:, None] * (NUCLEUS_BUCKETS + 1)
     sums = torch.zeros(rows * (NUCLEUS_BUCKETS + 1), dtype=torch.float64, device=z.device)
-    sums = sums.index_add_(0, (bucket.long() + offsets).view(-1), mass.view(-1))
+    sums = sums.index_add_(0, bucket.add(offsets).view(-1).long(), mass.view(-1).double())
     running = sums.view(rows, -1)[:, :-1].cumsum(dim=-1)
     # The first bucket whose running mass reaches top_p (the last one if rounding leaves the
     # total a hair below top_p: the nucleus is then everything kept).

@@ -129,7 +129,12 @@ def verify(
         num_accepted[live] += 1
         live = live[valid[live, j + 1]] if j + 1 < k_max else live[:0]
 
-    dist = process(logits[rows[seq, num_accepted]], st)  # p at each sequence's stop position
+    stop_rows = rows[seq, num_accepted]
+    if len(stop_rows) == len(logits) and bool((stop_rows == seq).all()):
+        stop_logits = logits  # e.g. AR: the stop rows are all the rows, in order
+    else:
+        stop_logits = logits[stop_rows]
+    dist = process(stop_logits, st)  # p at each sequence's stop position
     if dist.z is None:  # every row greedy: no randomness, no distribution to build
         return VerifyResult(num_accepted, dist.argmax, ~dist.valid)
     target = dist.probs()  # [n, V]

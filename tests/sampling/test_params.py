@@ -31,7 +31,7 @@ def test_defaults_are_valid_and_normalised():
         ("max_tokens", 3.0),
         ("seed", 1.5),
         ("seed", "42"),
-        ("seed", -1),
+        ("seed", -(2**63) - 1),
         ("seed", 2**64),
         ("stop", ""),
         ("stop", ["ok", ""]),

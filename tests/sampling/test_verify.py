@@ -125,6 +125,24 @@ def first_committed(
     return torch.where(res.num_accepted > 0, s, res.next_token)
 
 
+def first_token_of_round(
+    z: torch.Tensor, params: SamplingParams, s: torch.Tensor, q: torch.Tensor
+) -> torch.Tensor:
+    """One K=1 round per proposal in ``s`` (drawn from ``q``), against logits ``z`` under
+    ``params``, row i with seed i: the first committed token of each."""
+    n = len(s)
+    res = verify(
+        z.expand(2 * n, -1).contiguous(),
+        SamplingTensors.from_params([params] * n),
+        s[:, None],
+        torch.ones(n, dtype=torch.long),
+        seed_tensor(list(range(n))),
+        torch.zeros(n, dtype=torch.long),
+        dense_q(q.expand(n, 1, -1)),
+    )
+    return torch.where(res.num_accepted > 0, s, res.next_token)
+
+
 @pytest.mark.parametrize("name", list(cases()))
 def test_first_committed_token_follows_target(name):
     p, q, point_mass = cases()[name]
@@ -152,17 +170,7 @@ def test_greedy_target_row_is_its_argmax():
     p, q, _ = cases()["greedy_target"]
     n = 5_000
     s = draws(q, n, seeded(1))
-    z = logits(0).expand(n * 2, -1).contiguous()
-    res = verify(
-        z,
-        SamplingTensors.from_params([SamplingParams(temperature=0)] * n),
-        s[:, None],
-        torch.ones(n, dtype=torch.long),
-        seed_tensor(list(range(n))),
-        torch.zeros(n, dtype=torch.long),
-        dense_q(q.expand(n, 1, -1)),
-    )
-    first = torch.where(res.num_accepted > 0, s, res.next_token)
+    first = first_token_of_round(logits(0), SamplingParams(temperature=0), s, q)
     assert bool((first == p.argmax()).all())
 
 
@@ -373,17 +381,7 @@ def test_confident_rows_accept_improbable_drafts_at_their_rate(temperature):
     assert float(p.max()) == 1.0 and float(p.min()) > 0  # rounds to one-hot, but is not
     params = SamplingParams(temperature=temperature)
     q = torch.full((vocab,), 1 / vocab)
-    s = draws(q, n, seeded(14))
-    res = verify(
-        z.expand(2 * n, -1).contiguous(),
-        SamplingTensors.from_params([params] * n),
-        s[:, None],
-        torch.ones(n, dtype=torch.long),
-        seed_tensor(list(range(n))),
-        torch.zeros(n, dtype=torch.long),
-        dense_q(q.expand(n, 1, -1)),
-    )
-    first = torch.where(res.num_accepted > 0, s, res.next_token)
+    first = first_token_of_round(z, params, draws(q, n, seeded(14)), q)
     assert bool((first == 3).all()), "committed a token of probability ~2e-9"
     # and a moderately likely token keeps its rate: p(s) = e^-3 / (1 + 15 e^-3) ~ 0.038
     z[3] = 3.0 * temperature
