@@ -171,16 +171,23 @@ def cutoffs(
         return thr
     if len(need) < rows:
         z, k, top_p = z[need], k[need], top_p[need]
+    use_k, use_p = k > 0, top_p < 1
+    if not bool(use_k.any()):
+        # top-p alone: the row's own normaliser, and a cheap test of whether the candidates can
+        # hold the nucleus at all (their mass is at most `candidates` times the largest, exp(-lse))
+        lse_k = torch.logsumexp(z, dim=-1)
+        flat = (candidates * (-lse_k).double().exp() < top_p).nonzero()[:, 0]
+        if len(flat) == len(need):  # e.g. a random-weight model: bucket every row directly
+            thr[need] = _wide_nucleus(z, torch.full_like(lse_k, -torch.inf), lse_k, top_p)
+            return thr
     width = min(vocab, max(candidates, int(k.max())))
     values = z.topk(width, dim=-1, sorted=True).values
-    k_thr = torch.where(k > 0, values.gather(1, (k - 1).clamp(min=0)[:, None])[:, 0], -torch.inf)
-    use_p = top_p < 1
+    k_thr = torch.where(use_k, values.gather(1, (k - 1).clamp(min=0)[:, None])[:, 0], -torch.inf)
     if not bool(use_p.any()):
         thr[need] = k_thr
         return thr
-    # The top-k distribution's normaliser: top-p works on the renormalised top-k distribution.
-    in_k = z if not bool((k > 0).any()) else z.masked_fill(z < k_thr[:, None], -torch.inf)
-    lse_k = torch.logsumexp(in_k, dim=-1)
+    if bool(use_k.any()):  # top-p works on the renormalised top-k distribution
+        lse_k = torch.logsumexp(z.masked_fill(z < k_thr[:, None], -torch.inf), dim=-1)
     zero = torch.zeros(len(need), dtype=torch.float64, device=z.device)
     p_thr, reached = _nucleus(values, k_thr, lse_k, top_p, zero)
     holds_all = (width == vocab) | (values[:, -1] < k_thr)  # every kept value is a candidate

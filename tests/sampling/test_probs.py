@@ -214,3 +214,10 @@ def test_wide_nuclei_at_150k_match_the_full_sort():
     params[4] = SamplingParams(top_p=0.3, top_k=100_000)
     st = SamplingTensors.from_params(params)
     assert torch.equal(process(z, st).thr, process(z, st, candidates=151_936).thr)
+
+
+def test_flat_rows_routed_straight_to_buckets_match_the_full_sort():
+    """Rows whose 64 largest values cannot hold top_p skip the partial top-k entirely."""
+    z = torch.randn(5, 20_000, generator=torch.Generator().manual_seed(4)) * 0.3
+    st = SamplingTensors.from_params([SamplingParams(top_p=p) for p in (0.5, 0.9, 0.95, 0.99, 0.7)])
+    assert torch.equal(process(z, st).thr, process(z, st, candidates=20_000).thr)
