@@ -21,9 +21,9 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, help="torch threads for this process")
     p.add_argument(
         "--sampling",
-        choices=["rejection", "coupled"],
-        help="how T > 0 is sampled exactly: rejection sampling, or coupled (the same text in "
-        "every mode for a seed) (default: EngineConfig.sampling)",
+        choices=["auto", "rejection", "coupled"],
+        help="how T > 0 is sampled exactly: rejection sampling, or coupled (a seed gives the "
+        "same text in every mode); auto: coupled for ssd, rejection otherwise (the default)",
     )
     p.add_argument(
         "--draft-top-m",

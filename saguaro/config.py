@@ -11,7 +11,7 @@ from saguaro.sampling.sampler import DEFAULT_TOP_M
 from saguaro.speculation.fanout import parse_fanout
 
 MODES = ("ar", "sd", "ssd")
-SAMPLING_METHODS = ("rejection", "coupled")
+SAMPLING_METHODS = ("auto", "rejection", "coupled")
 BACKUPS = ("auto", "neural", "fast")
 
 # SSD on CPU pins the process (cores and torch threads) to its target's share. Engines may
@@ -64,7 +64,9 @@ class EngineConfig:
     seed: int = 0
     num_threads: int | None = None  # torch intra-op threads in this process (None: leave as is)
     draft_top_m: int = DEFAULT_TOP_M  # sd/ssd: the draft samples from its top-M tokens
-    sampling: str = "rejection"  # at T > 0: rejection sampling | coupled (docs/sampling.md)
+    # How T > 0 is sampled exactly: rejection | coupled | auto (coupled for SSD, whose cache it
+    # serves better; rejection for AR and SD, where it accepts more). docs/sampling.md.
+    sampling: str = "auto"
     # --- SSD (mode="ssd") ---
     fanout: str | list[int] = "auto"  # auto | geometric | empirical | fixed F_0..F_K
     cache_budget: int | None = None  # branches per sequence; None: sized to fit a verification
@@ -108,6 +110,8 @@ class EngineConfig:
             )
         if self.sampling not in SAMPLING_METHODS:
             raise ValueError(f"sampling must be one of {SAMPLING_METHODS}, got {self.sampling!r}")
+        if self.sampling == "auto":
+            self.sampling = "coupled" if self.mode == "ssd" else "rejection"
         if self.draft_restarts < 0 or self.draft_restart_backoff_s < 0:
             raise ValueError("draft_restarts and draft_restart_backoff_s must be >= 0")
         if self.draft_top_m < 1:

@@ -49,3 +49,12 @@ def test_an_engine_that_fails_to_start_gives_its_pin_back(tmp_path):
     with pytest.raises(ModelLoadError, match="does not exist"):
         LLMEngine(cfg)
     assert os.sched_getaffinity(0) == before
+
+
+def test_sampling_auto_is_coupled_for_ssd_and_rejection_otherwise():
+    assert EngineConfig(mode="ar", device="cpu").sampling == "rejection"
+    assert EngineConfig(mode="sd", device="cpu").sampling == "rejection"
+    assert EngineConfig(mode="ssd", device="cpu", pin_cpus=False).sampling == "coupled"
+    assert EngineConfig(mode="ssd", device="cpu", sampling="rejection").sampling == "rejection"
+    with pytest.raises(ValueError, match="sampling"):
+        EngineConfig(sampling="gumbel")

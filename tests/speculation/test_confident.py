@@ -15,11 +15,13 @@ from tests.conftest import SMALL_VOCAB
 TEMPERATURES = (0.3, 0.5, 1.0)
 IMPROBABLE = 1e-7
 MODES = {
-    "ar": dict(mode="ar"),
-    "sd": dict(mode="sd"),
-    "ssd hit": dict(mode="ssd", fanout=[3, 2, 2, 3]),
-    "ssd miss, neural backup": dict(mode="ssd", fanout="0", backup="neural"),
-    "ssd miss, fast backup": dict(mode="ssd", fanout="0", backup="fast"),
+    "ar": dict(mode="ar", sampling="rejection"),
+    "sd": dict(mode="sd", sampling="rejection"),
+    "ssd hit": dict(mode="ssd", sampling="rejection", fanout=[3, 2, 2, 3]),
+    "ssd miss, neural backup": dict(mode="ssd", sampling="rejection", fanout="0", backup="neural"),
+    "ssd miss, fast backup": dict(mode="ssd", sampling="rejection", fanout="0", backup="fast"),
+    "coupled ar": dict(mode="ar", sampling="coupled"),
+    "coupled ssd": dict(mode="ssd", sampling="coupled", fanout=[3, 2, 2, 3]),
 }
 
 

@@ -33,6 +33,8 @@ def ssd(target, draft, **kw) -> LLM:
     kw.setdefault("max_model_len", 256)
     kw.setdefault("max_num_seqs", 8)
     kw.setdefault("draft_timeout_s", 60)
+    # these tests cover rejection sampling's paths; coupled SSD has tests of its own
+    kw.setdefault("sampling", "rejection")
     return LLM(model=str(target), draft=str(draft), mode="ssd", **kw)
 
 
@@ -309,6 +311,8 @@ def test_requests_that_reach_the_end_of_the_context_keep_the_worker(tiny_llama, 
             assert all(len(o.prompt_token_ids) + len(o.token_ids) == limit for o in outs)
             again = llm.generate(PROMPTS[:2], GREEDY)  # the worker still answers
             assert llm.engine.proposer is not None and len(again[0].token_ids) == 32
+            # finished requests leave nothing in the engine or the proposer
+            assert llm.engine.seqs == {} and llm.engine.proposer.known == {}
 
 
 def test_a_killed_worker_is_restarted_and_speculation_resumes(
