@@ -115,7 +115,6 @@ class LLMEngine:
         self.draft_failure: str | None = None
         self.draft_restarts = 0  # SSD worker restarts after failures, over the engine's life
         self._restart_at: float | None = None  # when the next restart is due (monotonic)
-        self._verifier = verify if cfg.sampling == "rejection" else _verify_coupled
         self.num_steps = 0
         self.seqs: dict[int, Sequence] = {}  # unfinished requests
         self._ids = itertools.count()
@@ -439,16 +438,17 @@ class LLMEngine:
         """Verify every round at once; if that raises, verify each round alone, so that one
         request's failure ends that request only. Returns per round k, t and an error or None."""
         n = len(args[2])
+        verifier = verify if self.cfg.sampling == "rejection" else _verify_coupled
         outcomes: dict[tuple[int, ...], VerifyResult | Exception] = {}
         try:
-            outcomes[tuple(range(n))] = self._verifier(logits, *args)
+            outcomes[tuple(range(n))] = verifier(logits, *args)
         except Exception:
             log.exception("batched verification failed; verifying each request alone")
             for i in range(n):
                 one = tuple(a if a is None else a[i : i + 1] for a in args[1:])
                 try:
                     one_st = args[0].index(torch.tensor([i]))
-                    outcomes[(i,)] = self._verifier(logits, one_st, *one)
+                    outcomes[(i,)] = verifier(logits, one_st, *one)
                 except Exception as e:
                     outcomes[(i,)] = e
         num_accepted, next_token = [0] * n, [0] * n
