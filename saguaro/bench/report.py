@@ -365,7 +365,7 @@ def markdown(meta: dict[str, Any], rows: list[Row], correctness: dict[str, Any])
         "one request at a time (transformers supports batch size 1 only).",
         "- acc. len: tokens committed per round (1 + accepted / rounds); bonus acc.: of rounds "
         "that accepted all K proposals, the share whose next round hit the cache; predicted: "
-        "DESIGN §7 speedup over AR from SSD's online estimates, its verification-time unit "
+        "docs/design.md §7 speedup over AR from SSD's online estimates, its verification-time unit "
         "converted to this machine's AR step (AR's TPOT over SSD's mean verification forward "
         "in the same cell).",
     ]
@@ -434,7 +434,7 @@ def plot_speedup(rows: list[Row], path: Path) -> None:
             series = [(label, achieved, None)]
             if any(k[0] == label for k in predicted):
                 pred = {g: predicted.get((label, *g), math.nan) for g in groups}
-                series.append((f"{label} predicted (DESIGN §7)", pred, "//"))
+                series.append((f"{label} predicted (docs/design.md §7)", pred, "//"))
             for name, values, hatch in series:
                 xs = [g + (slot - (bars - 1) / 2) * width for g in range(len(groups))]
                 ys = [values.get(g, math.nan) for g in groups]

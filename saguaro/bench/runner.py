@@ -98,7 +98,7 @@ class Generation:
     requests: list[RequestResult]
     records: list[list[RoundRecord]] = field(default_factory=list)  # per request (saguaro)
     target_forwards: int | None = None  # hf-assisted: target forward passes (one per round)
-    predicted_speedup: float | None = None  # SSD: DESIGN §7, relative to one verification
+    predicted_speedup: float | None = None  # SSD: docs/design.md §7, relative to one verification
     ssd_stats: dict[str, Any] | None = None
     ssd_totals: dict[str, float] | None = None  # SSD: draft-side seconds during this call
     draft_failure: str | None = None
@@ -634,9 +634,9 @@ class Row:
     bonus_accuracy: float | None  # P(cache hit | previous round accepted all K)
     speedup_vs_ar: float | None = None
     speedup_vs_sd: float | None = None
-    predicted_speedup: float | None = None  # SSD: DESIGN §7 prediction over AR (see round_costs)
+    predicted_speedup: float | None = None  # SSD: docs/design.md §7 over AR (see round_costs)
     draft_failures: list[str] = field(default_factory=list)
-    speculation: dict[str, Any] = field(default_factory=dict)  # engine metrics (DESIGN §10)
+    speculation: dict[str, Any] = field(default_factory=dict)  # engine metrics (docs/design.md §10)
     ssd: dict[str, Any] | None = None  # last round's fan-out, budget, timings; policy inputs
     round_costs: dict[str, float] | None = None  # SSD: mean ms per engine round, by part
     step_costs: dict[str, float] | None = None  # saguaro modes: mean ms per engine step, by part
@@ -780,8 +780,8 @@ def aggregate(runs: list[Run], variants: list[Variant]) -> list[Row]:
 
 
 def _on_this_machine(row: Row, ar: Row | None) -> float | None:
-    """DESIGN §7 counts time in verifications and takes an AR step to cost one, as on a GPU. Here
-    an AR step costs ``ar.tpot_s`` (measured in the same cell) and a verification forward
+    """docs/design.md §7 counts time in verifications and takes an AR step to cost one, as on a
+    GPU. Here an AR step costs ``ar.tpot_s`` (measured in the same cell) and a verification forward
     ``round_costs['target_forward']``, so the prediction scales by their ratio. The prediction's
     inputs (p_hit, E, T_p, T_b, T_o, the verification time) are all measured; what it leaves out
     is messaging, and that a build cut short serves shallower branches."""

@@ -1,5 +1,5 @@
 """Per-position fan-out: how many candidate outcomes the speculation cache prepares for each
-number accepted k (DESIGN §5). The one place in the engine that computes it.
+number accepted k (docs/design.md §5). The one place in the engine that computes it.
 
 An outcome of a round is `(k, t)`: k of the K speculated tokens accepted, then token t. For each
 k the cache holds branches for F_k candidate tokens t, with `sum_k F_k = B`. The round hits when
@@ -244,9 +244,9 @@ class FanoutEstimator:
     def allocate(
         self, budget: int, K: int | None = None, mode: str = "geometric", cap: int | None = None
     ) -> list[int]:
-        """F_0..F_K' from the current estimates. ``geometric``: the closed form (DESIGN §5) with the
-        measured acceptance rate and fitted r. ``empirical``: the greedy marginal-gain allocation on
-        the smoothed P(k) and hit curves."""
+        """F_0..F_K' from the current estimates. ``geometric``: the closed form
+        (docs/design.md §5) with the measured acceptance rate and fitted r. ``empirical``: the
+        greedy marginal-gain allocation on the smoothed P(k) and hit curves."""
         K = self.K if K is None else K
         if mode == "geometric":
             return geometric_fanout(budget, K, self.accept_rate, self.power_r, cap)

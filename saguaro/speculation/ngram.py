@@ -1,4 +1,4 @@
-"""Fast backup (DESIGN §7): prompt-lookup proposals from the sequence's own context.
+"""Fast backup (docs/design.md §7): prompt-lookup proposals from the sequence's own context.
 
 No model runs: the proposal copies what followed the most recent earlier occurrence of the
 context's last few tokens. It is deterministic, so verification uses the point-mass rule (§3).

@@ -1,4 +1,4 @@
-"""How much speculation cache to build each round: budget B and branch depth d (DESIGN §5).
+"""How much speculation cache to build each round: budget B and branch depth d (docs/design.md §5).
 
 The draft worker builds the cache for round T while the target verifies it. For n sequences a
 build costs `T_build(B, d) = T_fixed + d T_depth(n B)`: a fixed part (glue pass, candidate

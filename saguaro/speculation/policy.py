@@ -1,4 +1,4 @@
-"""Batch-size-aware choice of backup on a cache miss (DESIGN §7): neural or fast."""
+"""Batch-size-aware choice of backup on a cache miss (docs/design.md §7): neural or fast."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def predicted_speedup(
     verification-length step, so the long-run token rate ratio is expected tokens per round over
     expected round time (renewal-reward).
 
-    T_o, beyond DESIGN §7 (which sets it to 0): the target's own cost per round outside its
+    T_o, beyond docs/design.md §7 (which sets it to 0): the target's own cost per round outside its
     forward (scheduling, sampling, verification bookkeeping). The draft's speculation overlaps
     it as well as the forward; a backup waits for both. Every round pays it whatever it
     commits, so it favours the backup that commits more per round; on a CPU it is a tenth of a

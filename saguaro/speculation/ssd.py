@@ -234,8 +234,8 @@ class SSDProposer:
 
     def stats(self, batch: int = 1) -> dict:
         """Fan-out, budget, cache-build timings (the last round's, and cumulative ``totals``),
-        policy estimates, and the DESIGN §7 speedup predicted from them for a batch of ``batch``
-        sequences (relative to one verification, as §7 states it)."""
+        policy estimates, and the docs/design.md §7 speedup predicted from them for a batch of
+        ``batch`` sequences (relative to one verification, as §7 states it)."""
         kind = self.policy.choose(batch)
         out = {
             "policy": self.policy.snapshot(),
