@@ -91,6 +91,14 @@ def test_bench_writes_report(tiny_llama, prompt_file, tmp_path):
     assert parts == pytest.approx(costs["round"]) and costs["target_other"] > 0
     assert costs["build"] == pytest.approx(costs["glue"] + costs["branches"])
     assert by[("sd", 1, 0.0)]["round_costs"] is None
+    for variant in ("ar", "sd", "ssd"):  # every saguaro mode's step, part by part
+        steps = by[(variant, 1, 1.0)]["step_costs"]
+        parts = steps["forward"] + steps["draft"] + steps["verify"] + steps["other"]
+        assert (
+            steps["forward"] > 0 and steps["verify"] > 0 and parts == pytest.approx(steps["step"])
+        )
+        assert 0 < steps["outside"] < 1
+    assert by[("hf-assisted", 1, 0.0)]["step_costs"] is None
     for mode in ("sd", "ssd", "hf-assisted"):
         assert by[(mode, 2, 1.0)]["mean_accepted_length"] >= 1
     # Interleaved: within one batch of prompts the modes follow each other A B C D.
@@ -104,6 +112,7 @@ def test_bench_writes_report(tiny_llama, prompt_file, tmp_path):
     assert "acc. len (sd / ssd / hf-assisted) |" in md
     assert "| prompts | 1 | 2 |" in md
     assert "**SSD round breakdown**" in md and "| prompts | 0 | 2 | ssd |" in md
+    assert "**Step breakdown**" in md and "| prompts | 1 | 1 | sd |" in md
     assert res["command"] in md
     for name in PLOTS:
         data = (out / name).read_bytes()
@@ -227,3 +236,25 @@ def test_ssd_backend_after_its_worker_failed(tiny_llama, close_draft):
         backend.close()
     assert len(gen.requests[0].token_ids) == 8
     assert gen.ssd_totals is None and "worker gone" in gen.draft_failure
+
+
+def test_sampling_methods_side_by_side(tiny_llama, tiny_draft, prompt_file, tmp_path):
+    """--sampling rejection,coupled: a variant per method and mode, each compared with AR under
+    its own method; the greedy check still finds its AR reference."""
+    out = tmp_path / "out"
+    argv = args(
+        tiny_llama, tiny_draft, prompt_file, out, "--modes", "ar,sd", "--batch-sizes", "1",
+        "--temperatures", "0,1", "--sampling", "rejection,coupled", "--top-p", "0.9",
+    )  # fmt: skip
+    assert bench_main(argv) == 0
+    res = json.loads((out / "results.json").read_text())
+    labels = {r["variant"]: r["sampling"] for r in res["results"]}
+    assert labels == {
+        "ar rejection": "rejection",
+        "ar coupled": "coupled",
+        "sd rejection": "rejection",
+        "sd coupled": "coupled",
+    }
+    assert res["correctness"]["ok"] is True and res["correctness"]["checked"] == 6
+    for r in res["results"]:
+        assert r["speedup_vs_ar"] is not None  # found the AR row of the same method
