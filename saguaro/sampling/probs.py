@@ -109,8 +109,8 @@ class Dist:
         lp = torch.where(z >= self.thr[rows], z - self.lse[rows], -torch.inf).double()
         return torch.where(self.greedy[rows], point, lp)
 
-    def probs(self, rows: torch.Tensor | None = None, dtype=torch.float32) -> torch.Tensor:
-        """``p`` of the given rows (all if None) as dense [m, V] rows."""
+    def probs(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """``p`` of the given rows (all if None) as dense float32 [m, V] rows."""
         every = rows is None
         if every:
             rows = torch.arange(len(self.thr), device=self.thr.device)
@@ -122,11 +122,11 @@ class Dist:
             if bool((thr > -torch.inf).any()):
                 logp.masked_fill_(z < thr[:, None], -torch.inf)
             # exp in float32: masses down to 1e-45 survive, and the CDF sums them in float64.
-            p = logp.exp_().to(dtype)
+            p = logp.exp_()
             if not bool(greedy.any()):
                 return p
         else:
-            p = torch.zeros(len(rows), self.vocab_size, dtype=dtype, device=self.thr.device)
+            p = torch.zeros(len(rows), self.vocab_size, device=self.thr.device)
         g = greedy.nonzero()[:, 0]
         p[g] = 0
         p[g, self.argmax[rows[g]]] = 1
