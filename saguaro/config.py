@@ -7,11 +7,12 @@ from dataclasses import dataclass
 
 import torch
 
+from saguaro.sampling.params import SAMPLING_METHODS as REQUEST_SAMPLING_METHODS
 from saguaro.sampling.sampler import DEFAULT_TOP_M
 from saguaro.speculation.fanout import parse_fanout
 
 MODES = ("ar", "sd", "ssd")
-SAMPLING_METHODS = ("auto", "rejection", "coupled")
+SAMPLING_METHODS = ("auto", *REQUEST_SAMPLING_METHODS)
 BACKUPS = ("auto", "neural", "fast")
 
 # SSD on CPU pins the process (cores and torch threads) to its target's share. Engines may

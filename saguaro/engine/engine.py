@@ -97,6 +97,17 @@ def _verify_coupled(
     return verify_coupled(logits, st, tokens, num_draft, seeds, positions, rows)
 
 
+def _rows_of(args: tuple, idx: list[int]) -> tuple:
+    """The verifier arguments of the rounds ``idx`` (the logits rows they index stay shared)."""
+    st, *tensors = args
+    pick = torch.tensor(idx)
+    return (st.index(pick), *(None if t is None else t[pick.to(_device_of(t))] for t in tensors))
+
+
+def _device_of(t: torch.Tensor | SparseQ) -> torch.device:
+    return t.ids.device if isinstance(t, SparseQ) else t.device
+
+
 class LLMEngine:
     def __init__(self, cfg: EngineConfig) -> None:
         self.cfg = cfg
@@ -171,7 +182,7 @@ class LLMEngine:
             self.proposer = DraftProposer(
                 ModelRunner(draft, num_blocks, cfg.block_size, cfg.device),
                 cfg.draft_top_m,
-                coupled=cfg.sampling == "coupled",
+                cfg.sampling,
             )
         elif cfg.mode == "ssd":
             self.proposer = self._start_worker()
@@ -386,7 +397,8 @@ class LLMEngine:
             None if q is None else q.to(device),
             rows.to(device),
         )
-        num_accepted, next_token, errors = self._verify(logits, args)
+        methods = [self._method(seq) for seq in seqs]
+        num_accepted, next_token, errors = self._verify(logits, args, methods)
         now = time.perf_counter()
         verify_s = (now - verify_start) / n
         for i, s in enumerate(rounds):
@@ -432,23 +444,29 @@ class LLMEngine:
             self.block_manager.trim(seq, len(seq))
             self._register(seq)
 
+    def _method(self, seq: Sequence) -> str:
+        """The exact sampling method of a request: its own, or the engine's."""
+        return seq.params.sampling or self.cfg.sampling
+
     def _verify(
-        self, logits: torch.Tensor, args: tuple
+        self, logits: torch.Tensor, args: tuple, methods: list[str]
     ) -> tuple[list[int], list[int], list[str | None]]:
-        """Verify every round at once; if that raises, verify each round alone, so that one
-        request's failure ends that request only. Returns per round k, t and an error or None."""
-        n = len(args[2])
-        verifier = verify if self.cfg.sampling == "rejection" else _verify_coupled
+        """Verify every round, the rounds of each sampling method together; if that raises,
+        verify each of them alone, so that one request's failure ends that request only.
+        Returns per round k, t and an error or None."""
+        n = len(methods)
         outcomes: dict[tuple[int, ...], VerifyResult | Exception] = {}
-        try:
-            outcomes[tuple(range(n))] = verifier(logits, *args)
-        except Exception:
-            log.exception("batched verification failed; verifying each request alone")
-            for i in range(n):
-                one = tuple(a if a is None else a[i : i + 1] for a in args[1:])
+        for method in sorted(set(methods)):
+            verifier = verify if method == "rejection" else _verify_coupled
+            group = [i for i, m in enumerate(methods) if m == method]
+            try:
+                outcomes[tuple(group)] = verifier(logits, *_rows_of(args, group))
+                continue
+            except Exception:
+                log.exception("batched verification failed; verifying each request alone")
+            for i in group:
                 try:
-                    one_st = args[0].index(torch.tensor([i]))
-                    outcomes[(i,)] = verifier(logits, one_st, *one)
+                    outcomes[(i,)] = verifier(logits, *_rows_of(args, [i]))
                 except Exception as e:
                     outcomes[(i,)] = e
         num_accepted, next_token = [0] * n, [0] * n

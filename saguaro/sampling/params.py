@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+SAMPLING_METHODS = ("rejection", "coupled")  # the exact methods a request can ask for
+
 
 def _is_int(value: object) -> bool:
     # bool is a subclass of int, but `top_k=True` is a bug, not a count.
@@ -28,6 +30,8 @@ class SamplingParams:
     stop: list[str] | str | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
+    # "rejection" | "coupled": this request's method at T > 0; None: the engine's (docs/sampling.md)
+    sampling: str | None = None
 
     def __post_init__(self) -> None:
         t = self.temperature
@@ -46,6 +50,10 @@ class SamplingParams:
         ):  # any 64-bit word, signed or not: the noise reads its low 64 bits
             raise ValueError(f"seed must be an int in [-2**63, 2**64) or None, got {self.seed!r}")
 
+        if self.sampling not in (None, *SAMPLING_METHODS):
+            raise ValueError(
+                f"sampling must be one of {SAMPLING_METHODS} or None, got {self.sampling!r}"
+            )
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         for s in stop:
             if not isinstance(s, str) or not s:

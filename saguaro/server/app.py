@@ -104,6 +104,7 @@ class _GenerationRequest(_Body):
     n: Literal[1] = 1
     user: str | None = None  # accepted for compatibility; not used
     ignore_eos: bool = False  # saguaro extension
+    sampling: Literal["rejection", "coupled"] | None = None  # saguaro extension: None = server's
 
     @field_validator("stop")
     @classmethod
@@ -124,6 +125,7 @@ class _GenerationRequest(_Body):
                 max_tokens=max_tokens,
                 stop=self.stop,
                 ignore_eos=self.ignore_eos,
+                sampling=self.sampling,
             )
         except ValueError as e:
             raise APIError(400, str(e)) from e

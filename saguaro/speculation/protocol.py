@@ -39,7 +39,6 @@ class WorkerConfig:
     budget: int | None  # branches per sequence; None = sized online to fit a verification
     saguaro_c: float  # Saguaro sampling constant C in (0, 1]
     top_m: int  # the draft samples from its top-M tokens
-    sampling: str  # "rejection" | "coupled" (see saguaro.sampling.coupled)
     max_model_len: int
     max_num_seqs: int
     block_size: int
@@ -58,6 +57,7 @@ class SeqUpdate:
     top_k: int = 0
     top_p: float = 1.0
     seed: int = 0  # the request's seed: keys the draft's noise (saguaro.sampling.noise)
+    coupled: bool = False  # the request's method: coupled sampling, else rejection sampling
     new: bool = False
 
 

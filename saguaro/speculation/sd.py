@@ -39,19 +39,48 @@ class Chain:
     k: int
     params: SamplingParams
     seed: int
+    coupled: bool = False  # coupled sampling: propose q's perturbed argmax, no q needed
 
 
-def plain_proposals(chains: list[Chain], top_m: int, coupled: bool) -> ProposeFn:
-    """Each chain's own transforms, its top ``top_m`` tokens, its seed's noise: a draw from q
-    (rejection sampling) or q's perturbed argmax (coupled sampling)."""
-    make = propose_coupled if coupled else propose
+def plain_proposals(chains: list[Chain], top_m: int) -> ProposeFn:
+    """Each chain's own transforms, its top ``top_m`` tokens, its seed's noise."""
 
     def fn(logits: torch.Tensor, rows: list[int], depth: int, positions: torch.Tensor):
         st = SamplingTensors.from_params([chains[i].params for i in rows])
         seeds = seed_tensor([chains[i].seed for i in rows])
-        return make(logits, st, seeds, positions, top_m)
+        return propose_rows(logits, st, seeds, positions, top_m, [chains[i].coupled for i in rows])
 
     return fn
+
+
+def propose_rows(
+    logits: torch.Tensor,
+    st: SamplingTensors,
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+    top_m: int,
+    coupled: list[bool],
+    fanout: torch.Tensor | int = 0,
+    saguaro_c: float = 1.0,
+) -> tuple[torch.Tensor, SparseQ | None]:
+    """Proposals for rows that each follow their own method: a draw from q under rejection
+    sampling (q returned for those rows), q's perturbed argmax under coupled sampling (their q
+    entries are point masses, never read). None for q when every row is coupled."""
+    if all(coupled):
+        return propose_coupled(logits, st, seeds, positions, top_m)
+    if not any(coupled):
+        return propose(logits, st, seeds, positions, top_m, fanout, saguaro_c)
+    c = torch.tensor(coupled, device=logits.device)
+    r = ~c
+    tokens, q = propose(
+        logits[r], st.index(r.cpu()), seeds[r], positions[r], top_m, fanout, saguaro_c
+    )
+    out = torch.empty(len(coupled), dtype=torch.int64, device=logits.device)
+    out[r] = tokens
+    out[c] = propose_coupled(logits[c], st.index(c.cpu()), seeds[c], positions[c], top_m)[0]
+    full = SparseQ.point_mass(out, q.width)
+    full.ids[r], full.probs[r] = q.ids, q.probs
+    return out, full
 
 
 def decode_chains(
@@ -101,19 +130,25 @@ def decode_chains(
 class DraftProposer:
     shares_block_table = True
 
-    def __init__(self, runner: ModelRunner, top_m: int, coupled: bool) -> None:
+    def __init__(self, runner: ModelRunner, top_m: int, sampling: str) -> None:
         self.runner = runner
         self.top_m = top_m
-        self.coupled = coupled
+        self.sampling = sampling  # the engine's method; a request may name its own
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> Proposal:
         chains = [
-            Chain(s.block_table, s.token_ids, s.num_draft_computed, k, s.params, s.seed)
+            Chain(
+                s.block_table,
+                s.token_ids,
+                s.num_draft_computed,
+                k,
+                s.params,
+                s.seed,
+                (s.params.sampling or self.sampling) == "coupled",
+            )
             for s, k in zip(seqs, ks, strict=True)
         ]
-        tokens, q = decode_chains(
-            self.runner, chains, plain_proposals(chains, self.top_m, self.coupled)
-        )
+        tokens, q = decode_chains(self.runner, chains, plain_proposals(chains, self.top_m))
         for s, k in zip(seqs, ks, strict=True):
             s.num_draft_computed = len(s) + k - 1
         return Proposal(tokens, torch.tensor(ks), q=q)

@@ -118,7 +118,6 @@ class SSDProposer:
                     budget=cfg.cache_budget,
                     saguaro_c=cfg.saguaro_c,
                     top_m=cfg.draft_top_m,
-                    sampling=cfg.sampling,
                     max_model_len=max_model_len,
                     max_num_seqs=cfg.max_num_seqs,
                     block_size=cfg.block_size,
@@ -151,6 +150,7 @@ class SSDProposer:
                         p.top_k,
                         p.top_p,
                         s.seed,
+                        coupled=(p.sampling or self.cfg.sampling) == "coupled",
                         new=True,
                     )
                 )

@@ -56,7 +56,7 @@ from saguaro.speculation import protocol as P
 from saguaro.speculation.fanout import FanoutEstimator
 from saguaro.speculation.ngram import prompt_lookup
 from saguaro.speculation.planner import BuildCosts, plan_build
-from saguaro.speculation.sd import Chain, decode_chains
+from saguaro.speculation.sd import Chain, decode_chains, propose_rows
 
 log = logging.getLogger("saguaro.worker")
 
@@ -71,6 +71,7 @@ class DraftSeq:
     token_ids: list[int]
     params: SamplingParams
     seed: int
+    coupled: bool  # this request's method: coupled sampling, or rejection sampling
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)
     computed: int = 0  # committed tokens with valid draft KV
@@ -89,7 +90,6 @@ class DraftWorker:
             torch.set_num_threads(cfg.num_threads)
         model = load_model(cfg.draft_dir, cfg.dtype, cfg.device)
         self.k = cfg.k
-        self.coupled = cfg.sampling == "coupled"
         self.vocab_size = model.config.vocab_size
         per_seq = -(-(cfg.max_model_len + (MAX_BUDGET + 2) * cfg.k) // cfg.block_size)
         num_blocks = per_seq * cfg.max_num_seqs
@@ -171,7 +171,7 @@ class DraftWorker:
         for u in req.updates:
             if u.new:
                 params = SamplingParams(temperature=u.temperature, top_k=u.top_k, top_p=u.top_p)
-                seq = DraftSeq(u.seq_id, list(u.new_tokens), params, u.seed)
+                seq = DraftSeq(u.seq_id, list(u.new_tokens), params, u.seed, u.coupled)
                 self.seqs[u.seq_id] = seq
                 specs[u.seq_id] = P.SeqSpec(u.seq_id, [], None, None, None)
                 misses.append(seq)
@@ -232,7 +232,7 @@ class DraftWorker:
         for seq, k in zip(misses, ks, strict=True):
             self.bm.allocate(seq, len(seq.token_ids) + k)
         chains = [
-            Chain(s.block_table, s.token_ids, s.computed, k, s.params, s.seed)
+            Chain(s.block_table, s.token_ids, s.computed, k, s.params, s.seed, s.coupled)
             for s, k in zip(misses, ks, strict=True)
         ]
         tokens, q = decode_chains(self.runner, chains, self._propose_fn(misses))
@@ -257,10 +257,16 @@ class DraftWorker:
         def fn(logits: torch.Tensor, rows: list[int], depth: int, positions: torch.Tensor):
             st = SamplingTensors.from_params([seqs[i].params for i in rows])
             seeds = seed_tensor([seqs[i].seed for i in rows])
-            if self.coupled:
-                return propose_coupled(logits, st, seeds, positions, self.cfg.top_m)
-            return propose(
-                logits, st, seeds, positions, self.cfg.top_m, fanout[depth], self.cfg.saguaro_c
+            coupled = [seqs[i].coupled for i in rows]
+            return propose_rows(
+                logits,
+                st,
+                seeds,
+                positions,
+                self.cfg.top_m,
+                coupled,
+                fanout[depth],
+                self.cfg.saguaro_c,
             )
 
         return fn
@@ -301,7 +307,7 @@ class DraftWorker:
             rows = glue_logits[offset : offset + m]
             offset += m
             width = min(MAX_RANK + 1, self.vocab_size)
-            if self.coupled and not seq.params.greedy:
+            if seq.coupled and not seq.params.greedy:
                 # outcome k's token is the target's perturbed argmax at position n + k: rank
                 # the draft's candidates under the same noise
                 st = SamplingTensors.from_params([seq.params] * m)
@@ -366,7 +372,7 @@ class DraftWorker:
         out_q = {
             i: SparseQ.point_mass(out_tokens[i], min(self.cfg.top_m, self.vocab_size))
             for i in live
-            if not seqs[i].params.greedy and not self.coupled
+            if not seqs[i].params.greedy and not seqs[i].coupled
         }
         num_branches = sum(len(branches[i]) for i in live)
         depths_s, done = 0.0, k
@@ -406,7 +412,7 @@ class DraftWorker:
                     positions = len(seq.token_ids) + layout[i][3] + depth + 1
                     st = SamplingTensors.from_params([seq.params] * nb)
                     seeds = seed_tensor([seq.seed] * nb)
-                    if self.coupled:
+                    if seq.coupled:
                         drawn, _ = propose_coupled(rows, st, seeds, positions, self.cfg.top_m)
                     else:
                         drawn, q = propose(

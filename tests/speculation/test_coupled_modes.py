@@ -5,6 +5,7 @@ samples the target's distribution."""
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pytest
 import torch
@@ -124,3 +125,34 @@ def test_coupled_ar_first_two_tokens_follow_target(small_vocab_pair):
     tv = 0.5 * (counts / counts.sum() - expected).abs().sum().item()
     floor = tv_noise_floor(v * v, samples)
     assert tv < floor, f"TV {tv:.4f} >= noise floor {floor:.4f}"
+
+
+def test_a_request_can_name_its_method_inside_a_mixed_batch(tiny_llama, close_draft, reference):
+    """Per-request methods: in one batch, coupled requests give coupled AR's tokens and
+    rejection requests give what they give in a batch of their own method, in SD and SSD."""
+    coupled = [replace(p, sampling="coupled") for p in PARAMS]
+    rejection = [replace(p, sampling="rejection") for p in PARAMS]
+    mixed = [c if i % 2 else r for i, (c, r) in enumerate(zip(coupled, rejection, strict=True))]
+    sd = LLM(
+        model=str(tiny_llama),
+        draft=str(close_draft),
+        mode="sd",
+        num_speculative_tokens=3,
+        max_model_len=256,
+    )
+    alone = [o.token_ids for o in sd.generate(PROMPTS, rejection)]
+    got = [o.token_ids for o in sd.generate(PROMPTS, mixed)]
+    for i, tokens in enumerate(got):
+        assert tokens == (reference[i] if i % 2 else alone[i]), i
+    with LLM(
+        model=str(tiny_llama),
+        draft=str(close_draft),
+        mode="ssd",
+        num_speculative_tokens=3,
+        max_model_len=256,
+        fanout=[2, 1, 1, 2],
+        backup="neural",
+    ) as llm:  # the engine's method is coupled; half the requests ask for rejection
+        got = [o.token_ids for o in llm.generate(PROMPTS, mixed)]
+    for i, tokens in enumerate(got):  # SSD rejection with a neural backup gives SD's text
+        assert tokens == (reference[i] if i % 2 else alone[i]), i

@@ -18,7 +18,6 @@ def make_worker(draft_dir, k, fanout, **kw) -> DraftWorker:
         budget=None,
         saguaro_c=1.0,
         top_m=64,
-        sampling="rejection",
         max_model_len=256,
         max_num_seqs=4,
         block_size=16,
