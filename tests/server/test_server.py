@@ -607,3 +607,21 @@ def test_a_huge_prompt_does_not_stall_other_requests(server):
         worst = max(worst, time.perf_counter() - t0)
         time.sleep(0.05)
     assert worst < 1.0, f"/health took {worst:.2f} s while a huge prompt was tokenised"
+
+
+def test_a_request_names_its_sampling_method(server, client, offline):
+    """The `sampling` extension: a seeded coupled request gives coupled AR's text; an unknown
+    method is a 400."""
+    params = SamplingParams(temperature=0.8, seed=5, max_tokens=12, sampling="coupled")
+    ref = offline.generate(PROMPTS[1], params)[0]
+    out = client.completions.create(
+        model=MODEL,
+        prompt=PROMPTS[1],
+        max_tokens=12,
+        temperature=0.8,
+        seed=5,
+        extra_body={"sampling": "coupled"},
+    )
+    assert out.choices[0].text == ref.text
+    body = {"model": MODEL, "prompt": "x", "sampling": "gumbel"}
+    assert httpx.post(f"{server.url}/v1/completions", json=body, headers=AUTH).status_code == 400
