@@ -33,6 +33,13 @@ def reference(tiny_llama):
     return [llm.generate(p, q)[0].token_ids for p, q in zip(PROMPTS, PARAMS, strict=True)]
 
 
+def pair(target, draft, mode: str, k: int, **kw) -> LLM:
+    """An SD or SSD engine over the tiny pair (coupled unless ``kw`` says otherwise)."""
+    kw.setdefault("sampling", "coupled")
+    kw.setdefault("max_model_len", 256)
+    return LLM(model=str(target), draft=str(draft), mode=mode, num_speculative_tokens=k, **kw)
+
+
 def check_batches(llm, reference, sizes=range(1, 9)):
     for b in sizes:
         outs = llm.generate(PROMPTS[:b], PARAMS[:b])
@@ -41,14 +48,7 @@ def check_batches(llm, reference, sizes=range(1, 9)):
 
 @pytest.mark.parametrize("k", [2, 5])
 def test_sd_gives_ars_tokens(tiny_llama, close_draft, reference, k):
-    llm = LLM(
-        model=str(tiny_llama),
-        draft=str(close_draft),
-        mode="sd",
-        num_speculative_tokens=k,
-        max_model_len=256,
-        sampling="coupled",
-    )
+    llm = pair(tiny_llama, close_draft, "sd", k)
     check_batches(llm, reference)
     assert llm.last_run["acceptance_rate"] > 0.3
 
@@ -64,16 +64,7 @@ def test_sd_gives_ars_tokens(tiny_llama, close_draft, reference, k):
     ],
 )
 def test_ssd_gives_ars_tokens(tiny_llama, close_draft, reference, name, k, overrides):
-    with LLM(
-        model=str(tiny_llama),
-        draft=str(close_draft),
-        mode="ssd",
-        num_speculative_tokens=k,
-        max_model_len=256,
-        max_num_seqs=8,
-        sampling="coupled",
-        **overrides,
-    ) as llm:
+    with pair(tiny_llama, close_draft, "ssd", k, max_num_seqs=8, **overrides) as llm:
         check_batches(llm, reference, sizes=(1, 3, 8) if name == "planned" else range(1, 9))
         run = llm.last_run
     if name.startswith("hits"):
@@ -83,16 +74,7 @@ def test_ssd_gives_ars_tokens(tiny_llama, close_draft, reference, name, k, overr
 
 
 def test_killed_worker_changes_nothing(tiny_llama, close_draft, reference):
-    with LLM(
-        model=str(tiny_llama),
-        draft=str(close_draft),
-        mode="ssd",
-        num_speculative_tokens=3,
-        max_model_len=256,
-        sampling="coupled",
-        fanout=[2, 1, 1, 2],
-        draft_restarts=0,
-    ) as llm:
+    with pair(tiny_llama, close_draft, "ssd", 3, fanout=[2, 1, 1, 2], draft_restarts=0) as llm:
         eng = llm.engine
         seqs = [
             eng.add_request(eng.encode_prompt(p), q) for p, q in zip(PROMPTS, PARAMS, strict=True)
@@ -133,26 +115,16 @@ def test_a_request_can_name_its_method_inside_a_mixed_batch(tiny_llama, close_dr
     coupled = [replace(p, sampling="coupled") for p in PARAMS]
     rejection = [replace(p, sampling="rejection") for p in PARAMS]
     mixed = [c if i % 2 else r for i, (c, r) in enumerate(zip(coupled, rejection, strict=True))]
-    sd = LLM(
-        model=str(tiny_llama),
-        draft=str(close_draft),
-        mode="sd",
-        num_speculative_tokens=3,
-        max_model_len=256,
-    )
+    sd = pair(tiny_llama, close_draft, "sd", 3, sampling="auto")  # auto: rejection for SD
     alone = [o.token_ids for o in sd.generate(PROMPTS, rejection)]
     got = [o.token_ids for o in sd.generate(PROMPTS, mixed)]
     for i, tokens in enumerate(got):
         assert tokens == (reference[i] if i % 2 else alone[i]), i
-    with LLM(
-        model=str(tiny_llama),
-        draft=str(close_draft),
-        mode="ssd",
-        num_speculative_tokens=3,
-        max_model_len=256,
-        fanout=[2, 1, 1, 2],
-        backup="neural",
-    ) as llm:  # the engine's method is coupled; half the requests ask for rejection
+    # the SSD engine's method is coupled (auto); half the requests ask for rejection
+    ssd = pair(
+        tiny_llama, close_draft, "ssd", 3, sampling="auto", fanout=[2, 1, 1, 2], backup="neural"
+    )
+    with ssd as llm:
         got = [o.token_ids for o in llm.generate(PROMPTS, mixed)]
     for i, tokens in enumerate(got):  # SSD rejection with a neural backup gives SD's text
         assert tokens == (reference[i] if i % 2 else alone[i]), i
