@@ -239,19 +239,17 @@ def round_table(rows: list[Row]) -> str:
         "achieved × AR",
         "achieved / predicted",
     ]
-    parts = [
+    caption = (
         "**SSD round breakdown** (mean ms per engine round; the draft's glue and branches "
         "overlap the target's forward; its answer (*handle*, backups included) falls inside "
         "*waited*, the rest of which is the build's overrun and messaging; a build is cut "
-        "short when the target's request rings during it)\n",
-        "| " + " | ".join(head) + " |",
-        "|" + "|".join("---" if i < 4 else "---:" for i in range(len(head))) + "|",
-    ]
-    for r in sorted(ssd, key=lambda r: (r.dataset, r.temperature, r.batch_size, r.variant)):
+        "short when the target's request rings during it)"
+    )
+    body = []
+    for r in _by_cell(ssd):
         c = r.round_costs
         budget = (r.ssd or {}).get("budget")
-        cells = [r.dataset, f"{r.temperature:g}", str(r.batch_size), r.variant]
-        cells += [f"{c[key]:.1f}" for _, key in ROUND_COLUMNS]
+        cells = _cell_key(r) + [f"{c[key]:.1f}" for _, key in ROUND_COLUMNS]
         cells += [
             f"{c['overran']:.0%}",
             f"{c['cut']:.0%}",
@@ -266,9 +264,8 @@ def round_table(rows: list[Row]) -> str:
                 "{:.0%}",
             ),
         ]
-        parts.append("| " + " | ".join(cells) + " |")
-    parts.append("")
-    return "\n".join(parts)
+        body.append(cells)
+    return _part_table(caption, head, body)
 
 
 STEP_COLUMNS = (
@@ -286,19 +283,36 @@ def step_table(rows: list[Row]) -> str:
     if not measured:
         return ""
     head = ["dataset", "T", "batch", "mode", *(c[0] for c in STEP_COLUMNS), "outside models"]
-    parts = [
+    caption = (
         "**Step breakdown** (mean ms per decoding step; *draft* is SD's drafting or SSD's wait "
-        "for the worker; *outside models* is (sampling + verify + other) / step)\n",
+        "for the worker; *outside models* is (sampling + verify + other) / step)"
+    )
+    body = [
+        _cell_key(r)
+        + [f"{r.step_costs[key]:.1f}" for _, key in STEP_COLUMNS]
+        + [f"{r.step_costs['outside']:.1%}"]
+        for r in _by_cell(measured)
+    ]
+    return _part_table(caption, head, body)
+
+
+def _by_cell(rows: list[Row]) -> list[Row]:
+    return sorted(rows, key=lambda r: (r.dataset, r.temperature, r.batch_size, r.variant))
+
+
+def _cell_key(r: Row) -> list[str]:
+    return [r.dataset, f"{r.temperature:g}", str(r.batch_size), r.variant]
+
+
+def _part_table(caption: str, head: list[str], body: list[list[str]]) -> str:
+    """A captioned table whose first four columns (the cell) are text and the rest numbers."""
+    lines = [
+        caption + "\n",
         "| " + " | ".join(head) + " |",
         "|" + "|".join("---" if i < 4 else "---:" for i in range(len(head))) + "|",
     ]
-    for r in sorted(measured, key=lambda r: (r.dataset, r.temperature, r.batch_size, r.variant)):
-        c = r.step_costs
-        cells = [r.dataset, f"{r.temperature:g}", str(r.batch_size), r.variant]
-        cells += [f"{c[key]:.1f}" for _, key in STEP_COLUMNS] + [f"{c['outside']:.1%}"]
-        parts.append("| " + " | ".join(cells) + " |")
-    parts.append("")
-    return "\n".join(parts)
+    lines += ["| " + " | ".join(cells) + " |" for cells in body]
+    return "\n".join([*lines, ""])
 
 
 def correctness_banner(correctness: dict[str, Any]) -> str:

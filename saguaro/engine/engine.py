@@ -101,11 +101,7 @@ def _rows_of(args: tuple, idx: list[int]) -> tuple:
     """The verifier arguments of the rounds ``idx`` (the logits rows they index stay shared)."""
     st, *tensors = args
     pick = torch.tensor(idx)
-    return (st.index(pick), *(None if t is None else t[pick.to(_device_of(t))] for t in tensors))
-
-
-def _device_of(t: torch.Tensor | SparseQ) -> torch.device:
-    return t.ids.device if isinstance(t, SparseQ) else t.device
+    return (st.index(pick), *(None if t is None else t[pick.to(t.device)] for t in tensors))
 
 
 class LLMEngine:
@@ -397,7 +393,7 @@ class LLMEngine:
             None if q is None else q.to(device),
             rows.to(device),
         )
-        methods = [self._method(seq) for seq in seqs]
+        methods = [seq.params.method(self.cfg.sampling) for seq in seqs]
         num_accepted, next_token, errors = self._verify(logits, args, methods)
         now = time.perf_counter()
         verify_s = (now - verify_start) / n
@@ -444,10 +440,6 @@ class LLMEngine:
             self.block_manager.trim(seq, len(seq))
             self._register(seq)
 
-    def _method(self, seq: Sequence) -> str:
-        """The exact sampling method of a request: its own, or the engine's."""
-        return seq.params.sampling or self.cfg.sampling
-
     def _verify(
         self, logits: torch.Tensor, args: tuple, methods: list[str]
     ) -> tuple[list[int], list[int], list[str | None]]:
@@ -459,8 +451,9 @@ class LLMEngine:
         for method in sorted(set(methods)):
             verifier = verify if method == "rejection" else _verify_coupled
             group = [i for i, m in enumerate(methods) if m == method]
+            whole = args if len(group) == n else _rows_of(args, group)  # one method: no copies
             try:
-                outcomes[tuple(group)] = verifier(logits, *_rows_of(args, group))
+                outcomes[tuple(group)] = verifier(logits, *whole)
                 continue
             except Exception:
                 log.exception("batched verification failed; verifying each request alone")

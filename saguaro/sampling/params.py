@@ -66,6 +66,10 @@ class SamplingParams:
                 raise ValueError(f"stop_token_ids must be ints >= 0, got {i!r}")
         self.stop_token_ids = ids
 
+    def method(self, default: str) -> str:
+        """This request's sampling method at T > 0: its own, else the engine's ``default``."""
+        return self.sampling or default
+
     @property
     def greedy(self) -> bool:
         return self.temperature == 0

@@ -133,6 +133,13 @@ class Dist:
         return p
 
 
+def finite_rows(x: torch.Tensor, top: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` with every row whose max ``top`` is not finite (NaN, inf, all -inf) replaced by a
+    flat row, and which rows were kept: the caller flags the others, and nothing raises."""
+    valid = top.isfinite()
+    return (x if bool(valid.all()) else x.masked_fill(~valid[:, None], 0.0)), valid
+
+
 def process(logits: torch.Tensor, st: SamplingTensors, candidates: int = CANDIDATES) -> Dist:
     """[R, V] logits (any float dtype) and R rows of transforms -> :class:`Dist`."""
     rows, vocab = logits.shape
@@ -140,9 +147,8 @@ def process(logits: torch.Tensor, st: SamplingTensors, candidates: int = CANDIDA
     greedy = st.greedy.to(device)
     x = logits.float()
     top, argmax = x.max(dim=-1)  # the first index among tied maxima
-    valid = top.isfinite()
-    if not bool(valid.all()):  # flagged, and computed as a flat row so that nothing raises
-        x = x.masked_fill(~valid[:, None], 0.0)
+    x, valid = finite_rows(x, top)
+    if not bool(valid.all()):
         top, argmax = x.max(dim=-1)
     if bool(greedy.all()):  # nothing to temper or filter
         inf = torch.full((rows,), -torch.inf, device=device)

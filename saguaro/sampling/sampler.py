@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from saguaro.sampling.noise import Purpose, uniforms
-from saguaro.sampling.probs import SamplingTensors, cutoffs
+from saguaro.sampling.probs import SamplingTensors, cutoffs, finite_rows
 from saguaro.sampling.saguaro import saguaro_weights
 from saguaro.sampling.sparse import SparseQ
 
@@ -44,9 +44,7 @@ def draft_support(
     rows, vocab = logits.shape
     device = logits.device
     greedy = st.greedy.to(device)
-    broken = ~logits.amax(dim=-1).isfinite()
-    if bool(broken.any()):
-        logits = logits.masked_fill(broken[:, None], 0.0)
+    logits = finite_rows(logits, logits.amax(dim=-1))[0]
     argmax = logits.argmax(dim=-1)
     if bool(greedy.all()):
         return greedy, argmax, argmax[:, None], None, greedy[:, None]

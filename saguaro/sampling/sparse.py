@@ -33,6 +33,10 @@ class SparseQ:
         return SparseQ(ids, probs)
 
     @property
+    def device(self) -> torch.device:
+        return self.ids.device
+
+    @property
     def width(self) -> int:
         return self.ids.shape[-1]
 

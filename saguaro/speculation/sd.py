@@ -144,7 +144,7 @@ class DraftProposer:
                 k,
                 s.params,
                 s.seed,
-                (s.params.sampling or self.sampling) == "coupled",
+                s.params.method(self.sampling) == "coupled",
             )
             for s, k in zip(seqs, ks, strict=True)
         ]

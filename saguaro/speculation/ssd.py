@@ -150,7 +150,7 @@ class SSDProposer:
                         p.top_k,
                         p.top_p,
                         s.seed,
-                        coupled=(p.sampling or self.cfg.sampling) == "coupled",
+                        coupled=p.method(self.cfg.sampling) == "coupled",
                         new=True,
                     )
                 )
