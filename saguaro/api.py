@@ -16,10 +16,12 @@ from typing import Any
 from tqdm import tqdm
 
 from saguaro.config import EngineConfig
+from saguaro.core.records import RoundRecord
+from saguaro.core.sequence import Sequence as Seq
+from saguaro.core.snapshot import EngineSnapshot
 from saguaro.engine.engine import LLMEngine
-from saguaro.engine.sequence import RoundRecord
-from saguaro.engine.sequence import Sequence as Seq
 from saguaro.sampling import SamplingParams
+from saguaro.speculation.factory import make_proposer
 from saguaro.speculation.metrics import summarize
 
 Prompt = str | list[int]
@@ -73,7 +75,7 @@ class LLM:
             num_speculative_tokens=num_speculative_tokens,
             **kwargs,
         )
-        self.engine = LLMEngine(self.config)
+        self.engine = LLMEngine(self.config, make_proposer)
         self.tokenizer = self.engine.tokenizer
         self.last_run: dict[str, Any] = {}
 
@@ -126,10 +128,9 @@ class LLM:
         self.last_run["tokens_per_s"] = (
             self.last_run["output_tokens"] / elapsed if elapsed else None
         )
-        proposer = self.engine.proposer
-        if proposer is not None and hasattr(proposer, "stats"):
-            batch = min(len(seqs), self.config.max_num_seqs)
-            self.last_run["ssd"] = proposer.stats(batch)
+        draft_stats = self.engine.draft_stats(min(len(seqs), self.config.max_num_seqs))
+        if draft_stats:
+            self.last_run[self.config.mode] = draft_stats
         if self.engine.draft_failure:
             self.last_run["draft_failure"] = self.engine.draft_failure
         return [self._output(p, s) for p, s in added]
@@ -141,7 +142,7 @@ class LLM:
         try:
             while not seq.is_finished:
                 self.engine.step()
-                text = self.engine.detok.stream_text(seq)
+                text = self.engine.stream_text(seq)
                 if len(text) > sent:
                     yield text[sent:]
                     sent = len(text)
@@ -162,6 +163,15 @@ class LLM:
             error=seq.error,
             records=list(seq.records),
         )
+
+    def snapshot(self) -> EngineSnapshot:
+        """The engine's state: queues, KV blocks, the draft's state and restarts."""
+        return self.engine.snapshot()
+
+    def draft_stats(self, batch: int = 1) -> dict[str, Any]:
+        """The running strategy's own figures (SSD: fan-out, budget, cumulative ``totals`` of
+        draft-side seconds, backup policy) for a batch of ``batch``; empty for AR."""
+        return self.engine.draft_stats(batch)
 
     def close(self) -> None:
         self.engine.close()

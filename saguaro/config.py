@@ -2,49 +2,44 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 
+from saguaro.placement import process_cpus
 from saguaro.sampling.params import SAMPLING_METHODS as REQUEST_SAMPLING_METHODS
 from saguaro.sampling.sampler import DEFAULT_TOP_M
-from saguaro.speculation.fanout import parse_fanout
 
 MODES = ("ar", "sd", "ssd")
 SAMPLING_METHODS = ("auto", *REQUEST_SAMPLING_METHODS)
 BACKUPS = ("auto", "neural", "fast")
-
-# SSD on CPU pins the process (cores and torch threads) to its target's share. Engines may
-# overlap (tests open two side by side) and close in any order, so pins are counted: every engine
-# plans its placement from the cores the process had before the first pin, and those cores and
-# threads come back when the last pinned engine closes.
-_unpinned: tuple[list[int], int] | None = None
-_pins = 0
+FANOUT_MODES = ("auto", "geometric", "empirical")
 
 
-def process_cpus() -> list[int]:
-    """The cores available to this process, as they were before any engine pinned it."""
-    return list(_unpinned[0]) if _pins and _unpinned else sorted(os.sched_getaffinity(0))
-
-
-def pin_process(cpus: list[int], threads: int) -> None:
-    """Pin this process to ``cpus`` with ``threads`` torch threads until :func:`unpin_process`."""
-    global _unpinned, _pins
-    if _pins == 0:
-        _unpinned = (sorted(os.sched_getaffinity(0)), torch.get_num_threads())
-    _pins += 1
-    os.sched_setaffinity(0, cpus)
-    torch.set_num_threads(threads)
-
-
-def unpin_process() -> None:
-    """Release one pin; the last one gives back the cores and threads the process had."""
-    global _pins
-    _pins -= 1
-    if _pins == 0 and _unpinned is not None:
-        os.sched_setaffinity(0, _unpinned[0])
-        torch.set_num_threads(_unpinned[1])
+def parse_fanout(spec: str, K: int) -> list[int] | str:
+    """Parse a ``--fanout`` value: a mode name (``auto``, ``geometric``, ``empirical``), a
+    comma-separated list of exactly K+1 non-negative integers F_0..F_K, or one non-negative integer
+    used at every position (``0`` prepares nothing: every round misses)."""
+    text = spec.strip().lower()
+    if text in FANOUT_MODES:
+        return text
+    parts = [p.strip() for p in text.split(",")]
+    try:
+        values = [int(p) for p in parts]
+    except ValueError:
+        raise ValueError(
+            f"invalid fan-out {spec!r}: expected one of {', '.join(FANOUT_MODES)}, "
+            f"an integer, or {K + 1} comma-separated integers F_0..F_{K}"
+        ) from None
+    if any(v < 0 for v in values):
+        raise ValueError(f"invalid fan-out {spec!r}: values must be non-negative")
+    if len(values) == 1:
+        return values * (K + 1)
+    if len(values) != K + 1:
+        raise ValueError(
+            f"invalid fan-out {spec!r}: got {len(values)} values, need K+1 = {K + 1} (F_0..F_{K})"
+        )
+    return values
 
 
 @dataclass

@@ -15,3 +15,8 @@ class IncompatibleModelsError(SaguaroError):
 
 class RequestError(SaguaroError, ValueError):
     """A request cannot be served as given (empty prompt, prompt longer than max_model_len, ...)."""
+
+
+class DraftWorkerError(SaguaroError):
+    """The draft (the SSD worker, or any proposer) died, failed or stopped answering; the engine
+    goes on decoding exactly without speculation."""

@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from saguaro.bench.datasets import DATASETS, Prompt, file_prompts, load_dataset, select
 from saguaro.config import SAMPLING_METHODS
-from saguaro.engine.sequence import RoundRecord
+from saguaro.core.records import RoundRecord
 from saguaro.errors import SaguaroError
 from saguaro.sampling import SamplingParams
 from saguaro.speculation.metrics import summarize
@@ -155,11 +155,11 @@ class SaguaroBackend:
         )
 
     def generate(self, prompts: list[list[int]], params: list[SamplingParams]) -> Generation:
-        engine = self.llm.engine
-        # SSD's proposer is gone once its worker failed (the engine carries on with AR).
-        ssd = engine.proposer if self.variant.mode == "ssd" else None
-        before = dict(ssd.totals) if ssd is not None else None
+        # SSD's figures are cumulative per worker: diff them unless a restart replaced it.
+        restarts = self.llm.snapshot().draft_restarts
+        before = self.llm.draft_stats().get("totals")
         outs = self.llm.generate(prompts, params)
+        snap = self.llm.snapshot()
         gen = Generation(
             elapsed_s=self.llm.last_run["elapsed_s"],
             requests=[
@@ -173,12 +173,13 @@ class SaguaroBackend:
                 for o in outs
             ],
             records=[o.records for o in outs],
-            draft_failure=engine.draft_failure,
+            draft_failure=snap.draft_failure,
         )
-        if ssd is not None and engine.proposer is ssd:
-            gen.ssd_stats = ssd.stats(len(prompts))
-            gen.predicted_speedup = gen.ssd_stats["predicted_speedup"]
-            gen.ssd_totals = {k: v - before[k] for k, v in ssd.totals.items()}
+        stats = self.llm.draft_stats(len(prompts))
+        if "totals" in stats and before is not None and snap.draft_restarts == restarts:
+            gen.ssd_stats = stats
+            gen.predicted_speedup = stats["predicted_speedup"]
+            gen.ssd_totals = {k: v - before[k] for k, v in stats["totals"].items()}
         return gen
 
     def close(self) -> None:
@@ -389,7 +390,7 @@ def parse_config(argv: list[str]) -> BenchConfig:
 def build_variants(cfg: BenchConfig) -> list[Variant]:
     """AR once; SD and HF per K; SSD per (K, fan-out) pair that fits (a fixed fan-out lists
     K+1 counts, so it pairs only with that K) and per Saguaro constant C."""
-    from saguaro.speculation.fanout import parse_fanout
+    from saguaro.config import parse_fanout
 
     ssd_pairs: list[tuple[int, str]] = []
     for f in cfg.fanouts:

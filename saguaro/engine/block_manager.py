@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from saguaro.engine.sequence import Sequence
+from saguaro.core.sequence import Sequence
 
 
 @dataclass

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from saguaro.engine.sequence import Sequence, Status
+from saguaro.core.sequence import Sequence, Status
 from saguaro.models.tokenizer import Tokenizer
 
 # Tokens of prompt context decoded with the first output token (merges across the boundary).

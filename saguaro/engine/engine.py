@@ -18,16 +18,20 @@ from pathlib import Path
 
 import torch
 
-from saguaro.config import EngineConfig, pin_process, unpin_process
+from saguaro.config import EngineConfig
+from saguaro.core.proposal import DraftSetup, Proposal, Proposer, ProposerFactory
+from saguaro.core.records import RoundRecord
+from saguaro.core.sequence import Sequence, Status
+from saguaro.core.snapshot import EngineSnapshot
 from saguaro.engine.block_manager import BlockManager
 from saguaro.engine.detokenizer import Detokenizer
 from saguaro.engine.model_runner import ModelRunner
 from saguaro.engine.scheduler import Scheduled, Scheduler
-from saguaro.engine.sequence import RoundRecord, Sequence, Status
-from saguaro.errors import IncompatibleModelsError, ModelLoadError, RequestError
+from saguaro.errors import DraftWorkerError, IncompatibleModelsError, ModelLoadError, RequestError
 from saguaro.models.config import ModelConfig
 from saguaro.models.loader import load_model
 from saguaro.models.tokenizer import Tokenizer
+from saguaro.placement import pin_process, unpin_process
 from saguaro.sampling import (
     SamplingParams,
     SamplingTensors,
@@ -37,8 +41,6 @@ from saguaro.sampling import (
     verify,
 )
 from saguaro.sampling.coupled import verify_coupled
-from saguaro.speculation.base import Proposal, Proposer
-from saguaro.speculation.ssd import DraftWorkerError
 
 log = logging.getLogger("saguaro")
 
@@ -105,8 +107,14 @@ def _rows_of(args: tuple, idx: list[int]) -> tuple:
 
 
 class LLMEngine:
-    def __init__(self, cfg: EngineConfig) -> None:
+    """One target model, its KV cache and scheduler; ``make_proposer`` builds the strategy for
+    modes sd and ssd (:func:`saguaro.speculation.factory.make_proposer`)."""
+
+    def __init__(self, cfg: EngineConfig, make_proposer: ProposerFactory | None = None) -> None:
+        if cfg.mode != "ar" and make_proposer is None:
+            raise ValueError(f"mode {cfg.mode!r} needs a proposer factory")
         self.cfg = cfg
+        self._make_proposer = make_proposer
         self.proposer: Proposer | None = None
         self._pinned = bool(cfg.target_cpus)
         if cfg.target_cpus:
@@ -169,26 +177,14 @@ class LLMEngine:
             cfg.max_num_batched_tokens,
             self.max_model_len,
             cfg.lookahead,
+            on_preempt=self._on_preempt,
         )
         self.detok = Detokenizer(self.tokenizer)
-        if cfg.mode == "sd":
-            from saguaro.speculation.sd import DraftProposer
-
-            draft = load_model(draft_dir, cfg.dtype, cfg.device)
-            self.proposer = DraftProposer(
-                ModelRunner(draft, num_blocks, cfg.block_size, cfg.device),
-                cfg.draft_top_m,
-                cfg.sampling,
+        if draft_dir is not None and self._make_proposer is not None:
+            self._draft_setup = DraftSetup(
+                draft_dir, self.max_model_len, target.config.vocab_size, num_blocks
             )
-        elif cfg.mode == "ssd":
-            self.proposer = self._start_worker()
-
-    def _start_worker(self) -> Proposer:
-        from saguaro.speculation.ssd import SSDProposer
-
-        return SSDProposer(
-            self.cfg, str(self.draft_dir), self.max_model_len, self.model_config.vocab_size
-        )
+            self.proposer = self._make_proposer(cfg, self._draft_setup)
 
     # ---- requests ---------------------------------------------------------------------------
 
@@ -288,7 +284,7 @@ class LLMEngine:
         self._restart_at = None
         self.draft_restarts += 1
         try:
-            self.proposer = self._start_worker()
+            self.proposer = self._make_proposer(self.cfg, self._draft_setup)
         except DraftWorkerError as e:
             log.warning("saguaro: the draft worker did not restart: %s", e)
             self.draft_failure = str(e)
@@ -297,6 +293,34 @@ class LLMEngine:
         self.scheduler.lookahead = self.cfg.lookahead
         self.draft_failure = None
         log.warning("saguaro: draft worker restarted (%d so far)", self.draft_restarts)
+
+    def snapshot(self) -> EngineSnapshot:
+        """A read-only view of the engine's state. Safe to call from another thread while the
+        engine steps: it reads counters and queue lengths only."""
+        bm, sched = self.block_manager, self.scheduler
+        return EngineSnapshot(
+            mode=self.cfg.mode,
+            lookahead=self.cfg.lookahead,
+            num_steps=self.num_steps,
+            running=len(sched.running),
+            waiting=len(sched.waiting),
+            sequences=len(self.seqs),
+            num_preemptions=sched.num_preemptions,
+            kv_blocks_total=bm.num_blocks,
+            kv_blocks_free=bm.num_free_blocks,
+            prefix_hit_tokens=bm.prefix_hit_tokens,
+            draft_state=self.draft_state,
+            draft_restarts=self.draft_restarts,
+            draft_failure=self.draft_failure,
+        )
+
+    def draft_stats(self, batch: int) -> dict:
+        """The running proposer's own figures for a batch of ``batch`` (empty: none)."""
+        return self.proposer.stats(batch) if self.proposer is not None else {}
+
+    def stream_text(self, seq: Sequence) -> str:
+        """The text of ``seq`` safe to show so far (held back while a stop string may form)."""
+        return seq.text if seq.is_finished else self.detok.stream_text(seq)
 
     # ---- one step -----------------------------------------------------------------------------
 
@@ -323,13 +347,13 @@ class LLMEngine:
             for i, s in enumerate(spec):
                 s.k = int(proposal.num_draft[i]) if proposal is not None else 0
         t1 = time.perf_counter()
-        row = {id(s): i for i, s in enumerate(spec)}
+        row = {s.seq.seq_id: i for i, s in enumerate(spec)}  # round -> its proposal row
         queries = []
         for s in batch:
             start = s.seq.num_computed_tokens
             tokens = s.seq.token_ids[start : start + s.num_new_tokens]
             if s.decode and s.k:
-                tokens = tokens + proposal.tokens[row[id(s)], : s.k].tolist()
+                tokens = tokens + proposal.tokens[row[s.seq.seq_id], : s.k].tolist()
             queries.append(
                 self.runner.sequence_query(
                     s.seq.block_table, start, tokens, s.k + 1 if s.decode else 0
@@ -373,7 +397,7 @@ class LLMEngine:
             rows[i] = offset + torch.arange(k_max + 1).clamp(max=s.k)
             offset += s.k + 1
             if s.k:
-                j = row[id(s)]
+                j = row[s.seq.seq_id]
                 draft_tokens[i, : s.k] = proposal.tokens[j, : s.k]
                 take.append((i, j))
         q = None
@@ -414,7 +438,7 @@ class LLMEngine:
                     break
             if seq.first_token_time is None:
                 seq.first_token_time = now
-            j = row.get(id(s)) if proposal is not None else None
+            j = row.get(seq.seq_id) if proposal is not None else None
             seq.records.append(
                 RoundRecord(
                     num_drafted=s.k,
@@ -436,7 +460,6 @@ class LLMEngine:
                 continue
             # Roll back: KV past the last accepted proposal belongs to rejected tokens.
             seq.num_computed_tokens = min(written, len(seq) - 1)
-            seq.num_draft_computed = min(seq.num_draft_computed, len(seq) - 1)
             self.block_manager.trim(seq, len(seq))
             self._register(seq)
 
@@ -484,9 +507,12 @@ class LLMEngine:
 
     def _register(self, seq: Sequence) -> None:
         ready = seq.num_computed_tokens
-        if self.proposer is not None and self.proposer.shares_block_table:
-            ready = min(ready, seq.num_draft_computed)
-        self.block_manager.register(seq, ready)
+        draft = self.proposer.draft_ready(seq) if self.proposer is not None else None
+        self.block_manager.register(seq, ready if draft is None else min(ready, draft))
+
+    def _on_preempt(self, seq: Sequence) -> None:
+        if self.proposer is not None:
+            self.proposer.preempted(seq)
 
     def _release(self, seq: Sequence) -> None:
         """A finished request leaves nothing behind: whoever holds the sequence keeps it."""

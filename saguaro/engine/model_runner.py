@@ -1,37 +1,15 @@
-"""Model runner: owns one model and its paged KV pool, turns queries into one batched forward.
-
-A :class:`Query` is what one sequence asks of one forward: score these tokens at these RoPE
-positions, write their K/V into these slots, attend to those cached slots through this mask, and
-return logits for the last few. RoPE position and KV slot are independent on purpose: SSD branch
-decoding puts many branches at the same positions in different slots.
-"""
+"""Model runner: owns one model and its paged KV pool, turns queries
+(:class:`saguaro.core.query.Query`) into one batched forward."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass
 
 import torch
 
+from saguaro.core.query import Query, token_slots
 from saguaro.models.layers import AttentionMetadata
 from saguaro.models.llama import CausalLM
-
-
-@dataclass
-class Query:
-    token_ids: list[int]
-    positions: torch.Tensor  # [q] int64
-    slots: torch.Tensor  # [q] int64: where these tokens' K/V are written
-    key_slots: torch.Tensor  # [L] int64: cached slots visible to these queries (incl. their own)
-    num_logits: int  # logits wanted for the last num_logits queries
-    mask: torch.Tensor | None = None  # [q, L] bool; None = causal (query j sees keys <= L-q+j)
-
-
-def token_slots(block_table: list[int], start: int, end: int, block_size: int) -> torch.Tensor:
-    """KV slots of token indices ``[start, end)`` of a sequence."""
-    idx = torch.arange(start, end)
-    table = torch.tensor(block_table, dtype=torch.int64)
-    return table[idx // block_size] * block_size + idx % block_size
 
 
 class ModelRunner:

@@ -10,10 +10,11 @@ same operation, so sequences join and leave the batch independently.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from saguaro.core.sequence import Sequence, Status
 from saguaro.engine.block_manager import BlockManager
-from saguaro.engine.sequence import Sequence, Status
 
 
 @dataclass
@@ -32,6 +33,7 @@ class Scheduler:
         max_num_batched_tokens: int,
         max_model_len: int,
         lookahead: int,
+        on_preempt: Callable[[Sequence], None] | None = None,
     ) -> None:
         self.bm = block_manager
         self.max_num_seqs = max_num_seqs
@@ -41,6 +43,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.on_preempt = on_preempt  # told of every preemption (a proposer's draft KV goes too)
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -86,12 +89,12 @@ class Scheduler:
             seq = self.waiting[0]
             if not seq.block_table:
                 seq.num_cached_tokens = self.bm.admit(seq)
-                seq.num_computed_tokens = seq.num_draft_computed = seq.num_cached_tokens
+                seq.num_computed_tokens = seq.num_cached_tokens
             n, decode, k = self._plan(seq, budget)
             need = seq.num_computed_tokens + n + k
             if not self.bm.can_allocate(seq, need):
                 self.bm.free_all(seq)
-                seq.num_computed_tokens = seq.num_draft_computed = 0
+                seq.num_computed_tokens = 0
                 break
             self.bm.allocate(seq, need)
             self.waiting.popleft()
@@ -106,11 +109,13 @@ class Scheduler:
         generated so far) are kept and recomputed on readmission, helped by the prefix cache."""
         self.running.remove(seq)
         self.bm.free_all(seq)
-        seq.num_computed_tokens = seq.num_draft_computed = 0
+        seq.num_computed_tokens = 0
         seq.status = Status.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
+        if self.on_preempt is not None:
+            self.on_preempt(seq)
 
     def finish(self, seq: Sequence) -> None:
         if seq in self.running:

@@ -390,7 +390,7 @@ class _Exposition:
 
 
 def render_metrics(ae: AsyncEngine, http: Counter[tuple[str, int]], model: str) -> str:
-    eng, bm, sched = ae.engine, ae.engine.block_manager, ae.engine.scheduler
+    snap = ae.engine.snapshot()
     out = _Exposition()
     with ae.stats_lock:
         st = ae.stats
@@ -400,7 +400,7 @@ def render_metrics(ae: AsyncEngine, http: Counter[tuple[str, int]], model: str) 
                 "saguaro_info",
                 "gauge",
                 "Served model and decoding mode (k: speculation length).",
-                [(_labels(model=model, mode=eng.cfg.mode, k=eng.cfg.lookahead), 1)],
+                [(_labels(model=model, mode=snap.mode, k=snap.lookahead), 1)],
             ),
             (
                 "saguaro_engine_up",
@@ -413,13 +413,13 @@ def render_metrics(ae: AsyncEngine, http: Counter[tuple[str, int]], model: str) 
                 "gauge",
                 "Draft: none (AR), running, restarting or failed (exact either way, without "
                 "speculation while not running).",
-                [(_labels(state=s), int(s == draft_state(ae))) for s in DRAFT_STATES],
+                [(_labels(state=s), int(s == snap.draft_state)) for s in DRAFT_STATES],
             ),
             (
                 "saguaro_draft_worker_restarts_total",
                 "counter",
                 "Restarts of a failed SSD draft worker.",
-                [("", eng.draft_restarts)],
+                [("", snap.draft_restarts)],
             ),
             (
                 "saguaro_http_requests_total",
@@ -433,19 +433,18 @@ def render_metrics(ae: AsyncEngine, http: Counter[tuple[str, int]], model: str) 
                 "Generation requests finished, by reason (abort: the client went away).",
                 [(_labels(finish_reason=r), st.finished[r]) for r in FINISH_REASONS],
             ),
-            # len() of the scheduler's queues is atomic: safe to read off the loop thread.
             (
                 "saguaro_requests_running",
                 "gauge",
                 "Sequences in the batch.",
-                [("", len(sched.running))],
+                [("", snap.running)],
             ),
-            ("saguaro_requests_waiting", "gauge", "Sequences queued.", [("", len(sched.waiting))]),
+            ("saguaro_requests_waiting", "gauge", "Sequences queued.", [("", snap.waiting)]),
             (
                 "saguaro_engine_sequences",
                 "gauge",
                 "Requests the engine holds (finished ones leave none behind).",
-                [("", len(eng.seqs))],
+                [("", snap.sequences)],
             ),
             ("saguaro_prompt_tokens_total", "counter", "Prompt tokens.", [("", st.prompt_tokens)]),
             (
@@ -485,18 +484,18 @@ def render_metrics(ae: AsyncEngine, http: Counter[tuple[str, int]], model: str) 
                 "SSD speculation-cache hit rate, over the server's life.",
                 [("", st.ssd_hits / st.ssd_rounds if st.ssd_rounds else math.nan)],
             ),
-            ("saguaro_kv_blocks_total", "gauge", "KV cache blocks.", [("", bm.num_blocks)]),
+            ("saguaro_kv_blocks_total", "gauge", "KV cache blocks.", [("", snap.kv_blocks_total)]),
             (
                 "saguaro_kv_blocks_free",
                 "gauge",
                 "Free KV cache blocks.",
-                [("", bm.num_free_blocks)],
+                [("", snap.kv_blocks_free)],
             ),
             (
                 "saguaro_prefix_cache_hit_tokens_total",
                 "counter",
                 "Prompt tokens served from the prefix cache.",
-                [("", bm.prefix_hit_tokens)],
+                [("", snap.prefix_hit_tokens)],
             ),
         ]
         for family in families:
@@ -512,7 +511,7 @@ def render_metrics(ae: AsyncEngine, http: Counter[tuple[str, int]], model: str) 
 
 def draft_state(ae: AsyncEngine) -> str:
     """One of DRAFT_STATES."""
-    return ae.engine.draft_state
+    return ae.engine.snapshot().draft_state
 
 
 # ---- the app ----------------------------------------------------------------------------------

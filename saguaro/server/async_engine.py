@@ -17,8 +17,8 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from saguaro.core.sequence import Sequence
 from saguaro.engine.engine import LLMEngine
-from saguaro.engine.sequence import Sequence
 from saguaro.errors import SaguaroError
 from saguaro.sampling import SamplingParams
 
@@ -259,7 +259,7 @@ class AsyncEngine:
             if active is None:
                 continue
             # Everything committed this step goes out in one event: no per-token lag.
-            text = seq.text if seq.is_finished else self.engine.detok.stream_text(seq)
+            text = self.engine.stream_text(seq)
             delta = text[active.sent :]
             active.sent = max(active.sent, len(text))
             event = StreamEvent(delta, seq.num_prompt_tokens, seq.num_output_tokens)

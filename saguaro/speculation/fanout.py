@@ -15,8 +15,6 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-FANOUT_MODES = ("auto", "geometric", "empirical")
-
 # Acceptance rates are clamped into an open interval so that log a and log(1 - a) stay finite.
 _A_MIN, _A_MAX = 0.01, 0.99
 # Fitted power-law exponents are clamped: the log-log fit is noisy when few ranks are observed.
@@ -279,32 +277,6 @@ class FanoutEstimator:
                 h += (counts[f] + self.prior_weight * pooled[f]) / n
             curve.append(h)
         return curve
-
-
-def parse_fanout(spec: str, K: int) -> list[int] | str:
-    """Parse a ``--fanout`` value: a mode name (``auto``, ``geometric``, ``empirical``), a
-    comma-separated list of exactly K+1 non-negative integers F_0..F_K, or one non-negative integer
-    used at every position (``0`` prepares nothing: every round misses)."""
-    text = spec.strip().lower()
-    if text in FANOUT_MODES:
-        return text
-    parts = [p.strip() for p in text.split(",")]
-    try:
-        values = [int(p) for p in parts]
-    except ValueError:
-        raise ValueError(
-            f"invalid fan-out {spec!r}: expected one of {', '.join(FANOUT_MODES)}, "
-            f"an integer, or {K + 1} comma-separated integers F_0..F_{K}"
-        ) from None
-    if any(v < 0 for v in values):
-        raise ValueError(f"invalid fan-out {spec!r}: values must be non-negative")
-    if len(values) == 1:
-        return values * (K + 1)
-    if len(values) != K + 1:
-        raise ValueError(
-            f"invalid fan-out {spec!r}: got {len(values)} values, need K+1 = {K + 1} (F_0..F_{K})"
-        )
-    return values
 
 
 def _check_budget(budget: int, cap: int | None) -> None:

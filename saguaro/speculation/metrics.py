@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
-from saguaro.engine.sequence import RoundRecord
+from saguaro.core.records import RoundRecord
 
 
 def summarize(records: Iterable[RoundRecord]) -> dict[str, Any]:

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 
 import torch
 
+from saguaro.core.proposal import Proposal, Proposer
+from saguaro.core.sequence import Sequence
 from saguaro.engine.model_runner import ModelRunner
-from saguaro.engine.sequence import Sequence
 from saguaro.sampling import SamplingParams, SamplingTensors, SparseQ, propose, seed_tensor
 from saguaro.sampling.coupled import propose_coupled
-from saguaro.speculation.base import Proposal
 
 # (draft logits [m, V], chain indices of the m rows, depth, positions [m]) -> tokens, q (None:
 # the proposals need no q, as under coupled sampling)
@@ -127,20 +127,27 @@ def decode_chains(
     return tokens, q
 
 
-class DraftProposer:
-    shares_block_table = True
+class DraftProposer(Proposer):
+    """SD: an in-process draft whose KV pool is indexed by the engine's block tables."""
 
     def __init__(self, runner: ModelRunner, top_m: int, sampling: str) -> None:
         self.runner = runner
         self.top_m = top_m
         self.sampling = sampling  # the engine's method; a request may name its own
+        self.computed: dict[int, int] = {}  # seq_id -> tokens with draft KV (committed + proposed)
+
+    def draft_ready(self, seq: Sequence) -> int:
+        # KV of proposals past the last accepted one belongs to rejected tokens, and a sequence
+        # the draft has not seen since admission has draft KV for its prefix-cache hit only
+        # (blocks are registered only once both models' KV is in them).
+        return min(self.computed.get(seq.seq_id, seq.num_cached_tokens), len(seq) - 1)
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> Proposal:
         chains = [
             Chain(
                 s.block_table,
                 s.token_ids,
-                s.num_draft_computed,
+                self.draft_ready(s),
                 k,
                 s.params,
                 s.seed,
@@ -150,14 +157,11 @@ class DraftProposer:
         ]
         tokens, q = decode_chains(self.runner, chains, plain_proposals(chains, self.top_m))
         for s, k in zip(seqs, ks, strict=True):
-            s.num_draft_computed = len(s) + k - 1
+            self.computed[s.seq_id] = len(s) + k - 1
         return Proposal(tokens, torch.tensor(ks), q=q)
 
-    def observe(self, seqs: list[Sequence], target_s: float) -> None:
-        """SD keeps no online statistics."""
+    def preempted(self, seq: Sequence) -> None:
+        self.computed.pop(seq.seq_id, None)
 
     def release(self, seq: Sequence) -> None:
-        """Nothing to free: the draft's KV shares the sequence's blocks."""
-
-    def close(self, failed: bool = False) -> None:
-        """Nothing to shut down in process."""
+        self.computed.pop(seq.seq_id, None)

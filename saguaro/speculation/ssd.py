@@ -22,22 +22,18 @@ import weakref
 import torch
 
 from saguaro.config import EngineConfig
+from saguaro.core.proposal import Proposal, Proposer
+from saguaro.core.sequence import Sequence
 from saguaro.distributed.channel import Channel, ChannelError
-from saguaro.engine.sequence import Sequence
-from saguaro.errors import SaguaroError
+from saguaro.errors import DraftWorkerError
 from saguaro.sampling import SparseQ
 from saguaro.speculation import protocol as P
-from saguaro.speculation.base import Proposal
 from saguaro.speculation.policy import BackupPolicy
 
 log = logging.getLogger("saguaro")
 
 OVERRUN_IDLE_S = 5e-4  # a worker idle for less than this before a request was still busy
 REPLY_TIMES = ("glue_s", "branch_s", "build_s", "backup_s", "handle_s")  # summed per round
-
-
-class DraftWorkerError(SaguaroError):
-    """The draft worker died, failed or stopped answering."""
 
 
 def _on_main_thread() -> bool:
@@ -55,9 +51,7 @@ def _reap(proc: subprocess.Popen | None, grace_s: float = 5.0) -> None:
         proc.wait()
 
 
-class SSDProposer:
-    shares_block_table = False
-
+class SSDProposer(Proposer):
     def __init__(
         self, cfg: EngineConfig, draft_dir: str, max_model_len: int, vocab_size: int
     ) -> None:
@@ -232,7 +226,7 @@ class SSDProposer:
         if not self.known:  # idle until the next request: not part of any round or window
             self.round_started = self.replied_at = self.last_wait_s = None
 
-    def stats(self, batch: int = 1) -> dict:
+    def stats(self, batch: int) -> dict:
         """Fan-out, budget, cache-build timings (the last round's, and cumulative ``totals``),
         policy estimates, and the docs/design.md §7 speedup predicted from them for a batch of
         ``batch`` sequences (relative to one verification, as §7 states it)."""

@@ -46,9 +46,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from saguaro.core.query import Query, token_slots
 from saguaro.distributed.channel import Channel, ChannelError
 from saguaro.engine.block_manager import BlockManager
-from saguaro.engine.model_runner import ModelRunner, Query, token_slots
+from saguaro.engine.model_runner import ModelRunner
 from saguaro.models.loader import load_model
 from saguaro.sampling import SamplingParams, SamplingTensors, SparseQ, propose, seed_tensor
 from saguaro.sampling.coupled import propose_coupled, ranked_proposals

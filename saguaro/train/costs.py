@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-from saguaro.engine.model_runner import ModelRunner, Query, token_slots
+from saguaro.core.query import Query, token_slots
+from saguaro.engine.model_runner import ModelRunner
 from saguaro.models.loader import load_model
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from saguaro.bench import bench_main, datasets, runner
 from saguaro.bench.report import PLOTS, SCHEMA
-from saguaro.engine.sequence import RoundRecord
+from saguaro.core.records import RoundRecord
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 ROW_FIELDS = {

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from saguaro.core.sequence import Sequence
 from saguaro.engine.block_manager import BlockManager, NoFreeBlocksError
-from saguaro.engine.sequence import Sequence
 from saguaro.sampling import SamplingParams
 
 

@@ -8,12 +8,12 @@ import random
 
 import pytest
 
+from saguaro.config import parse_fanout
 from saguaro.speculation.fanout import (
     FanoutEstimator,
     capped_geometric,
     geometric_fanout,
     marginal_fanout,
-    parse_fanout,
 )
 
 

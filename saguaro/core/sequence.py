@@ -1,4 +1,6 @@
-"""Per-request state: tokens, KV bookkeeping, sampling seed, stop state and round records."""
+"""Per-request state: tokens, target KV bookkeeping, sampling seed, stop state and round records.
+
+A proposer keeps its own draft state keyed by ``seq_id``; nothing here belongs to a strategy."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from saguaro.core.records import RoundRecord
 from saguaro.sampling import SamplingParams
 
 
@@ -13,25 +16,6 @@ class Status(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
-
-
-@dataclass
-class RoundRecord:
-    """What one decoding round did for one sequence. Every strategy emits these; metrics, the
-    fan-out estimator and the backup policy all read this one record type."""
-
-    num_drafted: int  # proposals verified this round (0 for AR)
-    num_accepted: int  # k
-    token: int  # t: recovery or bonus token
-    committed: int  # tokens appended (k + 1, fewer if a stop condition cut the round)
-    step: int = 0  # engine step the round ran in (rounds of one batch share it)
-    hit: bool | None = None  # SSD: outcome was prepared in the speculation cache
-    backup: str | None = None  # SSD: backup used on a miss
-    target_s: float = 0.0
-    draft_s: float = 0.0
-    wait_s: float = 0.0  # SSD: time the target waited for the draft
-    verify_s: float = 0.0  # sampling and verification (this round's share of the batch's)
-    step_s: float = 0.0  # the whole engine step, schedule to commit (this round's share)
 
 
 @dataclass(eq=False)  # identity semantics: sequences are looked up in queues by identity
@@ -46,7 +30,6 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0  # tokens with valid KV in the target pool
-    num_draft_computed: int = 0  # tokens with valid KV in an in-process draft pool
     num_cached_tokens: int = 0  # prompt tokens served by the prefix cache at last admission
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     error: str | None = None  # why the request failed (finish_reason "error")

@@ -1,0 +1,1 @@
+"""Types that the engine and the speculation strategies share and neither owns."""

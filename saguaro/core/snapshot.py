@@ -1,0 +1,22 @@
+"""A read-only view of an engine's state, for the server's metrics and the bench."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    mode: str  # ar | sd | ssd
+    lookahead: int  # token slots a round may write past the committed length (K, 0 for AR)
+    num_steps: int
+    running: int  # sequences in the batch
+    waiting: int  # sequences queued
+    sequences: int  # unfinished requests the engine holds
+    num_preemptions: int
+    kv_blocks_total: int
+    kv_blocks_free: int
+    prefix_hit_tokens: int  # prompt tokens served from the prefix cache, over the engine's life
+    draft_state: str  # none | running | restarting | failed
+    draft_restarts: int
+    draft_failure: str | None
