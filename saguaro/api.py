@@ -16,13 +16,13 @@ from typing import Any
 from tqdm import tqdm
 
 from saguaro.config import EngineConfig
+from saguaro.core.metrics import summarize
 from saguaro.core.records import RoundRecord
 from saguaro.core.sequence import Sequence as Seq
 from saguaro.core.snapshot import EngineSnapshot
 from saguaro.engine.engine import LLMEngine
 from saguaro.sampling import SamplingParams
 from saguaro.speculation.factory import make_proposer
-from saguaro.speculation.metrics import summarize
 
 Prompt = str | list[int]
 
@@ -60,21 +60,11 @@ class LLM:
     """An engine instance. ``mode`` is ``"ar"``, ``"sd"`` or ``"ssd"``; with no ``model`` the
     bundled code model (and, for speculation, its bundled draft) is used."""
 
-    def __init__(
-        self,
-        model: str | None = None,
-        draft: str | None = None,
-        mode: str = "ar",
-        num_speculative_tokens: int = 4,
-        **kwargs: Any,
-    ) -> None:
-        self.config = EngineConfig(
-            model=model,
-            draft=draft,
-            mode=mode,
-            num_speculative_tokens=num_speculative_tokens,
-            **kwargs,
-        )
+    def __init__(self, model: str | None = None, draft: str | None = None, **kwargs: Any) -> None:
+        """``model``/``draft``: local Hugging Face directories (None: the bundled pair); every
+        other :class:`~saguaro.config.EngineConfig` field by keyword (``mode``,
+        ``num_speculative_tokens``, ...)."""
+        self.config = EngineConfig(model=model, draft=draft, **kwargs)
         self.engine = LLMEngine(self.config, make_proposer)
         self.tokenizer = self.engine.tokenizer
         self.last_run: dict[str, Any] = {}

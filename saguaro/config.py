@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass
+from typing import Literal
 
-import torch
-
-from saguaro.placement import process_cpus
-from saguaro.sampling.params import SAMPLING_METHODS as REQUEST_SAMPLING_METHODS
+from saguaro.options import check_choices, cpu_list, opt
+from saguaro.placement import process_cpus, resolve_device
+from saguaro.sampling.params import RequestMethod
 from saguaro.sampling.sampler import DEFAULT_TOP_M
 
-MODES = ("ar", "sd", "ssd")
-SAMPLING_METHODS = ("auto", *REQUEST_SAMPLING_METHODS)
-BACKUPS = ("auto", "neural", "fast")
 FANOUT_MODES = ("auto", "geometric", "empirical")
 
 
@@ -42,47 +40,83 @@ def parse_fanout(spec: str, K: int) -> list[int] | str:
     return values
 
 
+Mode = Literal["ar", "sd", "ssd"]
+Dtype = Literal["float32", "bfloat16", "float16"]
+SamplingMethod = Literal["auto", RequestMethod]
+Backup = Literal["auto", "neural", "fast"]
+DraftWorker = Literal["spawn", "external"]
+
+MODES: tuple[str, ...] = typing.get_args(Mode)
+SAMPLING_METHODS: tuple[str, ...] = typing.get_args(SamplingMethod)
+BACKUPS: tuple[str, ...] = typing.get_args(Backup)
+
+
 @dataclass
 class EngineConfig:
-    model: str | None = None  # None: the bundled target
-    draft: str | None = None  # None with mode sd/ssd: the bundled draft when model is bundled
-    mode: str = "ar"
-    num_speculative_tokens: int = 4  # K
-    dtype: str = "float32"
-    device: str = "auto"  # auto: cuda if available, else cpu
-    max_model_len: int | None = None  # None: the model's max_position_embeddings
-    max_num_seqs: int = 16
-    max_num_batched_tokens: int = 2048
-    block_size: int = 16
-    num_kv_blocks: int | None = None  # None: max_num_seqs full-length sequences, within kv_cache_gb
-    kv_cache_gb: float = 4.0  # memory cap for the target KV pool when num_kv_blocks is unset
-    enable_prefix_caching: bool = True
-    seed: int = 0
-    num_threads: int | None = None  # torch intra-op threads in this process (None: leave as is)
-    draft_top_m: int = DEFAULT_TOP_M  # sd/ssd: the draft samples from its top-M tokens
-    # How T > 0 is sampled exactly: rejection | coupled | auto (coupled for SSD, whose cache it
-    # serves better; rejection for AR and SD, where it accepts more). docs/sampling.md.
-    sampling: str = "auto"
+    """Every engine setting, validated once. ``saguaro generate | serve | chat | bench`` take each
+    field as ``--field-name`` (saguaro.options)."""
+
+    model: str | None = opt(None, "target model directory (default: the bundled code model)")
+    draft: str | None = opt(
+        None, "draft model directory (default with sd/ssd: the bundled draft, bundled target only)"
+    )
+    mode: Mode = opt("ar", "decoding: autoregressive, speculative (sd) or SSD")
+    num_speculative_tokens: int = opt(4, "speculation length K", flags=("--k",))
+    dtype: Dtype = opt("float32", "weights and activations")
+    device: str = opt("auto", "auto | cpu | cuda[:N] (auto: cuda if available, else cpu)")
+    max_model_len: int | None = opt(None, "context length (default: the model's)")
+    max_num_seqs: int = opt(16, "sequences in one batch")
+    max_num_batched_tokens: int = opt(2048, "tokens in one forward (prefill is chunked to it)")
+    block_size: int = opt(16, "tokens per KV block")
+    num_kv_blocks: int | None = opt(
+        None, "KV blocks (default: max_num_seqs full-length sequences, within kv_cache_gb)"
+    )
+    kv_cache_gb: float = opt(4.0, "memory cap for the target's KV pool when num_kv_blocks is unset")
+    enable_prefix_caching: bool = opt(True, "share KV blocks of common prompt prefixes")
+    seed: int = opt(0, "seeds requests that name none")
+    num_threads: int | None = opt(
+        None, "torch intra-op threads in this process (default: as is)", flags=("--threads",)
+    )
+    draft_top_m: int = opt(DEFAULT_TOP_M, "sd/ssd: the draft samples from its top-M tokens")
+    # coupled for SSD, whose cache it serves better; rejection for AR and SD, where it accepts
+    # more (docs/sampling.md).
+    sampling: SamplingMethod = opt(
+        "auto",
+        "how T > 0 is sampled exactly: rejection sampling, or coupled (a seed gives the same text "
+        "in every mode); auto: coupled for ssd, rejection otherwise",
+    )
     # --- SSD (mode="ssd") ---
-    fanout: str | list[int] = "auto"  # auto | geometric | empirical | fixed F_0..F_K
-    cache_budget: int | None = None  # branches per sequence; None: sized to fit a verification
-    saguaro_c: float = 1.0  # Saguaro sampling constant C in (0, 1]; 1 = plain sampling
-    backup: str = "auto"  # auto | neural | fast
-    draft_worker: str = "spawn"  # spawn a local worker, or wait for an "external" one
-    draft_addr: str = "127.0.0.1"  # rendezvous address (the target hosts it)
-    draft_port: int = 0  # 0: a free port
-    draft_timeout_s: float = 60.0  # a worker silent this long is given up on
-    draft_restarts: int = 3  # a failed worker is restarted at most this many times
-    draft_restart_backoff_s: float = 1.0  # wait before the first restart; doubles each time
-    draft_device: str | None = None  # None: same as device
-    pin_cpus: bool = True  # on CPU, pin target and worker to disjoint cores (ssd)
-    target_cpus: list[int] | None = None  # default with pin_cpus: core 0
-    draft_cpus: list[int] | None = None  # default with pin_cpus: core 1
-    draft_threads: int | None = None  # default with pin_cpus: 1
+    fanout: str | list[int] = opt(
+        "auto", "ssd: auto | geometric | empirical | F_0,..,F_K branches per outcome"
+    )
+    cache_budget: int | None = opt(
+        None, "ssd: branches per sequence (default: sized online to fit a verification)"
+    )
+    saguaro_c: float = opt(1.0, "ssd: Saguaro sampling constant C in (0, 1]; 1 = plain sampling")
+    backup: Backup = opt("auto", "ssd: what a cache miss falls back on")
+    draft_worker: DraftWorker = opt(
+        "spawn",
+        "ssd: spawn a local worker, or wait for an external one (`saguaro draft-worker`)",
+    )
+    draft_addr: str = opt("127.0.0.1", "ssd: rendezvous address (the target hosts it)")
+    draft_port: int = opt(0, "ssd: rendezvous port (0: a free port)")
+    draft_timeout_s: float = opt(60.0, "ssd: a worker silent this long is given up on")
+    draft_restarts: int = opt(3, "ssd: a failed worker is restarted at most this many times")
+    draft_restart_backoff_s: float = opt(
+        1.0, "ssd: wait before the first restart (doubles each time)"
+    )
+    draft_device: str | None = opt(None, "ssd: the worker's device (default: device)")
+    pin_cpus: bool = opt(True, "ssd on CPU: pin target and worker to disjoint cores")
+    target_cpus: list[int] | None = opt(
+        None, "ssd: cores for the target, e.g. 0 (default: the first)", parse=cpu_list
+    )
+    draft_cpus: list[int] | None = opt(
+        None, "ssd: cores for the worker, e.g. 1 or 2-3 (default: the next)", parse=cpu_list
+    )
+    draft_threads: int | None = opt(None, "ssd: the worker's torch threads (default: its cores)")
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        check_choices(self)
         if self.num_speculative_tokens < 1:
             raise ValueError(
                 f"num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}"
@@ -94,18 +128,9 @@ class EngineConfig:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
-        if self.device == "auto":
-            self.device = "cuda" if torch.cuda.is_available() else "cpu"
-        if self.backup not in BACKUPS:
-            raise ValueError(f"backup must be one of {BACKUPS}, got {self.backup!r}")
+        self.device = resolve_device(self.device)
         if not 0 < self.saguaro_c <= 1:
             raise ValueError(f"saguaro_c must be in (0, 1], got {self.saguaro_c}")
-        if self.draft_worker not in ("spawn", "external"):
-            raise ValueError(
-                f"draft_worker must be 'spawn' or 'external', got {self.draft_worker!r}"
-            )
-        if self.sampling not in SAMPLING_METHODS:
-            raise ValueError(f"sampling must be one of {SAMPLING_METHODS}, got {self.sampling!r}")
         if self.sampling == "auto":
             self.sampling = "coupled" if self.mode == "ssd" else "rejection"
         if self.draft_restarts < 0 or self.draft_restart_backoff_s < 0:

@@ -36,3 +36,10 @@ def unpin_process() -> None:
     if _pins == 0 and _unpinned is not None:
         os.sched_setaffinity(0, _unpinned[0])
         torch.set_num_threads(_unpinned[1])
+
+
+def resolve_device(name: str) -> str:
+    """``auto``: cuda where a GPU is present, else cpu; any other name is kept."""
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name

@@ -79,7 +79,7 @@ def test_generate_ssd_with_flags(tiny_llama, tiny_draft, capsys):
         "--max-tokens",
         "6",
         "--ignore-eos",
-        "--no-pin",
+        "--no-pin-cpus",
         "--max-model-len",
         "128",
     ]

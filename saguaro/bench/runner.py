@@ -24,10 +24,11 @@ from tqdm import tqdm
 
 from saguaro.bench.datasets import DATASETS, Prompt, file_prompts, load_dataset, select
 from saguaro.config import SAMPLING_METHODS
+from saguaro.core.metrics import summarize
 from saguaro.core.records import RoundRecord
 from saguaro.errors import SaguaroError
+from saguaro.placement import resolve_device
 from saguaro.sampling import SamplingParams
-from saguaro.speculation.metrics import summarize
 
 BENCH_MODES = ("ar", "sd", "ssd", "hf-assisted")
 SPEC_MODES = ("sd", "ssd", "hf-assisted")
@@ -825,16 +826,13 @@ def run_bench(cfg: BenchConfig, command: list[str]) -> int:
     prompt_sets = prepare_prompts(cfg, Tokenizer(target_dir), max_prompt, count)
     longest = max(len(t) for ps in prompt_sets for t in ps.token_ids)
     max_model_len = min(context, longest + cfg.max_tokens + lookahead)
-    device = cfg.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    cfg = replace(cfg, device=device)
+    cfg = replace(cfg, device=resolve_device(cfg.device))
 
     with contextlib.ExitStack() as stack:  # closes LIFO: SSD engines restore CPU pinning in order
         backends: dict[str, Any] = {}
         for v in tqdm(variants, desc="loading", unit="engine", file=sys.stderr):
             if v.mode == "hf-assisted":
-                backend: Any = HFAssistedBackend(v, target_dir, draft_dir, device)
+                backend: Any = HFAssistedBackend(v, target_dir, draft_dir, cfg.device)
             else:
                 backend = SaguaroBackend(v, cfg, max_model_len, max(cfg.batch_sizes))
             stack.callback(backend.close)

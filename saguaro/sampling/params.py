@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import math
+import typing
 from dataclasses import dataclass
+from typing import Literal
 
-SAMPLING_METHODS = ("rejection", "coupled")  # the exact methods a request can ask for
+from saguaro.options import opt
+
+RequestMethod = Literal["rejection", "coupled"]  # the exact methods a request can ask for
+SAMPLING_METHODS: tuple[str, ...] = typing.get_args(RequestMethod)
 
 
 def _is_int(value: object) -> bool:
@@ -22,16 +27,16 @@ class SamplingParams:
     greedy, and nothing else does: any positive temperature samples, however confident the row.
     """
 
-    temperature: float = 1.0
-    top_k: int = 0  # 0 or -1: disabled
-    top_p: float = 1.0  # in (0, 1]; 1: disabled
-    seed: int | None = None
-    max_tokens: int = 16
-    stop: list[str] | str | None = None
+    temperature: float = opt(1.0, "0: greedy; any T > 0 samples")
+    top_k: int = opt(0, "keep the k most likely tokens (0 or -1: disabled)")
+    top_p: float = opt(1.0, "keep the smallest set of mass >= p, in (0, 1] (1: disabled)")
+    seed: int | None = opt(None, "keys every random draw of the request (default: the engine's)")
+    max_tokens: int = opt(16, "tokens to generate at most")
+    stop: list[str] | str | None = opt(None, "stop string (repeatable)", repeat=True)
     stop_token_ids: list[int] | None = None
-    ignore_eos: bool = False
-    # "rejection" | "coupled": this request's method at T > 0; None: the engine's (docs/sampling.md)
-    sampling: str | None = None
+    ignore_eos: bool = opt(False, "keep generating past end-of-sequence tokens")
+    # This request's method at T > 0; None: the engine's (docs/sampling.md)
+    sampling: RequestMethod | None = None
 
     def __post_init__(self) -> None:
         t = self.temperature

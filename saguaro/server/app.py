@@ -33,6 +33,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from saguaro.errors import RequestError, SaguaroError
+from saguaro.launch import build_llm, engine_options
 from saguaro.sampling import SamplingParams
 from saguaro.server.async_engine import (
     AsyncEngine,
@@ -730,12 +731,10 @@ def serve_main(argv: list[str] | None = None) -> int:
     [--api-key KEY] [--max-model-len N] ...``: serve until interrupted."""
     import uvicorn
 
-    from saguaro.cli import _engine_args, build_llm  # lazy: cli imports this module lazily too
-
     parser = argparse.ArgumentParser(
         prog="saguaro serve", description="Serve a model over an OpenAI-compatible HTTP API."
     )
-    _engine_args(parser)
+    engine_options(parser)
     parser.add_argument(
         "--host", default="127.0.0.1", help="bind address (loopback by default; 0.0.0.0: all)"
     )

@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from saguaro.errors import RequestError, SaguaroError
+from saguaro.launch import build_llm, engine_options, sampling_options, sampling_params
 from saguaro.models.tokenizer import Tokenizer
 
 
@@ -86,18 +87,16 @@ def run_chat(llm: Any, params: Any, system: str | None = None) -> None:
 
 def chat_main(argv: list[str] | None = None) -> int:
     """``saguaro chat [--model DIR] [--draft DIR] [--mode M] [--k K] [sampling flags]``."""
-    from saguaro.cli import _engine_args, _sampling_args, build_llm, sampling_params
-
     parser = argparse.ArgumentParser(
         prog="saguaro chat", description="Chat with a model in the terminal, streaming replies."
     )
-    _engine_args(parser)
-    _sampling_args(parser)
+    engine_options(parser, exclude=("seed",))  # --seed is the request's
+    sampling_options(parser)
     parser.add_argument("--system", help="system prompt for every conversation")
     args = parser.parse_args(argv)
     try:
         params = sampling_params(args)
-        llm = build_llm(args)
+        llm = build_llm(args, exclude=("seed",))
     except (SaguaroError, ValueError) as e:
         print(f"saguaro chat: error: {e}", file=sys.stderr)
         return 2

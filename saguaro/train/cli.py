@@ -8,6 +8,8 @@ from pathlib import Path
 
 import torch
 
+from saguaro.placement import resolve_device
+
 DEFAULT_RUN_DIR = Path("train_run")
 
 
@@ -40,7 +42,7 @@ def _parser() -> argparse.ArgumentParser:
     fit.add_argument(
         "--init-from", type=Path, default=None, help="continue an export (DIR/target, DIR/draft)"
     )
-    fit.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    fit.add_argument("--device", default="auto", type=resolve_device, help="auto | cpu | cuda")
 
     exp = sub.add_parser("export", help="write both HF model dirs from the latest checkpoint")
     exp.add_argument("--out", type=Path, required=True, help="writes OUT/target and OUT/draft")

@@ -1,0 +1,113 @@
+"""The package's import rules: layers import downward only, and no two packages import each other
+(directly or through others). Lazy imports inside functions count too: they are still a
+dependency, only a deferred one."""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import saguaro
+
+ROOT = Path(saguaro.__file__).parent
+
+# (importer, imported): packages that must never depend on each other this way.
+FORBIDDEN = [
+    *(("models", p) for p in ("engine", "speculation", "server", "bench", "cli", "api")),
+    *(("sampling", p) for p in ("engine", "models", "speculation", "core", "config")),
+    *(("core", p) for p in ("engine", "speculation", "models", "server", "bench")),
+    *(
+        (low, high)
+        for low in ("engine", "speculation", "distributed", "core", "models", "sampling")
+        for high in ("server", "cli", "bench", "launch", "train", "api")
+    ),
+    ("engine", "speculation"),  # the engine is handed a proposer factory
+]
+
+
+def _unit(module: str) -> str:
+    """The package (or top-level module) a dotted module name belongs to."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "saguaro"
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module == "saguaro":  # `from saguaro import bundled` names a submodule
+                for alias in node.names:
+                    sub = ROOT / alias.name
+                    out.add(
+                        alias.name
+                        if sub.is_dir() or sub.with_suffix(".py").is_file()
+                        else "saguaro"
+                    )
+            elif node.module.startswith("saguaro."):
+                out.add(_unit(node.module))
+        elif isinstance(node, ast.Import):
+            out |= {_unit(a.name) for a in node.names if a.name.startswith("saguaro.")}
+    return out
+
+
+def graph() -> dict[str, set[str]]:
+    deps: dict[str, set[str]] = defaultdict(set)
+    for path in ROOT.rglob("*.py"):
+        rel = path.relative_to(ROOT).with_suffix("")
+        unit = rel.parts[0] if len(rel.parts) > 1 else rel.parts[0].replace("__init__", "saguaro")
+        deps[unit] |= _imports(path) - {unit}
+    return deps
+
+
+def _cycles(deps: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one unit (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(deps.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(deps):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_package_cycles():
+    assert _cycles(graph()) == []
+
+
+def test_layers_import_downward_only():
+    deps = graph()
+    broken = [(a, b) for a, b in FORBIDDEN if b in deps.get(a, ())]
+    assert broken == []
+
+
+def test_the_checker_sees_a_cycle_and_a_lazy_import(tmp_path):
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    lazy = tmp_path / "m.py"
+    lazy.write_text("def f():\n    from saguaro.server.app import build_app\n")
+    assert _imports(lazy) == {"server"}
