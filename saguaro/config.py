@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typing
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from saguaro.options import check_choices, cpu_list, opt
@@ -159,3 +160,17 @@ class EngineConfig:
     def lookahead(self) -> int:
         """Token slots a sequence may write beyond its committed length in one round."""
         return 0 if self.mode == "ar" else self.num_speculative_tokens
+
+
+def resolve_model_dirs(cfg: EngineConfig) -> tuple[Path, Path | None]:
+    """Fill in the bundled pair where no model is given."""
+    from saguaro import bundled
+
+    target = Path(cfg.model) if cfg.model else bundled.TARGET_DIR
+    if cfg.mode == "ar":
+        return target, Path(cfg.draft) if cfg.draft else None
+    if cfg.draft:
+        return target, Path(cfg.draft)
+    if cfg.model is None:
+        return target, bundled.DRAFT_DIR
+    raise ValueError(f"mode {cfg.mode!r} needs a draft model (draft=DIR)")

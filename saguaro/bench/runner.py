@@ -797,8 +797,7 @@ def _on_this_machine(row: Row, ar: Row | None) -> float | None:
 
 
 def _model_dirs(cfg: BenchConfig) -> tuple[Path, Path | None]:
-    from saguaro.config import EngineConfig
-    from saguaro.engine.engine import resolve_model_dirs
+    from saguaro.config import EngineConfig, resolve_model_dirs
 
     spec = any(m in SPEC_MODES for m in cfg.modes)
     return resolve_model_dirs(

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from saguaro.config import EngineConfig
+from saguaro.config import EngineConfig, resolve_model_dirs
 from saguaro.core.proposal import DraftSetup, Proposal, Proposer, ProposerFactory
 from saguaro.core.records import RoundRecord
 from saguaro.core.sequence import Sequence, Status
@@ -52,20 +52,6 @@ class LoadedModels:
     target_dir: Path
     draft_dir: Path | None
     tokenizer: Tokenizer
-
-
-def resolve_model_dirs(cfg: EngineConfig) -> tuple[Path, Path | None]:
-    """Fill in the bundled pair where no model is given."""
-    from saguaro import bundled
-
-    target = Path(cfg.model) if cfg.model else bundled.TARGET_DIR
-    if cfg.mode == "ar":
-        return target, Path(cfg.draft) if cfg.draft else None
-    if cfg.draft:
-        return target, Path(cfg.draft)
-    if cfg.model is None:
-        return target, bundled.DRAFT_DIR
-    raise ValueError(f"mode {cfg.mode!r} needs a draft model (draft=DIR)")
 
 
 def check_compatible(target_dir: Path, draft_dir: Path, tokenizer: Tokenizer) -> None:
