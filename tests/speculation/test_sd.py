@@ -77,6 +77,27 @@ def test_sd_near_max_model_len_shrinks_rounds(tiny_llama, close_draft):
         assert a.token_ids == s.token_ids and s.finish_reason == "length"
 
 
+def test_sd_under_preemption_recomputes_draft_kv_from_the_prefix_hit(tiny_llama, close_draft):
+    """Preempted sequences lose their blocks, draft KV included: the proposer is told, restarts
+    the draft from the prefix-cache hit, and keeps proposing as well as without preemption (stale
+    draft KV would still be exact, but would propose from garbage and accept far less)."""
+    params = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)
+    kw = dict(model=str(tiny_llama), draft=str(close_draft), mode="sd", max_model_len=128)
+    roomy = LLM(**kw).generate(PROMPTS[:4], params)
+    # 8 blocks of 16 = one full-length sequence (with K slots): four growing sequences preempt.
+    tight = LLM(**kw, num_kv_blocks=8, block_size=16)
+    told = []
+    proposer = tight.engine.proposer
+    preempted = proposer.preempted
+    proposer.preempted = lambda seq: (told.append(seq.seq_id), preempted(seq))
+    got = tight.generate(PROMPTS[:4], params)
+    assert tight.snapshot().num_preemptions == len(told) > 0
+    assert [o.token_ids for o in got] == [o.token_ids for o in roomy]
+    accepted = [sum(r.num_accepted for r in o.records) for o in (*roomy, *got)]
+    assert sum(accepted[4:]) >= 0.9 * sum(accepted[:4]) > 0
+    assert proposer.computed == {} and tight.snapshot().kv_blocks_free == 8
+
+
 def test_seeded_sd_reproducible(tiny_llama, close_draft):
     llm = LLM(model=str(tiny_llama), draft=str(close_draft), mode="sd", max_model_len=256)
     params = SamplingParams(temperature=0.9, top_p=0.95, seed=7, max_tokens=30, ignore_eos=True)
