@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["train-pair"]:
         return cmd_train_pair(argv[1:])
     if argv[:1] == ["serve"]:
-        from saguaro.server.app import serve_main
+        from saguaro.server.main import serve_main
 
         return serve_main(argv[1:])
     if argv[:1] == ["chat"]:

@@ -1,0 +1,401 @@
+"""The OpenAI-compatible HTTP API: completions, chat completions, models, health and metrics.
+
+Errors follow OpenAI (``saguaro.server.errors``). Anything wrong with a request body (malformed
+JSON, an unrecognized argument, a wrong type, an out-of-range sampling value, a prompt that does
+not fit the context) is a 400, as OpenAI answers it (the ``openai`` client raises
+``BadRequestError``); a missing or wrong API key is a 401, an unknown route or model a 404, a
+wrong method a 405, a body over ``MAX_BODY_BYTES`` a 413 and one not received within
+``BODY_TIMEOUT_S`` a 408.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from jinja2.exceptions import TemplateError
+from pydantic import BaseModel, ValidationError
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from saguaro.engine.engine import LLMEngine
+from saguaro.errors import RequestError
+from saguaro.sampling import SamplingParams
+from saguaro.server.async_engine import AsyncEngine, RequestStream, ShuttingDown, StreamEvent
+from saguaro.server.chat import chat_prompt_ids
+from saguaro.server.errors import (
+    EXCEPTION_HANDLERS,
+    SERVER_ERROR,
+    APIError,
+    error_body,
+    error_response,
+    validation_error,
+)
+from saguaro.server.metrics import CONTENT_TYPE, render_metrics
+from saguaro.server.protocol import (
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    Completion,
+    CompletionChoice,
+    CompletionRequest,
+    RequestBody,
+    Usage,
+)
+
+MAX_BODY_BYTES = 8 << 20  # far above any prompt that fits a context; bounds a hostile upload
+BODY_TIMEOUT_S = 30.0  # a request body not fully received by then gets 408
+ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
+MODEL_CARD_ROUTE = "/v1/models/{model}"  # every model card's path counts as this route
+
+router = APIRouter()
+
+
+@dataclass
+class ServedModel:
+    """What the routes serve: the engine loop, the model's public name and the HTTP counts."""
+
+    ae: AsyncEngine
+    model_name: str
+    created: int = field(default_factory=lambda: int(time.time()))
+    http_counts: Counter[tuple[str, int]] = field(default_factory=Counter)
+
+    @property
+    def engine(self) -> LLMEngine:
+        return self.ae.engine
+
+    def check_model(self, name: str | None) -> None:
+        """404 for a model other than the served one (None means the served one)."""
+        if name is not None and name != self.model_name:
+            raise APIError(404, f"The model `{name}` does not exist.", "model", "model_not_found")
+
+    def model_card(self) -> dict[str, Any]:
+        return {
+            "id": self.model_name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "saguaro",
+        }
+
+    def prompt_ids(self, prompt: str | list[int], param: str) -> list[int]:
+        """The engine's ids for ``prompt``; 400 (naming ``param``) if it does not fit the
+        context or is otherwise invalid. Tokenises: call it off the event loop."""
+        engine = self.engine
+        if isinstance(prompt, str) and prompt:
+            prompt = engine.tokenizer.encode(prompt)  # as encode_prompt would tokenize it
+        if len(prompt) >= engine.max_model_len:
+            raise APIError(
+                400,
+                f"This model's maximum context length is {engine.max_model_len} tokens; "
+                f"the prompt has {len(prompt)} (room is needed for at least one new token).",
+                param,
+                "context_length_exceeded",
+            )
+        try:
+            return engine.encode_prompt(prompt)
+        except RequestError as e:
+            raise APIError(400, str(e), param) from e
+
+    def submit(self, ids: list[int], params: SamplingParams) -> RequestStream:
+        try:
+            return self.ae.submit(ids, params)
+        except ShuttingDown as e:
+            raise APIError(503, "the server is shutting down", kind=SERVER_ERROR) from e
+
+
+def _served(request: Request) -> ServedModel:
+    return request.app.state.served
+
+
+# ---- requests and responses -------------------------------------------------------------------
+
+
+async def _parse(request: Request, model: type[RequestBody]) -> Any:
+    """The request's body, validated as ``model``: read in full within ``BODY_TIMEOUT_S`` and
+    ``MAX_BODY_BYTES``."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise APIError(413, f"request body exceeds {MAX_BODY_BYTES} bytes")
+    body = bytearray()
+    try:
+        async with asyncio.timeout(BODY_TIMEOUT_S):  # a client that never finishes its body
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > MAX_BODY_BYTES:
+                    raise APIError(413, f"request body exceeds {MAX_BODY_BYTES} bytes")
+    except TimeoutError as e:
+        raise APIError(408, f"request body not received within {BODY_TIMEOUT_S:g} s") from e
+    try:
+        return model.model_validate_json(bytes(body))
+    except ValidationError as e:
+        raise validation_error(e) from e
+
+
+def _sse(payload: BaseModel | dict[str, Any]) -> str:
+    data = payload.model_dump_json() if isinstance(payload, BaseModel) else json.dumps(payload)
+    return f"data: {data}\n\n"
+
+
+def _abort_on_disconnect(request: Request, stream: RequestStream) -> asyncio.Task[None]:
+    """Watch the connection from the moment ``stream`` is submitted: a client that goes away
+    aborts it, freeing its KV blocks, even if the response never started. Whoever consumes
+    the stream cancels the watcher, and the stream (a no-op once finished), when done."""
+
+    async def watch() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        stream.cancel()
+
+    return asyncio.create_task(watch())
+
+
+async def _collect(stream: RequestStream, watcher: asyncio.Task[None]) -> tuple[str, StreamEvent]:
+    """The whole text of ``stream`` and its last event; 500 if the engine failed it."""
+    parts = []
+    try:
+        async for event in stream:
+            parts.append(event.text)
+    finally:
+        watcher.cancel()
+        stream.cancel()
+    if event.error is not None:
+        raise APIError(500, event.error, kind=SERVER_ERROR)
+    return "".join(parts), event
+
+
+def _event_stream(
+    stream: RequestStream,
+    watcher: asyncio.Task[None],
+    chunk: Callable[[str, str | None], BaseModel],
+    usage_chunk: Completion | ChatCompletionChunk,
+    include_usage: bool,
+    head: BaseModel | None = None,
+) -> StreamingResponse:
+    """Server-sent events: one chunk per engine step (all the tokens it committed), an optional
+    usage chunk, then ``[DONE]``. An engine failure mid-stream is sent as an error event."""
+
+    async def events() -> AsyncIterator[str]:
+        try:
+            if head is not None:
+                yield _sse(head)
+            async for event in stream:
+                if event.error is not None:
+                    yield _sse(error_body(event.error, SERVER_ERROR, None, None))
+                    break
+                yield _sse(chunk(event.text, event.finish_reason))
+            else:
+                if include_usage:
+                    usage_chunk.usage = Usage.of(event)
+                    yield _sse(usage_chunk)
+        finally:
+            watcher.cancel()
+            stream.cancel()
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(
+        events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+    )
+
+
+# ---- routes -----------------------------------------------------------------------------------
+
+
+@router.get("/health")
+async def health(request: Request) -> JSONResponse:
+    """200 "ok" while serving fully; 503 "degraded" while a speculative mode runs without
+    its draft (restarting it, or for good: still exact, slower); 503 "engine stopped"."""
+    served = _served(request)
+    draft = served.engine.snapshot().draft_state
+    status = "ok" if draft in ("none", "running") else "degraded"
+    status = status if served.ae.running else "engine stopped"
+    body = {"status": status, "mode": served.engine.cfg.mode, "draft": draft}
+    return JSONResponse(body, 200 if status == "ok" else 503)
+
+
+@router.get("/v1/models")
+async def models(request: Request) -> dict[str, Any]:
+    return {"object": "list", "data": [_served(request).model_card()]}
+
+
+@router.get("/v1/models/{model_id:path}")
+async def model(model_id: str, request: Request) -> dict[str, Any]:
+    served = _served(request)
+    served.check_model(model_id)
+    return served.model_card()
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    served = _served(request)
+    return PlainTextResponse(
+        render_metrics(served.ae, served.http_counts, served.model_name), media_type=CONTENT_TYPE
+    )
+
+
+@router.post("/v1/completions")
+async def completions(request: Request) -> Response:
+    served = _served(request)
+    req: CompletionRequest = await _parse(request, CompletionRequest)
+    served.check_model(req.model)
+    prompt = req.single_prompt()
+    ids = await asyncio.to_thread(served.prompt_ids, prompt, "prompt")  # keep the loop responsive
+    stream = served.submit(ids, req.sampling_params(req.token_limit()))
+    watcher = _abort_on_disconnect(request, stream)
+    rid, now, name = f"cmpl-{uuid.uuid4().hex}", int(time.time()), served.model_name
+
+    def chunk(text: str, reason: str | None) -> Completion:
+        choice = CompletionChoice(text=text, finish_reason=reason)
+        return Completion(id=rid, created=now, model=name, choices=[choice])
+
+    if req.stream:
+        usage_chunk = Completion(id=rid, created=now, model=name, choices=[])
+        return _event_stream(stream, watcher, chunk, usage_chunk, req.include_usage)
+    text, last = await _collect(stream, watcher)
+    done = chunk(text, last.finish_reason)
+    done.usage = Usage.of(last)
+    return JSONResponse(done.model_dump())
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request) -> Response:
+    served = _served(request)
+    engine = served.engine
+    req: ChatCompletionRequest = await _parse(request, ChatCompletionRequest)
+    served.check_model(req.model)
+    messages = [m.for_template() for m in req.messages]
+    try:  # templating and tokenising run off the event loop: a huge prompt stalls no one
+        ids = await asyncio.to_thread(chat_prompt_ids, engine.tokenizer, messages)
+    except TemplateError as e:  # e.g. the template's raise_exception on role order
+        raise APIError(400, f"chat template: {e}", "messages") from e
+    ids = await asyncio.to_thread(served.prompt_ids, ids, "messages")
+    limit = req.token_limit(room=engine.max_model_len - len(ids))
+    stream = served.submit(ids, req.sampling_params(limit))
+    watcher = _abort_on_disconnect(request, stream)
+    rid, now, name = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), served.model_name
+
+    def chunk(text: str, reason: str | None) -> ChatCompletionChunk:
+        delta = {"content": text} if text else {}
+        choice = ChatChunkChoice(delta=delta, finish_reason=reason)
+        return ChatCompletionChunk(id=rid, created=now, model=name, choices=[choice])
+
+    if req.stream:
+        first = ChatChunkChoice(delta={"role": "assistant", "content": ""}, finish_reason=None)
+        head = ChatCompletionChunk(id=rid, created=now, model=name, choices=[first])
+        usage_chunk = ChatCompletionChunk(id=rid, created=now, model=name, choices=[])
+        return _event_stream(stream, watcher, chunk, usage_chunk, req.include_usage, head)
+    text, last = await _collect(stream, watcher)
+    message = {"role": "assistant", "content": text}
+    return JSONResponse(
+        ChatCompletion(
+            id=rid,
+            created=now,
+            model=name,
+            choices=[ChatChoice(message=message, finish_reason=last.finish_reason)],
+            usage=Usage.of(last),
+        ).model_dump()
+    )
+
+
+# ---- middleware ---------------------------------------------------------------------------------
+
+
+class BearerAuth:
+    """401 unless ``Authorization: Bearer <api_key>``, on every path but /health."""
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self.key = api_key.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] != "/health":
+            header = dict(scope["headers"]).get(b"authorization", b"")
+            scheme, _, token = header.partition(b" ")
+            if not header:
+                e = APIError(401, "You didn't provide an API key (Authorization: Bearer KEY).")
+            elif scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self.key):
+                e = APIError(401, "Incorrect API key provided.", code="invalid_api_key")
+            else:
+                return await self.app(scope, receive, send)
+            response = error_response(e, {"WWW-Authenticate": "Bearer"})
+            return await response(scope, receive, send)
+        await self.app(scope, receive, send)
+
+
+class HTTPCounter:
+    """Counts responses by route and status for /metrics (unknown paths count as "other")."""
+
+    def __init__(self, app: ASGIApp, counts: Counter[tuple[str, int]]) -> None:
+        self.app = app
+        self.counts = counts
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope["path"]
+        if path.startswith("/v1/models/"):
+            route = MODEL_CARD_ROUTE
+        else:
+            route = path if path in ROUTES else "other"
+        status = 500  # what the client gets if the app fails before it starts a response
+
+        async def counting_send(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, counting_send)
+        finally:
+            self.counts[(route, status)] += 1
+
+
+# ---- the app ----------------------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    """Run the engine loop while the app serves."""
+    ae: AsyncEngine = app.state.async_engine
+    ae.start()
+    try:
+        yield
+    finally:
+        await asyncio.to_thread(ae.stop)
+
+
+def build_app(
+    llm: Any, api_key: str | None = None, served_model_name: str | None = None
+) -> FastAPI:
+    """The HTTP app serving ``llm`` (a ``saguaro.LLM``). Its lifespan runs the engine loop;
+    closing ``llm`` stays with the caller. ``served_model_name`` defaults to the model
+    directory's name."""
+    engine = llm.engine
+    ae = AsyncEngine(engine)
+    served = ServedModel(ae, served_model_name or engine.target_dir.name)
+    app = FastAPI(
+        title="saguaro",
+        lifespan=_lifespan,
+        exception_handlers=EXCEPTION_HANDLERS,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,  # the API is OpenAI's; its reference documents it
+    )
+    app.state.async_engine = ae
+    app.state.served = served
+    app.include_router(router)
+    if api_key:
+        app.add_middleware(BearerAuth, api_key=api_key)
+    app.add_middleware(HTTPCounter, counts=served.http_counts)
+    return app

@@ -1,0 +1,45 @@
+"""``saguaro serve``: its options come from ServerConfig and EngineConfig; bad settings exit 2."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from saguaro.cli import main
+from saguaro.options import flag, from_args
+from saguaro.server.main import API_KEY_ENV, ServerConfig, serve_parser
+
+
+def test_serve_help_lists_every_server_option(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["serve", "--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    for f in dataclasses.fields(ServerConfig):
+        assert flag(f.name) in out
+    assert "--max-model-len" in out  # and the engine's
+
+
+def test_server_options_build_a_server_config(monkeypatch):
+    monkeypatch.delenv(API_KEY_ENV, raising=False)
+    assert from_args(ServerConfig, serve_parser().parse_args([])) == ServerConfig(
+        host="127.0.0.1", port=8000, api_key=None, served_model_name=None, shutdown_grace_s=10.0
+    )
+    argv = "--host 0.0.0.0 --port 9000 --api-key k --served-model-name m --shutdown-grace-s 2.5"
+    assert from_args(ServerConfig, serve_parser().parse_args(argv.split())) == ServerConfig(
+        "0.0.0.0", 9000, "k", "m", 2.5
+    )
+
+
+def test_api_key_defaults_to_the_environment(monkeypatch):
+    monkeypatch.setenv(API_KEY_ENV, "from-env")
+    assert from_args(ServerConfig, serve_parser().parse_args([])).api_key == "from-env"
+    given = serve_parser().parse_args(["--api-key", "given"])
+    assert from_args(ServerConfig, given).api_key == "given"
+
+
+def test_bad_engine_settings_exit_2(capsys):
+    assert main(["serve", "--model", "/nonexistent/model"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("saguaro serve: error:") and "does not exist" in err
