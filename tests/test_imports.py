@@ -109,5 +109,5 @@ def test_layers_import_downward_only():
 def test_the_checker_sees_a_cycle_and_a_lazy_import(tmp_path):
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     lazy = tmp_path / "m.py"
-    lazy.write_text("def f():\n    from saguaro.server.app import build_app\n")
+    lazy.write_text("def f():\n    from saguaro.server.routes import build_app\n")
     assert _imports(lazy) == {"server"}
