@@ -9,7 +9,12 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from saguaro.corpus import read_documents, split_files, stdlib_root
+
 DATASETS = ("humaneval", "heldout")
+# Characters of code kept before a held-out prompt's cut: the surrounding code the model sees,
+# bounded so that a prompt stays short beside its output.
+HELDOUT_CONTEXT_CHARS = 1200
 
 # A single-line `def` signature, and the docstring right below it when there is one: cutting a
 # file there gives a HumanEval-style prompt (signature + docstring, body left to the model).
@@ -38,12 +43,10 @@ def humaneval_prompts() -> list[Prompt]:
     return [Prompt(task_id, task["prompt"]) for task_id, task in read_problems().items()]
 
 
-def heldout_prompts(context_chars: int = 1200) -> list[Prompt]:
+def heldout_prompts(context_chars: int = HELDOUT_CONTEXT_CHARS) -> list[Prompt]:
     """One prompt per file of the held-out split the bundled pair was trained without: the file
     cut after the signature (and docstring) of its middle function, with up to `context_chars`
     characters of the code before it."""
-    from saguaro.train.corpus import read_documents, split_files, stdlib_root
-
     root = stdlib_root()
     prompts = []
     for path in split_files(root).heldout:

@@ -1,7 +1,7 @@
 import shutil
 from pathlib import Path
 
-from saguaro.train.corpus import is_heldout, read_documents, split_files
+from saguaro.corpus import is_heldout, read_documents, split_files
 
 
 def test_split_is_by_file_deterministic_and_complete(tiny_tree: Path) -> None:

@@ -1,0 +1,130 @@
+"""`saguaro bench`: AR, SD, SSD and Hugging Face assisted generation side by side.
+
+Every mode runs the same prompts, output length and sampling settings. Modes are interleaved per
+batch of prompts (A B C A B C ...) so machine drift hits them alike; each engine is warmed up
+first, outside the measurement. At temperature 0 every mode must reproduce AR's tokens exactly:
+any difference is reported loudly and makes the command exit 1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shlex
+import sys
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from tqdm import tqdm
+
+from saguaro.bench import prompts, provenance, report
+from saguaro.bench.aggregate import aggregate
+from saguaro.bench.backends import Backend, HFAssistedBackend, SaguaroBackend
+from saguaro.bench.check import check_greedy
+from saguaro.bench.config import SPEC_MODES, BenchConfig, parse_config
+from saguaro.bench.measure import measure
+from saguaro.bench.plan import Plan, batch_count, build_variants
+from saguaro.bench.tables import correctness_banner, markdown_table
+from saguaro.config import EngineConfig, resolve_model_dirs
+from saguaro.errors import SaguaroError
+from saguaro.models.config import ModelConfig
+from saguaro.models.tokenizer import Tokenizer
+from saguaro.placement import resolve_device
+
+# Exit codes of `saguaro bench`.
+EXIT_OK, EXIT_MISMATCH, EXIT_ERROR = 0, 1, 2
+TIMESTAMP = "%Y-%m-%dT%H:%M:%S%z"  # ISO 8601 with the UTC offset
+
+
+def model_dirs(cfg: BenchConfig) -> tuple[Path, Path | None]:
+    """The target's and (if any mode speculates) the draft's directory, bundled where not given."""
+    spec = any(m in SPEC_MODES for m in cfg.modes)
+    return resolve_model_dirs(
+        EngineConfig(model=cfg.model, draft=cfg.draft, mode="sd" if spec else "ar", device="cpu")
+    )
+
+
+def load_backends(
+    cfg: BenchConfig,
+    plan: Plan,
+    target_dir: Path,
+    draft_dir: Path | None,
+    max_model_len: int,
+    stack: contextlib.ExitStack,
+) -> dict[str, Backend]:
+    """One backend per variant, by label, each closed by ``stack``."""
+    backends: dict[str, Backend] = {}
+    for v in tqdm(plan.variants, desc="loading", unit="engine", file=sys.stderr):
+        if v.mode == "hf-assisted":
+            assert draft_dir is not None  # a speculative mode resolves a draft
+            backend: Backend = HFAssistedBackend(v, target_dir, draft_dir, cfg.device)
+        else:
+            backend = SaguaroBackend(v, cfg, max_model_len, max(cfg.batch_sizes))
+        stack.callback(backend.close)
+        backends[v.label] = backend
+    return backends
+
+
+def run_bench(cfg: BenchConfig, command: list[str]) -> int:
+    """Load the prompts and engines, measure, check, aggregate and write the report; the exit
+    code."""
+    started = time.time()
+    target_dir, draft_dir = model_dirs(cfg)
+    variants = build_variants(cfg)
+    # Room for the longest prompt, the output and one round of speculation: K proposals and the
+    # bonus token (AR: the one token of a step).
+    lookahead = max(cfg.ks) + 1 if any(v.k for v in variants) else 1
+    context = min(
+        ModelConfig.from_dir(d).max_position_embeddings for d in (target_dir, draft_dir) if d
+    )
+    max_prompt = context - cfg.max_tokens - lookahead
+    if max_prompt < 1:
+        raise ValueError(f"--max-tokens {cfg.max_tokens} leaves no room for a prompt ({context})")
+    count = max(batch_count(cfg.num_prompts, b) for b in cfg.batch_sizes)
+    prompt_sets = prompts.prepare_prompts(cfg, Tokenizer(target_dir), max_prompt, count)
+    longest = max(len(t) for ps in prompt_sets for t in ps.token_ids)
+    max_model_len = min(context, longest + cfg.max_tokens + lookahead)
+    cfg = replace(cfg, device=resolve_device(cfg.device))
+    plan = Plan(cfg, variants, prompt_sets)
+
+    with contextlib.ExitStack() as stack:  # closes LIFO: SSD engines restore CPU pinning in order
+        backends = load_backends(cfg, plan, target_dir, draft_dir, max_model_len, stack)
+        # After the engines exist: SSD pins this process to the target's cores, so every mode
+        # is measured under the same placement.
+        machine = provenance.machine_info()
+        runs = measure(plan, backends)
+
+    correctness = check_greedy(runs, variants)
+    rows = aggregate(runs, variants)
+    meta = {
+        "command": shlex.join(command),
+        "argv": command,
+        "config": asdict(cfg),
+        "variants": [asdict(v) for v in variants],
+        "machine": machine,
+        "versions": provenance.versions(),
+        "git": provenance.git_info(),
+        "models": provenance.model_info(target_dir, draft_dir),
+        "prompts": prompts.summary(prompt_sets),
+        "max_model_len": max_model_len,
+        "started_at": time.strftime(TIMESTAMP, time.localtime(started)),
+        "duration_s": time.time() - started,
+    }
+    paths = report.write_all(Path(cfg.out), meta, rows, runs, correctness)
+    print(markdown_table(rows))
+    print(f"wrote {', '.join(str(p) for p in paths)}", file=sys.stderr)
+    if correctness["ok"] is False:
+        print(correctness_banner(correctness), file=sys.stderr)
+        return EXIT_MISMATCH
+    return EXIT_OK
+
+
+def bench_main(argv: list[str]) -> int:
+    """`saguaro bench [flags]`: exit 0 on success, 1 when a mode's greedy tokens differ from
+    AR's, 2 on a usage or engine error."""
+    try:
+        cfg = parse_config(argv)
+        return run_bench(cfg, ["saguaro", "bench", *argv])
+    except (SaguaroError, ValueError, ImportError) as e:
+        print(f"saguaro bench: error: {e}", file=sys.stderr)
+        return EXIT_ERROR

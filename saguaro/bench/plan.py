@@ -1,0 +1,139 @@
+"""The run plan: which engine configurations (variants) run, on which batches of which prompts, in
+which order, and with which sampling parameters per request."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from saguaro.bench.config import BenchConfig
+from saguaro.bench.prompts import PromptSet
+from saguaro.config import parse_fanout
+from saguaro.sampling import SamplingParams
+
+# A request's seed is seed * SEED_STRIDE + repeat * REPEAT_STRIDE + index: distinct for every
+# (seed, repeat, index) while index < REPEAT_STRIDE and repeat * REPEAT_STRIDE + index <
+# SEED_STRIDE (e.g. 15 repeats of up to 65 537 requests each).
+REPEAT_STRIDE = 65_537
+SEED_STRIDE = 1_000_003
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One engine configuration under test."""
+
+    mode: str
+    k: int | None = None  # speculation length (speculative modes)
+    fanout: str | None = None  # SSD fan-out, as given on the command line
+    label: str = ""
+    saguaro_c: float = 1.0  # SSD's Saguaro sampling constant C
+    sampling: str = "auto"  # "auto" | "rejection" | "coupled" (EngineConfig.sampling)
+
+
+def build_variants(cfg: BenchConfig) -> list[Variant]:
+    """AR once; SD and HF per K; SSD per (K, fan-out) pair that fits (a fixed fan-out lists
+    K+1 counts, so it pairs only with that K) and per Saguaro constant C. Each of these per
+    sampling method, except HF, which has its own sampler. A label names a variant by its mode and
+    only the settings that vary in this run."""
+    ssd_pairs: list[tuple[int, str]] = []
+    for f in cfg.fanouts:
+        errors = []
+        for k in cfg.ks:
+            try:
+                parse_fanout(f, k)
+                ssd_pairs.append((k, f))
+            except ValueError as e:
+                errors.append(str(e))
+        if len(errors) == len(cfg.ks):
+            raise ValueError(errors[0])
+    many_k, many_f, many_c = len(cfg.ks) > 1, len(cfg.fanouts) > 1, len(cfg.saguaro_cs) > 1
+    many_s = len(cfg.samplings) > 1
+
+    def label(
+        mode: str, sampling: str, k: int | None = None, f: str | None = None, c: float | None = None
+    ) -> str:
+        parts = ([f"k={k}"] if k is not None and many_k else []) + (
+            [f"f={f}"] if f and many_f else []
+        )
+        parts += [f"c={c:g}"] if c is not None and many_c else []
+        parts += [sampling] if many_s and mode != "hf-assisted" else []
+        return f"{mode} {' '.join(parts)}" if parts else mode
+
+    variants = []
+    for mode in cfg.modes:
+        # transformers' assisted generation has its own sampler: one variant whatever the method
+        samplings = cfg.samplings[:1] if mode == "hf-assisted" else cfg.samplings
+        for sm in samplings:
+            if mode == "ar":
+                variants.append(Variant("ar", label=label("ar", sm), sampling=sm))
+            elif mode == "ssd":
+                variants += [
+                    Variant("ssd", k, f, label("ssd", sm, k, f, c), c, sm)
+                    for k, f in sorted(ssd_pairs)
+                    for c in cfg.saguaro_cs
+                ]
+            else:
+                variants += [
+                    Variant(mode, k, label=label(mode, sm, k), sampling=sm) for k in cfg.ks
+                ]
+    return variants
+
+
+def batch_count(num_prompts: int, b: int) -> int:
+    """Requests measured at batch size b: the prompts, rounded up to whole batches."""
+    return math.ceil(num_prompts / b) * b
+
+
+def request_seed(seed: int, repeat: int, index: int) -> int:
+    return seed * SEED_STRIDE + repeat * REPEAT_STRIDE + index
+
+
+def request_params(
+    cfg: BenchConfig, temperature: float, repeat: int, idx: list[int]
+) -> list[SamplingParams]:
+    """The sampling parameters of requests ``idx`` in pass ``repeat``: the same for every variant,
+    and every request produces exactly ``max_tokens`` tokens."""
+    return [
+        SamplingParams(
+            temperature=temperature,
+            top_p=cfg.top_p,
+            max_tokens=cfg.max_tokens,
+            seed=request_seed(cfg.seed, repeat, i),
+            ignore_eos=True,  # every mode produces exactly max_tokens tokens
+        )
+        for i in idx
+    ]
+
+
+@dataclass(frozen=True)
+class Job:
+    """One call to measure: a variant on one batch of prompts."""
+
+    prompts: PromptSet
+    temperature: float
+    batch_size: int
+    repeat: int
+    batch_index: int
+    indices: list[int]  # the requests' positions in ``prompts``
+    variant: Variant
+
+
+@dataclass
+class Plan:
+    cfg: BenchConfig
+    variants: list[Variant]
+    prompt_sets: list[PromptSet]
+
+    def jobs(self) -> list[Job]:
+        """Every call, in run order: per prompt set, temperature, batch size, repeat and batch,
+        the variants one after another (interleaved innermost, so drift hits them alike)."""
+        out = []
+        for ps in self.prompt_sets:
+            for temp in self.cfg.temperatures:
+                for b in self.cfg.batch_sizes:
+                    n = batch_count(self.cfg.num_prompts, b)
+                    for r in range(self.cfg.repeats):
+                        for j, lo in enumerate(range(0, n, b)):
+                            idx = list(range(lo, lo + b))
+                            out += [Job(ps, temp, b, r, j, idx, v) for v in self.variants]
+        return out

@@ -1,0 +1,31 @@
+"""The run plan: variants and their labels, and the interleaved job order."""
+
+from __future__ import annotations
+
+from saguaro.bench.config import parse_config
+from saguaro.bench.plan import Plan, batch_count, build_variants, request_seed
+from saguaro.bench.prompts import PromptSet
+
+
+def test_variants_per_k_fanout_and_c():
+    full = parse_config(["--k", "2,4", "--fanout", "auto", "2,1,1"])
+    labels = [v.label for v in build_variants(full)]
+    assert labels == [
+        "ar", "sd k=2", "sd k=4", "ssd k=2 f=2,1,1", "ssd k=2 f=auto", "ssd k=4 f=auto",
+        "hf-assisted k=2", "hf-assisted k=4",
+    ]  # fmt: skip
+    swept = build_variants(parse_config(["--modes", "ssd", "--saguaro-c", "1,0.5"]))
+    assert [(v.label, v.saguaro_c) for v in swept] == [("ssd c=1", 1.0), ("ssd c=0.5", 0.5)]
+
+
+def test_jobs_interleave_variants_per_batch():
+    cfg = parse_config(["--modes", "ar,sd", "--batch-sizes", "2", "--num-prompts", "3"])
+    variants = build_variants(cfg)
+    ps = PromptSet("p", [], [[1]] * batch_count(3, 2), 0)
+    jobs = Plan(cfg, variants, [ps]).jobs()
+    assert batch_count(3, 2) == 4  # rounded up to whole batches
+    per_temperature = 2 * len(variants)  # two batches of 2, each run by every variant
+    assert len(jobs) == len(cfg.temperatures) * per_temperature
+    assert [j.variant.label for j in jobs[:4]] == ["ar", "sd", "ar", "sd"]
+    assert [j.indices for j in jobs[:4:2]] == [[0, 1], [2, 3]]
+    assert len({request_seed(0, r, i) for r in range(3) for i in range(100)}) == 300
