@@ -10,14 +10,15 @@ Wire format of one message: ``uint8[FIRST]`` holding a header ``int64[2] = (kind
 the first bytes of the pickled message object (tensors inside are pickled by torch), zero-padded;
 then, only if the object did not fit, ``uint8[nbytes - room]`` with the rest. One send per
 message as a rule (a round's request, a greedy reply) and one message per direction per round:
-a second small send right behind a first one waited milliseconds on the socket. Both ends are
-saguaro processes the user started: pickle is the trust boundary, which is why the rendezvous
-binds to loopback unless told otherwise.
+a second small send right behind a first one can wait on the socket for milliseconds, on the
+round's critical path. Both ends are saguaro processes the user started: pickle is the trust
+boundary, which is why the rendezvous binds to loopback unless told otherwise.
 
 A doorbell rides beside the messages: :meth:`ring` counts, in the rendezvous store, a message
 about to be sent, and :meth:`rings` reads the count. A gloo receive cannot be polled, but the store
-answers in tens of microseconds, so a busy peer can check between steps of work whether its next
-request is already on the way (the draft worker cuts its cache build short when it is).
+can be read at any time for one small request, so a busy peer can check between steps of work
+whether its next request is already on the way (the draft worker cuts its cache build short when
+it is).
 """
 
 from __future__ import annotations
@@ -30,10 +31,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-FIRST = 64 * 1024  # bytes of the first (fixed-size) part of every message
+# Bytes of the first (fixed-size) part of every message: room for a round's request and a
+# greedy reply, so that most messages take one send.
+FIRST = 64 * 1024
 _HEADER = 16  # int64 kind, int64 nbytes
 _ROOM = FIRST - _HEADER  # body bytes the first part carries
 _DOORBELL = "saguaro/doorbell"
+# Joining may wait for a peer that is still importing torch and loading its model.
+CONNECT_TIMEOUT_S = 300.0
 
 
 class ChannelError(RuntimeError):
@@ -69,14 +74,13 @@ class Channel:
         timeout_s: float,
         world_size: int = 2,
         backend: str = "gloo",
-        connect_timeout_s: float = 300.0,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
     ) -> None:
         if backend != "gloo":
             # Control messages are small; NCCL would force them through the GPU for nothing.
             raise ValueError(f"unsupported channel backend {backend!r} (control channel: gloo)")
         self.rank = rank
         self.timeout = timedelta(seconds=timeout_s)  # per message, once connected
-        # Joining may wait for a peer that is still importing torch and loading its model.
         self.connect_timeout = timedelta(seconds=connect_timeout_s)
         # The store's own listener would take every interface; rank 0 hands it a socket bound
         # to the configured address instead, so a loopback rendezvous is reachable from

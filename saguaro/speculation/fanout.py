@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 _A_MIN, _A_MAX = 0.01, 0.99
 # Fitted power-law exponents are clamped: the log-log fit is noisy when few ranks are observed.
 _R_MIN, _R_MAX = 0.1, 10.0
+# Floor under P(rank >= F) before its log: a tail the observations exhausted stays finite.
+_MISS_FLOOR = 1e-12
 
 
 def capped_geometric(k: int, accept_rate: float) -> list[float]:
@@ -198,7 +200,7 @@ class FanoutEstimator:
         for f in range(1, self.max_rank + 1):
             miss -= pooled[f - 1]
             xs.append(math.log(f))
-            ys.append(math.log(max(miss, 1e-12)))
+            ys.append(math.log(max(miss, _MISS_FLOOR)))
             ws.append(1.0 / f)
         sw = sum(ws)
         mx = sum(w * x for w, x in zip(ws, xs, strict=True)) / sw

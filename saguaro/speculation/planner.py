@@ -13,15 +13,15 @@ delays the batch by a backup. Per round:
 
 The planner picks the (B, d) with the most tokens per second over B = 0..max_budget and
 d = 1..K. B = 0 builds no branches: every round misses, as in synchronous SD with the draft
-working on demand, and candidates are still ranked so the hit statistics keep learning. On a
-GPU T_depth barely grows with B, and wide, full-depth caches win; on a CPU the fixed cost of a
-forward makes short, narrow caches pay. d < K is exact: a cached branch of d tokens is a valid
-speculation of length d (the target verifies whatever length it is given), and d depends only
-on timings, never on sampled tokens.
+working on demand, and candidates are still ranked so the hit statistics keep learning. Where
+T_depth barely grows with B (a GPU), wide, full-depth caches win; where each forward's fixed
+cost is large against the window (a CPU), short, narrow caches pay. d < K is exact: a cached
+branch of d tokens is a valid speculation of length d (the target verifies whatever length it
+is given), and d depends only on timings, never on sampled tokens.
 
 Timings are online estimates: exponential moving averages, and for T_depth a least-squares line
-`a + b m` over recent (m branches, seconds) observations, with a prior slope while every
-observation had the same m.
+`a + b m` over recent (m branches, seconds) observations, with a prior slope while the observed
+m have not varied enough to fit one.
 """
 
 from __future__ import annotations
@@ -29,9 +29,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-# Before a line can be fitted: each extra branch costs this fraction of a one-branch forward
-# (CPU measurement on the bundled draft: 8 branches cost 1.5x one).
+# Before a line can be fitted: each extra branch costs this fraction of a one-branch forward.
+# Only a starting point; the fitted slope replaces it once the branch counts vary.
 PRIOR_SLOPE_FRACTION = 0.07
+# Below this variance of the observed branch counts m a fitted slope is noise: use the prior.
+MIN_BRANCH_VARIANCE = 0.25
+EMA_ALPHA = 0.1  # weight of the newest observation in every online cost
 
 
 @dataclass
@@ -48,7 +51,7 @@ class BuildCosts:
     """Online seconds: a build's fixed part (glue pass, ranking), one branch depth over m
     branches, a backup, the target's window."""
 
-    alpha: float = 0.1
+    alpha: float = EMA_ALPHA
     fixed: _Ema = field(init=False)
     backup: _Ema = field(init=False)
     window: _Ema = field(init=False)
@@ -72,7 +75,7 @@ class BuildCosts:
             return None
         mean_m, mean_t = sm / w, st / w
         var = smm / w - mean_m**2
-        if var > 0.25:
+        if var > MIN_BRANCH_VARIANCE:
             slope = max(0.0, (smt / w - mean_m * mean_t) / var)
             intercept = max(0.0, mean_t - slope * mean_m)
         else:

@@ -7,6 +7,14 @@ from dataclasses import dataclass, field
 BACKUP_KINDS = ("neural", "fast")
 BACKUP_MODES = ("auto", *BACKUP_KINDS)
 
+# Priors, replaced by the online estimates as rounds come in (see BackupPolicy).
+PRIOR_P_HIT = 0.5  # no reason to favour hits or misses before the first round
+PRIOR_ACCEPT = 0.7  # per-token acceptance behind the E_hit and neural E_miss priors
+PRIOR_E_MISS_FAST = 1.3  # after prompt lookup a round commits little beyond the target's token
+PRIOR_T_P = 1.0  # a primary speculation costs about a verification
+PRIOR_T_B = {"neural": 1.0, "fast": 0.05}  # a neural backup is a speculation; n-grams are free
+EMA_ALPHA = 0.05  # weight of the newest observation in every estimate
+
 
 def predicted_speedup(
     p_hit: float,
@@ -33,8 +41,7 @@ def predicted_speedup(
     T_o, beyond docs/design.md §7 (which sets it to 0): the target's own cost per round outside its
     forward (scheduling, sampling, verification bookkeeping). The draft's speculation overlaps
     it as well as the forward; a backup waits for both. Every round pays it whatever it
-    commits, so it favours the backup that commits more per round; on a CPU it is a tenth of a
-    verification or more.
+    commits, so the larger it is, the more it favours the backup that commits more per round.
     """
     all_hit = p_hit**batch
     tokens = p_hit * e_hit + (1.0 - p_hit) * e_miss
@@ -47,22 +54,21 @@ class BackupPolicy:
 
     ``mode`` ``neural`` or ``fast`` forces that kind; ``auto`` takes the kind with the larger
     predicted speedup from online estimates. Every estimate is an exponential moving average with
-    weight ``alpha`` on the newest observation, started from priors: p_hit 0.5; E_hit and neural
-    E_miss the expected committed tokens `1 + a (1 - a^K) / (1 - a)` of a capped geometric with
-    a = ``prior_accept`` (a neural backup speculates as well as a primary one); fast E_miss 1.3
-    (prompt lookup rarely gets far); T_p and neural T_b 1 (a speculation costs about a
-    verification); fast T_b 0.05; T_o 0. The E_miss of a kind moves only while that kind is in
-    use.
+    weight ``alpha`` on the newest observation, started from priors: p_hit ``PRIOR_P_HIT``; E_hit
+    and neural E_miss the expected committed tokens `1 + a (1 - a^K) / (1 - a)` of a capped
+    geometric with a = ``prior_accept`` (a neural backup speculates as well as a primary one);
+    fast E_miss ``PRIOR_E_MISS_FAST``; T_p ``PRIOR_T_P`` and T_b ``PRIOR_T_B`` per kind; T_o 0.
+    The E_miss of a kind moves only while that kind is in use.
     """
 
     mode: str = "auto"
     K: int = 4  # speculated tokens per round; sets the E_hit prior
-    alpha: float = 0.05
-    prior_accept: float = 0.7
-    p_hit: float = field(init=False, default=0.5)
+    alpha: float = EMA_ALPHA
+    prior_accept: float = PRIOR_ACCEPT
+    p_hit: float = field(init=False, default=PRIOR_P_HIT)
     e_hit: float = field(init=False)
     e_miss: dict[str, float] = field(init=False)
-    t_p: float = field(init=False, default=1.0)
+    t_p: float = field(init=False, default=PRIOR_T_P)
     t_b: dict[str, float] = field(init=False)
     t_o: float = field(init=False, default=0.0)
 
@@ -73,8 +79,8 @@ class BackupPolicy:
             raise ValueError(f"alpha must be in (0, 1], got {self.alpha}")
         a = self.prior_accept
         self.e_hit = 1.0 + a * (1.0 - a**self.K) / (1.0 - a)
-        self.e_miss = {"neural": self.e_hit, "fast": 1.3}
-        self.t_b = {"neural": 1.0, "fast": 0.05}
+        self.e_miss = {"neural": self.e_hit, "fast": PRIOR_E_MISS_FAST}
+        self.t_b = dict(PRIOR_T_B)
 
     def observe_round(self, hit: bool, committed: int, backup: str | None) -> None:
         """One sequence's round: whether it hit, the tokens it committed (k + 1), and the backup

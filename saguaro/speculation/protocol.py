@@ -24,15 +24,22 @@ temperature 0: greedy proposals are point masses).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from saguaro.sampling import SparseQ
+
+if TYPE_CHECKING:
+    from saguaro.config import EngineConfig
 
 HELLO, READY, ROUND, SPEC, SHUTDOWN, ERROR = range(6)
 
 
 @dataclass
 class WorkerConfig:
+    """What the worker needs to know of the engine's settings, sent with HELLO."""
+
     draft_dir: str
     k: int  # speculation length K
     fanout: str | list[int]  # "auto" | "geometric" | "empirical" | fixed F_0..F_K
@@ -47,6 +54,29 @@ class WorkerConfig:
     cpus: list[int] | None  # CPU affinity of the worker process
     num_threads: int | None
     seed: int
+
+    @classmethod
+    def from_engine(
+        cls, cfg: EngineConfig, draft_dir: str | os.PathLike[str], max_model_len: int
+    ) -> WorkerConfig:
+        """The worker's settings from the engine's (the one place that maps them);
+        ``max_model_len`` is the engine's resolved context length."""
+        return cls(
+            draft_dir=str(draft_dir),
+            k=cfg.num_speculative_tokens,
+            fanout=cfg.fanout,
+            budget=cfg.cache_budget,
+            saguaro_c=cfg.saguaro_c,
+            top_m=cfg.draft_top_m,
+            max_model_len=max_model_len,
+            max_num_seqs=cfg.max_num_seqs,
+            block_size=cfg.block_size,
+            dtype=cfg.dtype,
+            device=cfg.draft_device or cfg.device,
+            cpus=cfg.draft_cpus,
+            num_threads=cfg.draft_threads,
+            seed=cfg.seed,
+        )
 
 
 @dataclass

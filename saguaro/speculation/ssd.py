@@ -33,6 +33,14 @@ from saguaro.speculation.policy import BackupPolicy
 log = logging.getLogger("saguaro")
 
 OVERRUN_IDLE_S = 5e-4  # a worker idle for less than this before a request was still busy
+# The worker's READY comes after it has imported torch and loaded the draft, which can take
+# longer than a round: wait at least this long for it.
+STARTUP_TIMEOUT_S = 120.0
+# The window offered to the worker is capped at this many verifications: an engine idle between
+# requests is not time the worker can plan a build on.
+WINDOW_CAP_VERIFICATIONS = 3
+SHUTDOWN_GRACE_S = 5.0  # a worker asked to exit (or terminated) gets this long before SIGKILL
+EXIT_CODE_WAIT_S = 1.0  # a dead worker closes its socket before it is reaped: wait this long
 REPLY_TIMES = ("glue_s", "branch_s", "build_s", "backup_s", "handle_s")  # summed per round
 
 
@@ -40,7 +48,7 @@ def _on_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
-def _reap(proc: subprocess.Popen | None, grace_s: float = 5.0) -> None:
+def _reap(proc: subprocess.Popen | None, grace_s: float = SHUTDOWN_GRACE_S) -> None:
     if proc is None or proc.poll() is not None:
         return
     proc.terminate()
@@ -102,27 +110,8 @@ class SSDProposer(Proposer):
             )
         try:
             self.channel.connect()
-            self.channel.send(
-                1,
-                P.HELLO,
-                P.WorkerConfig(
-                    draft_dir=str(draft_dir),
-                    k=self.k,
-                    fanout=cfg.fanout,
-                    budget=cfg.cache_budget,
-                    saguaro_c=cfg.saguaro_c,
-                    top_m=cfg.draft_top_m,
-                    max_model_len=max_model_len,
-                    max_num_seqs=cfg.max_num_seqs,
-                    block_size=cfg.block_size,
-                    dtype=cfg.dtype,
-                    device=cfg.draft_device or cfg.device,
-                    cpus=cfg.draft_cpus,
-                    num_threads=cfg.draft_threads,
-                    seed=cfg.seed,
-                ),
-            )
-            kind, msg = self.channel.recv(1, timeout_s=max(self.timeout_s, 120))
+            self.channel.send(1, P.HELLO, P.WorkerConfig.from_engine(cfg, draft_dir, max_model_len))
+            kind, msg = self.channel.recv(1, timeout_s=max(self.timeout_s, STARTUP_TIMEOUT_S))
         except ChannelError as e:
             self.close()
             raise DraftWorkerError(f"draft worker did not start: {e}") from e
@@ -164,8 +153,7 @@ class SSDProposer(Proposer):
         self.round_started = t0
         window = None
         if self.replied_at is not None and self.verify_s:
-            # Capped: an idle engine between requests is not time the worker can plan on.
-            window = min(t0 - self.replied_at, 3 * self.verify_s)
+            window = min(t0 - self.replied_at, WINDOW_CAP_VERIFICATIONS * self.verify_s)
         request = P.RoundRequest(updates, self.dropped, backup, self.verify_s, window)
         self.dropped = []
         try:
@@ -252,10 +240,13 @@ class SSDProposer(Proposer):
     def _why(self, err: Exception) -> str:
         if self.proc is not None:
             try:  # a dead worker closes its socket first; give it a moment to be reaped
-                return f"draft worker exited with code {self.proc.wait(timeout=1.0)}"
+                return f"draft worker exited with code {self.proc.wait(timeout=EXIT_CODE_WAIT_S)}"
             except subprocess.TimeoutExpired:
                 pass
-        detail = str(err).split(". This is typically")[0]
+        # The channel's message wraps the transport's; its first line says what failed (further
+        # lines, if any, are the transport's hints and traces).
+        lines = str(err).strip().splitlines()
+        detail = lines[0] if lines else type(err).__name__
         return f"draft worker stopped answering (timeout {self.timeout_s:g}s: {detail})"
 
     def close(self, failed: bool = False) -> None:
@@ -268,7 +259,7 @@ class SSDProposer(Proposer):
             try:
                 self.channel.send(1, P.SHUTDOWN, None)
                 if self.proc is not None:
-                    self.proc.wait(timeout=5)
+                    self.proc.wait(timeout=SHUTDOWN_GRACE_S)
             except (ChannelError, subprocess.TimeoutExpired):
                 pass
         if failed and self.proc is not None and self.proc.poll() is None:

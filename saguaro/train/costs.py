@@ -1,10 +1,10 @@
-"""The forward costs that decide whether SSD can pay off on a machine (issue 3's cost regime).
+"""The forward costs that decide whether SSD can pay off on a machine (its cost regime).
 
-Measured with saguaro's own model runner, one thread, medians: target T(1) and T_verify(K+1);
-draft T(1), T_glue(K+1) and one branch depth over 8 branches. Two conditions follow:
-`K T_draft(1) >= 0.5 T_verify(K+1)` (drafting is a real cost, so hiding it matters) and
-`T_glue(K+1) + K T_draft(8 branches) <= T_verify(K+1)` (a cache of 8 branches fits inside one
-verification).
+Timed with saguaro's own model runner, one thread, medians: target T(1) and T_verify(K+1);
+draft T(1), T_glue(K+1) and one branch depth over B = 8 branches (``BRANCHES``). Two conditions
+follow: `K T_draft(1) >= 0.5 T_verify(K+1)` (``DRAFTING_SHARE``: drafting is a real cost, so
+hiding it matters) and `T_glue(K+1) + K T_draft(B branches) <= T_verify(K+1)` (a cache of B
+branches fits inside one verification).
 """
 
 from __future__ import annotations
@@ -21,9 +21,22 @@ from saguaro.core.query import Query, token_slots
 from saguaro.engine.model_runner import ModelRunner
 from saguaro.models.loader import load_model
 
+# Branches in the timed depth: the draft worker's starting cache budget (the result's keys,
+# branch8 / build8_ms / cache8_fits, name it).
+BRANCHES = 8
+DRAFTING_SHARE = 0.5  # drafting is a real cost when K draft steps take this share of a verify
+WARMUP = 3  # untimed calls before timing (allocator, caches)
+REPEATS = 30  # timed calls per median
+BLOCK_SIZE = 16  # KV block size of the timed runner
+# Slots beyond the context the timed queries may write: K + 1 verification positions or
+# BRANCHES branch tokens, with room to spare; and a few spare blocks on top.
+SCRATCH_SLOTS = 64
+SPARE_BLOCKS = 4
 
-def median_ms(fn, repeats: int = 30) -> float:
-    for _ in range(3):
+
+def median_ms(fn, repeats: int = REPEATS) -> float:
+    """Median milliseconds of ``fn()`` over ``repeats`` calls, after ``WARMUP`` untimed ones."""
+    for _ in range(WARMUP):
         fn()
     times = []
     for _ in range(repeats):
@@ -35,10 +48,10 @@ def median_ms(fn, repeats: int = 30) -> float:
 
 def forward_costs(model_dir: str | Path, k: int, context: int) -> dict[str, float]:
     """Milliseconds of one forward after ``context`` cached tokens: 1 position, K+1 positions,
-    and 8 single-token branches in one masked forward."""
+    and ``BRANCHES`` single-token branches in one masked forward."""
     model = load_model(str(model_dir))
-    bs = 16
-    blocks = -(-(context + 64) // bs) + 4
+    bs = BLOCK_SIZE
+    blocks = -(-(context + SCRATCH_SLOTS) // bs) + SPARE_BLOCKS
     runner = ModelRunner(model, blocks, bs, "cpu")
     table = list(range(blocks))
     vocab = model.config.vocab_size
@@ -49,11 +62,12 @@ def forward_costs(model_dir: str | Path, k: int, context: int) -> dict[str, floa
     def step(n: int):
         return lambda: runner.forward([runner.sequence_query(table, context, prompt[:n], 1)])
 
-    keys = token_slots(table, 0, context + 8, bs)
-    mask = torch.zeros(8, context + 8, dtype=torch.bool)
+    b = BRANCHES
+    keys = token_slots(table, 0, context + b, bs)
+    mask = torch.zeros(b, context + b, dtype=torch.bool)
     mask[:, :context] = True
-    mask[torch.arange(8), context + torch.arange(8)] = True
-    branches = Query(prompt[:8], torch.full((8,), context), keys[context:], keys, 8, mask)
+    mask[torch.arange(b), context + torch.arange(b)] = True
+    branches = Query(prompt[:b], torch.full((b,), context), keys[context:], keys, b, mask)
     return {
         "t1": median_ms(step(1)),
         "t_k1": median_ms(step(k + 1)),
@@ -74,7 +88,7 @@ def cost_regime(target_dir: str | Path, draft_dir: str | Path, k: int = 4, conte
     build = d["t_k1"] + k * d["branch8"]
     out: dict[str, Any] = {"k": k, "context": context, "target": t, "draft": d}
     out["drafting_ms"], out["build8_ms"] = drafting, build
-    out["drafting_is_real"] = drafting >= 0.5 * t["t_k1"]
+    out["drafting_is_real"] = drafting >= DRAFTING_SHARE * t["t_k1"]
     out["cache8_fits"] = build <= t["t_k1"]
     out["machine"] = f"{platform.processor() or platform.machine()}, PyTorch {torch.__version__}"
     out["date"] = time.strftime("%Y-%m-%d")

@@ -10,9 +10,8 @@
        L_UL = -(1 / |c|) * sum_t m_t * log(1 - p_target(c_t | prefix, c_<t)),
 
    with ``m_t = 1`` on those tokens and 0 elsewhere. Nothing else about the distribution is
-   targeted: tokens of fresh n-grams carry no loss. Measured on the bundled 12.6M target it cut
-   looping continuations by more than half but sent greedy text into runs of rare tokens instead,
-   and the draft agreed with it less; the shipped target does not use it.
+   targeted: tokens of fresh n-grams carry no loss, so the mass taken from a repeat goes
+   wherever the model puts it (DITTO, ``saguaro/train/loops.py``, keeps it within corpus text).
 2. **On-policy distillation of the draft.** Speculative decoding asks the draft to predict the
    target on text the *target* wrote, so the draft also learns KL(target || draft) on these
    continuations, not only on human text.
@@ -24,6 +23,13 @@ import inspect
 
 import torch
 from transformers import PreTrainedModel
+
+# log(1 - p) is -inf at p = 1: p is clamped this far below 1, as a confidently repeated token is
+# the common case.
+P_MAX = 1 - 1e-6
+# n-gram length that makes a repeat: long enough that the short phrases code reuses everywhere
+# (``) -> ``, ``self.``) do not count.
+REPEAT_NGRAM = 4
 
 
 @torch.no_grad()
@@ -47,7 +53,7 @@ def greedy_rollouts(
     return torch.cat(pieces, dim=1)
 
 
-def repeat_mask(seq: torch.Tensor, start: int, n: int = 4) -> torch.Tensor:
+def repeat_mask(seq: torch.Tensor, start: int, n: int = REPEAT_NGRAM) -> torch.Tensor:
     """``m[b, t]`` is true where ``t >= start`` and token ``t`` lies in an n-gram of row ``b`` that
     also occurs, in full, earlier in that row (ending before this occurrence ends)."""
     mask = torch.zeros_like(seq, dtype=torch.bool)
@@ -68,6 +74,5 @@ def unlikelihood_loss(
     pred = logits[:, start - 1 : -1].float()
     tok = seq[:, start:]
     p = pred.softmax(-1).gather(-1, tok[..., None])[..., 0]
-    # log(1 - p) is -inf at p = 1: clamp, as a confidently repeated token is the common case.
-    penalty = -torch.log1p(-p.clamp(max=1 - 1e-6))
+    penalty = -torch.log1p(-p.clamp(max=P_MAX))
     return (penalty * mask[:, start:]).sum() / tok.numel()

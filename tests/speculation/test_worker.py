@@ -1,60 +1,13 @@
-"""The draft worker's speculation cache, in process: every prepared branch is exactly what the
-draft would produce for that outcome's prefix, and outcomes are read back correctly."""
+"""The draft worker, in process: rounds answered from the cache or a backup, sequences dropped,
+and its command line."""
 
 from __future__ import annotations
 
-import pytest
-
 from saguaro import LLM, SamplingParams
+from saguaro.config import EngineConfig
 from saguaro.speculation import protocol as P
-from saguaro.speculation.worker import DraftWorker
-
-
-def make_worker(draft_dir, k, fanout, **kw) -> DraftWorker:
-    cfg = P.WorkerConfig(
-        draft_dir=str(draft_dir),
-        k=k,
-        fanout=fanout,
-        budget=None,
-        saguaro_c=1.0,
-        top_m=64,
-        max_model_len=256,
-        max_num_seqs=4,
-        block_size=16,
-        dtype="float32",
-        device="cpu",
-        cpus=None,
-        num_threads=None,
-        seed=0,
-    )
-    for key, value in kw.items():
-        setattr(cfg, key, value)
-    return DraftWorker(cfg)
-
-
-@pytest.mark.parametrize("k, fanout", [(3, [2, 2, 1, 3]), (2, [1, 0, 4])])
-def test_every_branch_equals_sequential_greedy_decoding(tiny_draft, k, fanout):
-    worker = make_worker(tiny_draft, k, fanout)
-    reference = LLM(model=str(tiny_draft), max_model_len=256)
-    greedy = SamplingParams(temperature=0, max_tokens=k, ignore_eos=True)
-    prompts = [[5, 17, 99, 3, 42, 8, 61], [200, 1, 2, 3]]
-    worker.handle(
-        P.RoundRequest(
-            [P.SeqUpdate(i, p, new=True) for i, p in enumerate(prompts)], backup="neural"
-        )
-    )
-    worker.build_pending()
-    for sid, prompt in enumerate(prompts):
-        seq = worker.seqs[sid]
-        # the neural first speculation is the draft's own greedy continuation
-        assert seq.spec == reference.generate([prompt], greedy)[0].token_ids
-        assert len(seq.cache) == sum(fanout[:k]) + fanout[k]
-        for (kk, t), (tokens, q) in seq.cache.items():
-            assert q is None  # greedy: point masses, nothing to ship
-            if kk < k:
-                assert t != seq.spec[kk]  # the drafted token is never a recovery candidate
-            prefix = prompt + seq.spec[:kk] + [t]
-            assert tokens == reference.generate([prefix], greedy)[0].token_ids, (kk, t)
+from saguaro.speculation import worker as worker_module
+from tests.speculation.workers import make_worker
 
 
 def test_outcomes_hit_and_miss(tiny_draft):
@@ -104,66 +57,23 @@ def test_tokens_committed_outside_a_round_are_a_miss(tiny_draft):
     assert reply.specs[0].tokens == reference.generate([seq.token_ids], greedy)[0].token_ids
 
 
-def test_shallow_branches_are_the_drafts_first_tokens(tiny_draft):
-    """A planned depth d < K caches d-token branches, each the draft's own continuation of its
-    outcome's prefix, and a hit serves those d tokens."""
-    k, fanout = 3, [2, 1, 1, 2]
-    worker = make_worker(tiny_draft, k, fanout)
-    worker.depth = 2
-    reference = LLM(model=str(tiny_draft), max_model_len=256)
-    greedy = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
-    prompt = [5, 17, 99, 3, 42, 8, 61]
-    worker.handle(P.RoundRequest([P.SeqUpdate(0, prompt, new=True)], backup="neural"))
-    worker.build_pending()
-    seq = worker.seqs[0]
-    assert len(seq.spec) == k  # the neural backup still drafts K
-    assert len(seq.cache) == sum(fanout)
-    for (kk, t), (tokens, _) in seq.cache.items():
-        assert tokens == reference.generate([prompt + seq.spec[:kk] + [t]], greedy)[0].token_ids
-    (kk, t), (branch, _) = next(iter(seq.cache.items()))
-    reply = worker.handle(P.RoundRequest([P.SeqUpdate(0, seq.spec[:kk] + [t])], backup="neural"))
-    assert reply.specs[0].hit and reply.specs[0].tokens == branch and len(branch) == 2
-    worker.build_pending()  # outcomes of a 2-token round: F_0, F_1 and the bonus F_K
-    assert {kk for kk, _ in seq.cache} == {0, 1, 2}
-    assert len(seq.cache) == fanout[0] + fanout[1] + fanout[k]
+def test_the_command_line_takes_its_defaults_from_the_engine(monkeypatch):
+    """``--timeout`` defaults to the engine's draft_timeout_s, the address to its draft_addr."""
+    joined = []
 
+    class FakeChannel:
+        def __init__(self, rank, addr, port, timeout_s):
+            joined.append((rank, addr, port, timeout_s))
 
-def test_budget_zero_builds_no_branches_but_still_ranks(tiny_draft):
-    worker = make_worker(tiny_draft, 2, "auto", budget=0)
-    worker.handle(P.RoundRequest([P.SeqUpdate(0, [1, 2, 3, 4], new=True)], backup="neural"))
-    worker.build_pending()
-    seq = worker.seqs[0]
-    assert seq.cache == {} and len(seq.ranked) == 3 and all(seq.ranked)
-    reply = worker.handle(P.RoundRequest([P.SeqUpdate(0, [seq.spec[0], 7])], backup="neural"))
-    assert reply.specs[0].hit is False and reply.specs[0].backup == "neural"
+        def connect(self):
+            return self
 
-
-def test_a_build_cut_short_keeps_the_depths_decoded(tiny_draft):
-    """When the target's next request rings during a planned build, branches keep the tokens
-    decoded so far (each a prefix of what the full build caches), never fewer than one; a fan-out
-    fixed by the user is built in full."""
-    k = 3
-    prompt = [5, 17, 99, 3, 42, 8, 61]
-
-    def built(fanout, stop_after=None):
-        worker = make_worker(tiny_draft, k, fanout)
-        reply = worker.handle(P.RoundRequest([P.SeqUpdate(0, prompt, new=True)]))
-        assert reply.cut is False
-        polls = iter(range(100))
-        worker.build_pending(stop=None if stop_after is None else lambda: next(polls) >= stop_after)
-        return worker
-
-    full = built("auto")
-    assert not full.cut and {len(b) for b, _ in full.seqs[0].cache.values()} == {k}
-    for stop_after, depth in ((0, 1), (1, 2)):  # polled before depths 2 and 3
-        worker = built("auto", stop_after)
-        seq = worker.seqs[0]
-        assert worker.cut
-        assert seq.cache.keys() == full.seqs[0].cache.keys()
-        for key, (tokens, _) in seq.cache.items():
-            assert tokens == full.seqs[0].cache[key][0][:depth]
-        (kk, t), (branch, _) = next(iter(seq.cache.items()))
-        reply = worker.handle(P.RoundRequest([P.SeqUpdate(0, seq.spec[:kk] + [t])]))
-        assert reply.cut and reply.specs[0].hit and reply.specs[0].tokens == branch
-    fixed = built([2, 1, 1, 2], stop_after=0)
-    assert not fixed.cut and {len(b) for b, _ in fixed.seqs[0].cache.values()} == {k}
+    monkeypatch.setattr(worker_module, "Channel", FakeChannel)
+    monkeypatch.setattr(worker_module, "serve", lambda channel: None)
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    assert worker_module.main(["--port", "1234"]) == 0
+    assert worker_module.main(["--port", "1234", "--timeout", "2.5", "--addr", "h"]) == 0
+    assert joined == [
+        (1, EngineConfig.draft_addr, 1234, EngineConfig.draft_timeout_s),
+        (1, "h", 1234, 2.5),
+    ]

@@ -1,0 +1,391 @@
+"""The SSD draft worker's speculation cache: building it, and matching an outcome against it.
+
+While the target verifies round T, :meth:`CacheBuilder.build` prepares round T + 1 for every
+outcome ``(k, t)`` it guesses (docs/design.md §4):
+
+- glue pass: one forward over ``[r, s_1..s_K]`` (plus any committed tokens the draft has not
+  seen) writes the draft KV of the path that may be accepted and gives the draft's logits at
+  every position 1..K+1;
+- candidates: for outcome k < K, the top ``F_k`` draft tokens at position k+1 with ``s_{k+1}``
+  excluded (a rejected token is never the recovery token); for k = K, the top ``F_K`` at K+1;
+- branch decoding: every branch ``(k, t)`` extends ``prefix + s_1..s_k + t`` by d sampled
+  tokens. All branches of all sequences decode together, one forward per depth. A branch sees
+  the committed prefix, the glue tokens up to its fork point and its own earlier tokens, through
+  a per-sequence mask; its KV goes to scratch slots past the glue while its RoPE positions
+  continue its own path. Scratch is overwritten by the next glue pass.
+
+B and d are planned online (:mod:`saguaro.speculation.planner`, docs/design.md §5) unless the
+user fixed the fan-out or the budget. While planned online, a build is cut short when the
+target's next request is already on its way (``stop``, checked before each depth after the
+first): branches keep the depths decoded so far. A late cache would stall the target for the rest
+of the build; a shallower one costs only tokens on a hit. An empty one would turn every outcome
+into a miss, so the first depth always runs. A fan-out or budget fixed by the user is built in
+full.
+
+:meth:`CacheBuilder.match_outcome` reads the target's committed tokens back as an outcome and
+returns the branch prepared for it, if any.
+
+Exactness of a hit: the branch for ``(k, t)`` was sampled, with its q rows recorded, given exactly
+the prefix that the outcome commits; whether it is used depends only on the target's own
+randomness. Every draft token, on a branch or in a backup, is drawn from the draft's top-M
+distribution with the request's draft noise at that token's absolute position, so a hit
+proposes what a backup would have. Saguaro sampling lowers q on the draft's top
+``F_{i-1} + 1`` tokens at speculation position i (docs/design.md §6); the target verifies
+against that same q. Under coupled sampling every draft token is the perturbed argmax of the
+draft's distribution under the target's own noise at its position, and outcome k's candidates are
+ranked by the same perturbed values (excluding s_{k+1}): speculation at T > 0 then works like
+greedy speculation on perturbed logits, and nothing about q is shipped.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from saguaro.core.query import Query, token_slots
+from saguaro.engine.block_manager import BlockManager
+from saguaro.engine.model_runner import ModelRunner
+from saguaro.sampling import SamplingParams, SamplingTensors, SparseQ, propose, seed_tensor
+from saguaro.sampling.coupled import propose_coupled, ranked_proposals
+from saguaro.speculation import protocol as P
+from saguaro.speculation.fanout import FanoutEstimator
+from saguaro.speculation.planner import BuildCosts, plan_build
+
+MAX_BUDGET = 64  # the planner's largest B: branches per sequence the KV pool is sized for
+MAX_RANK = 64  # candidates ranked per position for the fan-out statistics
+FIT = 0.9  # plan the cache build against this fraction of the target's window (timing noise)
+INITIAL_BUDGET = 8  # B until the planner has the timings to choose one
+# K-token runs of draft KV a sequence may hold past its context: the glue's speculation, d <= K
+# scratch slots for each of up to MAX_BUDGET branches, and one spare.
+SCRATCH_RUNS = MAX_BUDGET + 2
+
+# A prepared branch: its tokens, and the exact q they were drawn from (None: point masses).
+Branch = tuple[list[int], SparseQ | None]
+
+
+@dataclass(eq=False)
+class DraftSeq:
+    """The worker's view of one sequence: its committed tokens, draft KV and speculation cache."""
+
+    seq_id: int
+    token_ids: list[int]
+    params: SamplingParams
+    seed: int
+    coupled: bool  # this request's method: coupled sampling, or rejection sampling
+    block_table: list[int] = field(default_factory=list)
+    block_hashes: list[int] = field(default_factory=list)
+    computed: int = 0  # committed tokens with valid draft KV
+    written: int = 0  # draft KV written for indices < written by the last glue / backup
+    spec: list[int] = field(default_factory=list)  # speculation the target is verifying
+    cache: dict[tuple[int, int], Branch] = field(default_factory=dict)
+    ranked: list[list[int]] = field(default_factory=list)  # per outcome k: candidate ranking
+
+
+def kv_blocks(cfg: P.WorkerConfig) -> int:
+    """Draft KV blocks for ``max_num_seqs`` sequences, each its full context plus
+    ``SCRATCH_RUNS`` runs of K slots (ceil to whole blocks)."""
+    per_seq = -(-(cfg.max_model_len + SCRATCH_RUNS * cfg.k) // cfg.block_size)
+    return per_seq * cfg.max_num_seqs
+
+
+def fanout_cap(vocab_size: int) -> int:
+    """The most candidates one outcome may be given: V - 2. Once the rejected ``s_{k+1}`` is
+    excluded V - 1 tokens remain, and one fewer keeps Saguaro sampling's lowered set (the F
+    candidates plus the drafted token) short of the whole vocabulary."""
+    return vocab_size - 2
+
+
+def room(seq: DraftSeq, cfg: P.WorkerConfig) -> int:
+    """Proposals that still fit in the context after the sequence's committed tokens."""
+    return max(0, min(cfg.k, cfg.max_model_len - len(seq.token_ids)))
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of ``a`` and ``b``."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class CacheBuilder:
+    """Plans, builds and reads back the speculation cache of every sequence (module docstring).
+
+    Holds the fan-out statistics, the online build costs and the current plan (B, d); the draft
+    model and its KV pool are the worker's, shared with the backups."""
+
+    def __init__(
+        self, cfg: P.WorkerConfig, runner: ModelRunner, bm: BlockManager, vocab_size: int
+    ) -> None:
+        self.cfg, self.runner, self.bm = cfg, runner, bm
+        self.k = cfg.k
+        self.vocab_size = vocab_size
+        self.estimator = FanoutEstimator(cfg.k, max_rank=MAX_RANK)
+        self.fixed = cfg.fanout if isinstance(cfg.fanout, list) else None
+        # B and d are planned online (planner.py) unless the user fixed the fan-out or budget.
+        self.planned = self.fixed is None and cfg.budget is None
+        if self.fixed is not None:
+            self.budget = sum(self.fixed)
+        else:
+            self.budget = INITIAL_BUDGET if cfg.budget is None else cfg.budget
+        self.depth = self.k
+        self.costs = BuildCosts()
+        self._fanouts: dict[int, list[int]] = {}
+        self.glue_s = self.branch_s = self.build_s = 0.0
+        self.cut = False  # the last build stopped before its planned depth
+        self.backup_kind = "neural"  # the target's choice for the last round's misses
+        self.verify_s: float | None = None  # the target's last verification forward
+
+    # ---- fan-out and plan -------------------------------------------------------------------
+
+    def fanout(self, m: int) -> list[int]:
+        """F_0..F_m for a round speculating m tokens, at the current budget (memoised per plan).
+        A fixed fan-out F_0..F_K serves shorter rounds with its bonus entry F_K last."""
+        if m not in self._fanouts:
+            if self.fixed is not None:
+                self._fanouts[m] = self.fixed[:m] + [self.fixed[self.k]]
+            else:
+                mode = "geometric" if self.cfg.fanout == "geometric" else "empirical"
+                cap = fanout_cap(self.vocab_size)
+                self._fanouts[m] = self.estimator.allocate(self.budget, m, mode, cap=cap)
+        return self._fanouts[m]
+
+    def observe_request(self, req: P.RoundRequest) -> None:
+        """The target's timings and backup choice, as the next plan's inputs."""
+        if req.window_s:
+            self.costs.window.update(req.window_s)
+        self.backup_kind, self.verify_s = req.backup, req.verify_s
+
+    def observe_backup(self, seconds: float) -> None:
+        """Seconds a neural backup took this round (the cost of a miss)."""
+        self.costs.backup.update(seconds)
+
+    def _plan(self, num_seqs: int) -> None:
+        """Choose B and d for the next build from the online costs and statistics."""
+        window = self.costs.window.value or self.verify_s
+        fixed = self.costs.fixed.value
+        depth_s = self.costs.depth_s
+        if not self.planned or not window or fixed is None or depth_s(1) is None:
+            return
+        backup_s = 0.0
+        miss_tokens = 1.0  # a fast backup: the round commits the target's token, rarely more
+        if self.backup_kind == "neural":
+            backup_s = self.costs.backup.value or self.k * depth_s(num_seqs)
+            miss_tokens = self.estimator.expected_tokens(self.k)
+        cap = fanout_cap(self.vocab_size)
+        plan = plan_build(
+            window_s=FIT * window,
+            fixed_s=fixed,
+            depth_s=depth_s,
+            hit_rates=self.estimator.hit_rates(MAX_BUDGET, self.depth, cap=cap),
+            expected_tokens=[self.estimator.expected_tokens(d) for d in range(self.k + 1)],
+            miss_tokens=miss_tokens,
+            backup_s=backup_s,
+            num_seqs=num_seqs,
+            max_budget=MAX_BUDGET,
+        )
+        if (plan.budget, plan.depth) != (self.budget, self.depth):
+            self.budget, self.depth = plan.budget, plan.depth
+            self._fanouts = {}
+
+    # ---- reading an outcome back ------------------------------------------------------------
+
+    def match_outcome(self, seq: DraftSeq, new_tokens: list[int]) -> Branch | None:
+        """Commit ``new_tokens`` to ``seq`` and return the branch cached for the outcome they
+        spell, or None on a miss.
+
+        An outcome of the speculation ``s_1..s_K`` commits ``s_1..s_k, t`` and is read as
+        ``(k, t)``; it feeds the fan-out statistics with the rank of t among outcome k's
+        candidates. The cache is cleared and the draft KV kept only where it is still valid."""
+        k, t = len(new_tokens) - 1, new_tokens[-1]
+        # Anything but an outcome of the speculation (the target also ran rounds without asking
+        # us) can only be a miss: a branch is used only for the exact prefix it was sampled under.
+        matched = common_prefix(new_tokens, seq.spec)
+        outcome = k <= len(seq.spec) and matched >= k
+        if outcome and seq.ranked:  # ranked[k] ranks the candidates for outcome k
+            ranking = seq.ranked[k]
+            rank = ranking.index(t) if t in ranking else None
+            self.estimator.observe(k, rank, K=len(seq.spec))
+        branch = seq.cache.get((k, t)) if outcome else None
+        old_len = len(seq.token_ids)
+        seq.token_ids.extend(new_tokens)
+        # glue KV is valid for r and the accepted speculation only
+        seq.computed = min(seq.written, old_len + matched, len(seq.token_ids) - 1)
+        seq.cache, seq.ranked = {}, []
+        self.bm.trim(seq, len(seq.token_ids))
+        return branch
+
+    # ---- building (overlaps the target's verification) ---------------------------------------
+
+    def build(self, seqs: list[DraftSeq], stop: Callable[[], bool] | None = None) -> None:
+        """Plan, then glue, candidates and branch decoding for ``seqs``; ``stop`` (polled before
+        each depth after the first) ends the build with the depths decoded so far."""
+        t0 = time.perf_counter()
+        self._plan(len(seqs))
+        glue_logits = self._glue(seqs)
+        t1 = time.perf_counter()
+        branches: list[list[tuple[int, int]]] = []
+        offset = 0
+        for seq in seqs:
+            m = len(seq.spec) + 1
+            branches.append(self._candidates(seq, glue_logits[offset : offset + m]))
+            offset += m
+        depths_s = self._decode_branches(seqs, branches, stop)
+        t2 = time.perf_counter()
+        self.glue_s, self.branch_s, self.build_s = t1 - t0, t2 - t1, t2 - t0
+        self.costs.fixed.update(self.build_s - depths_s)
+
+    def _glue(self, seqs: list[DraftSeq]) -> torch.Tensor:
+        """One forward over each sequence's unseen committed tokens and its speculation; the
+        logits of ``r, s_1..s_K`` (len(spec) + 1 rows per sequence, in order)."""
+        queries = []
+        for seq in seqs:
+            n = len(seq.token_ids)
+            self.bm.allocate(seq, n + self.k)
+            # No position past the context: the target cannot commit tokens there anyway.
+            seq.spec = seq.spec[: room(seq, self.cfg)]
+            feed = seq.token_ids[seq.computed :] + seq.spec
+            queries.append(
+                self.runner.sequence_query(seq.block_table, seq.computed, feed, len(seq.spec) + 1)
+            )
+            seq.written = n + len(seq.spec)
+        return self.runner.forward(queries)
+
+    def _candidates(self, seq: DraftSeq, rows: torch.Tensor) -> list[tuple[int, int]]:
+        """Rank every outcome's candidates from the glue logits ``rows`` (stored in
+        ``seq.ranked`` for the statistics) and return the branches ``(k, t)`` to decode: the
+        top ``F_k`` of each ranking."""
+        m = len(rows)
+        # One more than MAX_RANK: outcome k < K drops the rejected s_{k+1} from its ranking.
+        width = min(MAX_RANK + 1, self.vocab_size)
+        if seq.coupled and not seq.params.greedy:
+            # outcome k's token is the target's perturbed argmax at position n + k: rank
+            # the draft's candidates under the same noise
+            st = SamplingTensors.from_params([seq.params] * m)
+            positions = len(seq.token_ids) + torch.arange(m)
+            seeds = seed_tensor([seq.seed] * m)
+            top = ranked_proposals(rows, st, seeds, positions, width)[:, :width].tolist()
+        else:
+            top = torch.topk(rows, width, dim=-1).indices.tolist()
+        fanout = self.fanout(m - 1)
+        seq.ranked, branches = [], []
+        for k in range(m):
+            excluded = seq.spec[k] if k < len(seq.spec) else None
+            ranking = [t for t in top[k] if t != excluded][:MAX_RANK]
+            seq.ranked.append(ranking)
+            branches.extend((k, t) for t in ranking[: fanout[k]])
+        # A branch forked after the whole speculation decodes up to position
+        # n + len(spec) + depth - 1: near the end of the context, build nothing (every
+        # outcome then misses and the backup speculates what still fits).
+        if len(seq.token_ids) + len(seq.spec) + self.depth > self.cfg.max_model_len:
+            return []
+        return branches
+
+    def _decode_branches(
+        self,
+        seqs: list[DraftSeq],
+        branches: list[list[tuple[int, int]]],
+        stop: Callable[[], bool] | None = None,
+    ) -> float:
+        """Decode every branch for d = ``self.depth`` tokens (at least 1 once ``stop()``); scratch
+        starts after the longest possible glue (K + 1 positions), each branch owning d slots.
+        Returns the seconds spent in the depth steps.
+
+        Cutting is exact: a branch's first j tokens are sampled exactly as a j-token branch's
+        would be, and where the cut falls depends only on the target's timing."""
+        k, fanout = self.depth, self.fanout(self.depth)
+        self.cut = False
+        live = [i for i, b in enumerate(branches) if b]
+        if not live:
+            return 0.0
+        bs = self.cfg.block_size
+        layout = {}  # seq index -> (base index of scratch, key slots, static mask part, forks)
+        for i in live:
+            seq, nb = seqs[i], len(branches[i])
+            n = len(seq.token_ids)
+            base = n + self.k
+            self.bm.allocate(seq, base + nb * k)
+            keys = token_slots(seq.block_table, 0, base + nb * k, bs)
+            glue_len = len(seq.spec)
+            mask = torch.zeros(nb, base + nb * k, dtype=torch.bool)
+            mask[:, :n] = True
+            fork = torch.tensor([kk for kk, _ in branches[i]])
+            mask[:, n : n + glue_len] = torch.arange(glue_len).unsqueeze(0) < fork.unsqueeze(1)
+            layout[i] = (base, keys, mask, fork)
+        tokens = {i: torch.tensor([t for _, t in branches[i]]) for i in live}
+        out_tokens = {i: torch.zeros(len(branches[i]), k, dtype=torch.int64) for i in live}
+        # greedy branches are point masses: their argmax is all a hit needs
+        out_q = {
+            i: SparseQ.point_mass(out_tokens[i], min(self.cfg.top_m, self.vocab_size))
+            for i in live
+            if not seqs[i].params.greedy and not seqs[i].coupled
+        }
+        num_branches = sum(len(branches[i]) for i in live)
+        depths_s, done = 0.0, k
+        for depth in range(k):
+            if depth and stop is not None and stop():
+                self.cut, done = True, depth
+                break
+            t0 = time.perf_counter()
+            queries = []
+            for i in live:
+                seq = seqs[i]
+                base, keys, mask, fork = layout[i]
+                nb = len(branches[i])
+                n = len(seq.token_ids)
+                own = base + torch.arange(nb) * k + depth  # scratch index of this depth
+                mask[torch.arange(nb), own] = True
+                queries.append(
+                    Query(
+                        token_ids=tokens[i].tolist(),
+                        positions=n + fork + depth,
+                        slots=keys[own],
+                        key_slots=keys,
+                        num_logits=nb,
+                        mask=mask,  # copied into the batch mask before the next depth edits it
+                    )
+                )
+            logits = self.runner.forward(queries)
+            offset = 0
+            for i in live:
+                seq, nb = seqs[i], len(branches[i])
+                rows = logits[offset : offset + nb]
+                offset += nb
+                if seq.params.greedy:
+                    drawn = rows.argmax(dim=-1)
+                else:
+                    # the token drawn here lands right after the branch's input token
+                    positions = len(seq.token_ids) + layout[i][3] + depth + 1
+                    st = SamplingTensors.from_params([seq.params] * nb)
+                    seeds = seed_tensor([seq.seed] * nb)
+                    if seq.coupled:
+                        drawn, _ = propose_coupled(rows, st, seeds, positions, self.cfg.top_m)
+                    else:
+                        drawn, q = propose(
+                            rows,
+                            st,
+                            seeds,
+                            positions,
+                            self.cfg.top_m,
+                            fanout[depth],
+                            self.cfg.saguaro_c,
+                        )
+                        out_q[i].ids[:, depth], out_q[i].probs[:, depth] = q.ids, q.probs
+                out_tokens[i][:, depth] = drawn
+                tokens[i] = drawn
+            seconds = time.perf_counter() - t0
+            depths_s += seconds
+            self.costs.observe_depth(num_branches, seconds)
+        for i in live:
+            seq, q = seqs[i], out_q.get(i)
+            for j, key in enumerate(branches[i]):
+                seq.cache[key] = (
+                    out_tokens[i][j, :done].tolist(),
+                    None if q is None else q[j, :done].clone(),
+                )
+        return depths_s

@@ -1,0 +1,213 @@
+"""The speculation cache: every prepared branch is exactly what the draft would produce for that
+outcome's prefix (in full, shallow or cut short), and outcomes are matched against it exactly."""
+
+from __future__ import annotations
+
+import pytest
+
+from saguaro import LLM, SamplingParams
+from saguaro.engine.block_manager import BlockManager
+from saguaro.sampling import SamplingParams as Params
+from saguaro.speculation import protocol as P
+from saguaro.speculation.cache_builder import (
+    MAX_BUDGET,
+    SCRATCH_RUNS,
+    CacheBuilder,
+    DraftSeq,
+    common_prefix,
+    fanout_cap,
+    kv_blocks,
+    room,
+)
+from tests.speculation.workers import make_worker
+
+K = 3
+BLOCK = 4
+
+
+class Observations:
+    """Stands in for the fan-out estimator: records what the builder reports."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, int | None, int]] = []
+
+    def observe(self, k: int, rank: int | None, K: int) -> None:
+        self.seen.append((k, rank, K))
+
+
+def worker_config(**kw) -> P.WorkerConfig:
+    base = dict(
+        draft_dir="unused",
+        k=K,
+        fanout=[2, 1, 1, 2],
+        budget=None,
+        saguaro_c=1.0,
+        top_m=64,
+        max_model_len=32,
+        max_num_seqs=2,
+        block_size=BLOCK,
+        dtype="float32",
+        device="cpu",
+        cpus=None,
+        num_threads=None,
+        seed=0,
+    )
+    return P.WorkerConfig(**{**base, **kw})
+
+
+def speculated_seq(bm: BlockManager) -> DraftSeq:
+    """Prompt 1..4 with the speculation s = 10, 11, 12 glued (draft KV up to index 7), branches
+    cached for (1, 20) and (3, 40), and outcome 1's ranking [20, 21]."""
+    seq = DraftSeq(0, [1, 2, 3, 4], Params(temperature=0), seed=0, coupled=False)
+    bm.allocate(seq, 16)
+    seq.spec, seq.computed, seq.written = [10, 11, 12], 3, 7
+    seq.cache = {(1, 20): ([30, 31], None), (3, 40): ([41], None)}
+    seq.ranked = [[5, 6], [20, 21], [7], [40]]
+    return seq
+
+
+@pytest.fixture
+def builder() -> CacheBuilder:
+    cfg = worker_config()
+    bm = BlockManager(kv_blocks(cfg), BLOCK, enable_prefix_caching=False)
+    out = CacheBuilder(cfg, runner=None, bm=bm, vocab_size=50)
+    out.estimator = Observations()
+    return out
+
+
+@pytest.mark.parametrize(
+    "committed, branch, seen, computed",
+    [
+        ([10, 20], ([30, 31], None), [(1, 0, K)], 5),  # a rejection at s_2, recovered to 20
+        ([10, 11, 12, 40], ([41], None), [(3, 0, K)], 7),  # all accepted, bonus token 40
+        ([10, 21], None, [(1, 1, K)], 5),  # ranked second, but only the first was built
+        ([10, 22], None, [(1, None, K)], 5),  # not among the ranked candidates
+        ([5, 10, 20], None, [], 4),  # one extra token ahead: not an outcome of the speculation
+    ],
+)
+def test_an_outcome_is_matched_exactly(builder, committed, branch, seen, computed):
+    seq = speculated_seq(builder.bm)
+    assert builder.match_outcome(seq, committed) == branch
+    assert builder.estimator.seen == seen
+    assert seq.token_ids == [1, 2, 3, 4, *committed]
+    # draft KV stays valid for the committed prefix that the glue wrote, never the last token
+    assert seq.computed == computed
+    assert seq.cache == {} and seq.ranked == []
+    assert len(seq.block_table) == -(-len(seq.token_ids) // BLOCK)  # the scratch is released
+
+
+def test_an_unranked_sequence_feeds_no_statistics(builder):
+    seq = speculated_seq(builder.bm)
+    seq.ranked = []  # a backup answered it and no build has ranked its candidates yet
+    assert builder.match_outcome(seq, [10, 20]) == ([30, 31], None)
+    assert builder.estimator.seen == []
+
+
+def test_sizes_and_limits():
+    cfg = worker_config()
+    assert SCRATCH_RUNS > MAX_BUDGET + 1  # glue + every branch at full depth fit
+    assert kv_blocks(cfg) == -(-(32 + SCRATCH_RUNS * K) // BLOCK) * 2
+    assert fanout_cap(50) == 48
+    seq = DraftSeq(0, list(range(30)), Params(), seed=0, coupled=False)
+    assert room(seq, cfg) == 2  # context 32
+    seq.token_ids = list(range(10))
+    assert room(seq, cfg) == K
+    seq.token_ids = list(range(33))
+    assert room(seq, cfg) == 0
+    assert common_prefix([1, 2, 3], [1, 2, 4, 5]) == 2 and common_prefix([], [1]) == 0
+
+
+def test_a_fixed_fanout_serves_shorter_rounds_with_its_bonus_entry_last(builder):
+    assert builder.fanout(K) == [2, 1, 1, 2]
+    assert builder.fanout(1) == [2, 2] and builder.fanout(0) == [2]
+    assert not builder.planned and builder.budget == 6
+
+
+@pytest.mark.parametrize("k, fanout", [(3, [2, 2, 1, 3]), (2, [1, 0, 4])])
+def test_every_branch_equals_sequential_greedy_decoding(tiny_draft, k, fanout):
+    worker = make_worker(tiny_draft, k, fanout)
+    reference = LLM(model=str(tiny_draft), max_model_len=256)
+    greedy = SamplingParams(temperature=0, max_tokens=k, ignore_eos=True)
+    prompts = [[5, 17, 99, 3, 42, 8, 61], [200, 1, 2, 3]]
+    worker.handle(
+        P.RoundRequest(
+            [P.SeqUpdate(i, p, new=True) for i, p in enumerate(prompts)], backup="neural"
+        )
+    )
+    worker.build_pending()
+    for sid, prompt in enumerate(prompts):
+        seq = worker.seqs[sid]
+        # the neural first speculation is the draft's own greedy continuation
+        assert seq.spec == reference.generate([prompt], greedy)[0].token_ids
+        assert len(seq.cache) == sum(fanout[:k]) + fanout[k]
+        for (kk, t), (tokens, q) in seq.cache.items():
+            assert q is None  # greedy: point masses, nothing to ship
+            if kk < k:
+                assert t != seq.spec[kk]  # the drafted token is never a recovery candidate
+            prefix = prompt + seq.spec[:kk] + [t]
+            assert tokens == reference.generate([prefix], greedy)[0].token_ids, (kk, t)
+
+
+def test_shallow_branches_are_the_drafts_first_tokens(tiny_draft):
+    """A planned depth d < K caches d-token branches, each the draft's own continuation of its
+    outcome's prefix, and a hit serves those d tokens."""
+    k, fanout = 3, [2, 1, 1, 2]
+    worker = make_worker(tiny_draft, k, fanout)
+    worker.builder.depth = 2
+    reference = LLM(model=str(tiny_draft), max_model_len=256)
+    greedy = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+    prompt = [5, 17, 99, 3, 42, 8, 61]
+    worker.handle(P.RoundRequest([P.SeqUpdate(0, prompt, new=True)], backup="neural"))
+    worker.build_pending()
+    seq = worker.seqs[0]
+    assert len(seq.spec) == k  # the neural backup still drafts K
+    assert len(seq.cache) == sum(fanout)
+    for (kk, t), (tokens, _) in seq.cache.items():
+        assert tokens == reference.generate([prompt + seq.spec[:kk] + [t]], greedy)[0].token_ids
+    (kk, t), (branch, _) = next(iter(seq.cache.items()))
+    reply = worker.handle(P.RoundRequest([P.SeqUpdate(0, seq.spec[:kk] + [t])], backup="neural"))
+    assert reply.specs[0].hit and reply.specs[0].tokens == branch and len(branch) == 2
+    worker.build_pending()  # outcomes of a 2-token round: F_0, F_1 and the bonus F_K
+    assert {kk for kk, _ in seq.cache} == {0, 1, 2}
+    assert len(seq.cache) == fanout[0] + fanout[1] + fanout[k]
+
+
+def test_budget_zero_builds_no_branches_but_still_ranks(tiny_draft):
+    worker = make_worker(tiny_draft, 2, "auto", budget=0)
+    worker.handle(P.RoundRequest([P.SeqUpdate(0, [1, 2, 3, 4], new=True)], backup="neural"))
+    worker.build_pending()
+    seq = worker.seqs[0]
+    assert seq.cache == {} and len(seq.ranked) == 3 and all(seq.ranked)
+    reply = worker.handle(P.RoundRequest([P.SeqUpdate(0, [seq.spec[0], 7])], backup="neural"))
+    assert reply.specs[0].hit is False and reply.specs[0].backup == "neural"
+
+
+def test_a_build_cut_short_keeps_the_depths_decoded(tiny_draft):
+    """When the target's next request rings during a planned build, branches keep the tokens
+    decoded so far (each a prefix of what the full build caches), never fewer than one; a fan-out
+    fixed by the user is built in full."""
+    k = 3
+    prompt = [5, 17, 99, 3, 42, 8, 61]
+
+    def built(fanout, stop_after=None):
+        worker = make_worker(tiny_draft, k, fanout)
+        reply = worker.handle(P.RoundRequest([P.SeqUpdate(0, prompt, new=True)]))
+        assert reply.cut is False
+        polls = iter(range(100))
+        worker.build_pending(stop=None if stop_after is None else lambda: next(polls) >= stop_after)
+        return worker
+
+    full = built("auto")
+    assert not full.builder.cut and {len(b) for b, _ in full.seqs[0].cache.values()} == {k}
+    for stop_after, depth in ((0, 1), (1, 2)):  # polled before depths 2 and 3
+        worker = built("auto", stop_after)
+        seq = worker.seqs[0]
+        assert worker.builder.cut
+        assert seq.cache.keys() == full.seqs[0].cache.keys()
+        for key, (tokens, _) in seq.cache.items():
+            assert tokens == full.seqs[0].cache[key][0][:depth]
+        (kk, t), (branch, _) = next(iter(seq.cache.items()))
+        reply = worker.handle(P.RoundRequest([P.SeqUpdate(0, seq.spec[:kk] + [t])]))
+        assert reply.cut and reply.specs[0].hit and reply.specs[0].tokens == branch
+    fixed = built([2, 1, 1, 2], stop_after=0)
+    assert not fixed.builder.cut and {len(b) for b, _ in fixed.seqs[0].cache.values()} == {k}

@@ -1,0 +1,50 @@
+"""The worker's settings are mapped from the engine's in one place."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from saguaro.config import EngineConfig
+from saguaro.speculation import protocol as P
+
+
+def test_worker_config_from_engine_maps_every_field():
+    engine = EngineConfig(
+        num_speculative_tokens=3,
+        fanout=[4, 3, 2, 1],
+        cache_budget=9,
+        saguaro_c=0.5,
+        draft_top_m=32,
+        max_num_seqs=5,
+        block_size=8,
+        dtype="bfloat16",
+        device="cpu",
+        draft_device="cuda:1",
+        draft_cpus=[2, 3],
+        draft_threads=2,
+        seed=7,
+        pin_cpus=False,
+    )
+    cfg = P.WorkerConfig.from_engine(engine, "/models/draft", max_model_len=300)
+    assert dataclasses.asdict(cfg) == dict(
+        draft_dir="/models/draft",
+        k=3,
+        fanout=[4, 3, 2, 1],
+        budget=9,
+        saguaro_c=0.5,
+        top_m=32,
+        max_model_len=300,
+        max_num_seqs=5,
+        block_size=8,
+        dtype="bfloat16",
+        device="cuda:1",
+        cpus=[2, 3],
+        num_threads=2,
+        seed=7,
+    )
+
+
+def test_the_worker_runs_on_the_engines_device_unless_told_otherwise():
+    engine = EngineConfig(device="cpu", pin_cpus=False)
+    cfg = P.WorkerConfig.from_engine(engine, "d", max_model_len=64)
+    assert cfg.device == "cpu" and cfg.fanout == "auto" and cfg.budget is None
