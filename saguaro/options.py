@@ -27,6 +27,7 @@ class Option:
     parse: Callable[[str], Any] | None = None  # str -> value, where the type is not a plain one
     metavar: str | None = None
     repeat: bool = False  # the option may be given several times; the field gets the list
+    several: bool = False  # the option takes one or more space-separated values (a tuple)
 
 
 def opt(
@@ -37,10 +38,11 @@ def opt(
     parse: Callable[[str], Any] | None = None,
     metavar: str | None = None,
     repeat: bool = False,
+    several: bool = False,
     default_factory: Any = dataclasses.MISSING,
 ) -> Any:
     """A dataclass field that is also a command-line option."""
-    meta = {_OPTION: Option(help, flags, parse, metavar, repeat)}
+    meta = {_OPTION: Option(help, flags, parse, metavar, repeat, several)}
     if default_factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -78,6 +80,11 @@ def _scalar(hint: Any) -> Any:
     return hint
 
 
+def show(default: Any) -> str:
+    """A default as the command line writes it: a tuple of values as ``1,2,4``."""
+    return ",".join(map(str, default)) if isinstance(default, (tuple, list)) else str(default)
+
+
 def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
@@ -108,7 +115,7 @@ def add_options(
         o: Option = f.metadata[_OPTION]
         hint = hints[f.name]
         default = defaults.get(f.name, f.default)
-        shown = "" if default in (dataclasses.MISSING, None) else f" (default: {default})"
+        shown = "" if default in (dataclasses.MISSING, None) else f" (default: {show(default)})"
         names = [flag(f.name), *o.flags]
         kwargs: dict[str, Any] = {"dest": f.name, "help": o.help + shown, "default": None}
         if f.name in defaults:
@@ -117,6 +124,8 @@ def add_options(
         scalar = _scalar(hint)
         if o.repeat:
             kwargs.update(action="append", type=o.parse or str)
+        elif o.several:
+            kwargs.update(nargs="+", type=o.parse or str)
         elif scalar is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
         elif allowed is not None:
@@ -136,9 +145,9 @@ def given(cls: type, args: argparse.Namespace, **kw: Any) -> dict[str, Any]:
     """The :func:`opt` fields of ``cls`` that were given on the command line (or have a
     per-command default), as keyword arguments."""
     out = {
-        f.name: getattr(args, f.name)
+        f.name: tuple(value) if f.metadata[_OPTION].several else value
         for f in _fields(cls, None, ())
-        if getattr(args, f.name, None) is not None
+        if (value := getattr(args, f.name, None)) is not None
     }
     return {**out, **kw}
 

@@ -5,37 +5,26 @@ comma-separated lists such as ``--batch-sizes 1,4`` or ``--sampling rejection,co
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from saguaro.bench.datasets import DATASETS
 from saguaro.config import MODES, SAMPLING_METHODS
-from saguaro.options import add_options, flag, from_args, opt
+from saguaro.options import add_options, flag, from_args, opt, show
 
 # SSD's Saguaro sampling constant C lies in (0, 1] (docs/design.md §6).
 SAGUARO_C_MAX = 1.0
 
 
-class Listed(tuple):
-    """A tuple that prints as the command line writes it (``1,2,4``): the generated help shows a
-    list-valued default in its option's own syntax."""
-
-    __slots__ = ()
-
-    def __str__(self) -> str:
-        return ",".join(map(str, self))
-
-
 # Every engine mode, then transformers' assisted generation on the same checkpoints.
-BENCH_MODES: tuple[str, ...] = Listed((*MODES, "hf-assisted"))
+BENCH_MODES: tuple[str, ...] = (*MODES, "hf-assisted")
 SPEC_MODES: tuple[str, ...] = tuple(m for m in BENCH_MODES if m != "ar")
 
 
 def positive_ints(text: str) -> tuple[int, ...]:
     """``"1,2,4"`` -> (1, 2, 4); each value >= 1."""
-    values = Listed(int(v) for v in text.split(",") if v.strip())
+    values = tuple(int(v) for v in text.split(",") if v.strip())
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
     return values
@@ -43,7 +32,7 @@ def positive_ints(text: str) -> tuple[int, ...]:
 
 def non_negative_floats(text: str) -> tuple[float, ...]:
     """``"0,0.7,1"`` -> (0.0, 0.7, 1.0); each value >= 0."""
-    values = Listed(float(v) for v in text.split(",") if v.strip())
+    values = tuple(float(v) for v in text.split(",") if v.strip())
     if not values or min(values) < 0:
         raise argparse.ArgumentTypeError(f"expected non-negative numbers, got {text!r}")
     return values
@@ -53,7 +42,7 @@ def names_of(allowed: tuple[str, ...]) -> Callable[[str], tuple[str, ...]]:
     """A parser of ``"a,b"`` -> ("a", "b") that accepts only names in ``allowed``."""
 
     def parse(text: str) -> tuple[str, ...]:
-        names = Listed(v.strip() for v in text.split(",") if v.strip())
+        names = tuple(v.strip() for v in text.split(",") if v.strip())
         bad = [n for n in names if n not in allowed]
         if bad or not names:
             raise argparse.ArgumentTypeError(f"expected some of {','.join(allowed)}, got {text!r}")
@@ -75,9 +64,7 @@ QUICK: dict[str, Any] = dict(
 )
 _QUICK_HELP = (
     "a short run: "
-    + ", ".join(
-        f"{flag(name)} {Listed(v) if isinstance(v, tuple) else v}" for name, v in QUICK.items()
-    )
+    + ", ".join(f"{flag(name)} {show(v)}" for name, v in QUICK.items())
     + " (options given explicitly still apply)"
 )
 
@@ -98,7 +85,7 @@ class BenchConfig:
         BENCH_MODES, "modes run side by side", parse=names_of(BENCH_MODES), metavar="M,.."
     )
     datasets: tuple[str, ...] = opt(
-        Listed(DATASETS), "built-in prompt sets", parse=names_of(DATASETS), metavar="D,.."
+        DATASETS, "built-in prompt sets", parse=names_of(DATASETS), metavar="D,.."
     )
     prompts: str | None = opt(
         None, 'JSONL file, one {"prompt": ...} a line (one more dataset)', metavar="FILE"
@@ -106,30 +93,31 @@ class BenchConfig:
     num_prompts: int = opt(16, "prompts per dataset")
     max_tokens: int = opt(128, "output tokens per request")
     batch_sizes: tuple[int, ...] = opt(
-        Listed((1, 2, 4, 8, 16)), "batch sizes", parse=positive_ints, metavar="B,.."
+        (1, 2, 4, 8, 16), "batch sizes", parse=positive_ints, metavar="B,.."
     )
     temperatures: tuple[float, ...] = opt(
-        Listed((0.0, 1.0)), "temperatures", parse=non_negative_floats, metavar="T,.."
+        (0.0, 1.0), "temperatures", parse=non_negative_floats, metavar="T,.."
     )
     top_p: float = opt(1.0, "top-p of every request at T > 0")
     ks: tuple[int, ...] = opt(
-        Listed((4,)), "speculation length(s) K", flags=("--k",), parse=positive_ints, metavar="K,.."
+        (4,), "speculation length(s) K", flags=("--k",), parse=positive_ints, metavar="K,.."
     )
     fanouts: tuple[str, ...] = opt(
         ("auto",),
         "SSD fan-out(s), space-separated: auto | geometric | empirical | F | F_0,..,F_K",
         flags=("--fanout",),
         metavar="F",
+        several=True,
     )
     saguaro_cs: tuple[float, ...] = opt(
-        Listed((SAGUARO_C_MAX,)),
+        (SAGUARO_C_MAX,),
         f"SSD's Saguaro sampling constant(s) C in (0, {SAGUARO_C_MAX:g}]",
         flags=("--saguaro-c",),
         parse=non_negative_floats,
         metavar="C,..",
     )
     samplings: tuple[str, ...] = opt(
-        Listed(("auto",)),
+        ("auto",),
         "sampling method(s) at T > 0, side by side, e.g. rejection,coupled (auto: the engine's "
         "choice per mode)",
         flags=("--sampling",),
@@ -154,25 +142,6 @@ class BenchConfig:
             )
 
 
-# Options whose values are space-separated (nargs="+"), which saguaro.options does not generate.
-_SPACE_SEPARATED = ("fanouts",)
-
-
-def _add_space_separated(parser: argparse.ArgumentParser, name: str) -> None:
-    """The option of field ``name`` as :func:`saguaro.options.add_options` would make it (flags,
-    help with the default, metavar), taking one or more space-separated values."""
-    field = BenchConfig.__dataclass_fields__[name]
-    (option,) = field.metadata.values()  # the saguaro.options.Option that opt() attached
-    parser.add_argument(
-        flag(name),
-        *option.flags,
-        dest=name,
-        nargs="+",
-        metavar=option.metavar,
-        help=f"{option.help} (default: {' '.join(field.default)})",
-    )
-
-
 def build_parser() -> argparse.ArgumentParser:
     """One option per BenchConfig field, in field order. Options left out stay None, so that
     --quick can tell them from its own preset."""
@@ -180,11 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="saguaro bench",
         description="Benchmark AR, SD, SSD and HF assisted generation side by side.",
     )
-    for f in dataclasses.fields(BenchConfig):
-        if f.name in _SPACE_SEPARATED:
-            _add_space_separated(p, f.name)
-        else:
-            add_options(p, BenchConfig, only=(f.name,))
+    add_options(p, BenchConfig)
     return p
 
 
@@ -197,7 +162,4 @@ def parse_config(argv: list[str]) -> BenchConfig:
     for name, value in (QUICK if args.quick else {}).items():
         if getattr(args, name) is None:
             setattr(args, name, value)
-    for name in _SPACE_SEPARATED:
-        if getattr(args, name) is not None:
-            setattr(args, name, tuple(getattr(args, name)))
     return from_args(BenchConfig, args)

@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.command == "prepare":
-        from saguaro.train.corpus import stdlib_root
+        from saguaro.corpus import stdlib_root
         from saguaro.train.data import PrepareConfig, prepare
 
         root = args.root or stdlib_root()

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-from saguaro.train.corpus import EOT, read_documents, split_files
+from saguaro.corpus import EOT, read_documents, split_files
 from saguaro.train.tokenizer import encode_plain, train_tokenizer
 
 

@@ -11,7 +11,7 @@ import torch
 from tokenizers import Tokenizer
 from transformers import GenerationConfig
 
-from saguaro.train.corpus import EOT
+from saguaro.corpus import EOT
 from saguaro.train.loops import SEGMENT
 from saguaro.train.models import build_model, n_params
 from saguaro.train.tokenizer import write_hf_tokenizer

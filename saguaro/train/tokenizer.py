@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from saguaro.train.corpus import EOT
+from saguaro.corpus import EOT
 
 # Prompts get the document separator prepended, as every training document follows one: the
 # post-processor and tokenizer_config.json both say so, so tokenizers and AutoTokenizer agree.

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
-from saguaro.train.corpus import EOT
+from saguaro.corpus import EOT
 from saguaro.train.data import WindowSampler, load_tokens
 from saguaro.train.loops import ditto_loss, pseudo_repeats
 from saguaro.train.models import DRAFT, TARGET, ModelSpec, build_model

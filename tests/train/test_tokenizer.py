@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from saguaro.train.corpus import EOT, read_documents
+from saguaro.corpus import EOT, read_documents
 from saguaro.train.tokenizer import train_tokenizer, write_hf_tokenizer
 
 CODE = "def f(x):\n\tif x:  \n\n\n        return 'caf\u00e9'  # \u2192\n\r\n  \n"
