@@ -93,8 +93,10 @@ def test_draft_with_other_model_vocab_size_rejected(tmp_path, tiny_llama):
 
 
 def test_unknown_dtype(tiny_llama):
-    with pytest.raises(ValueError, match="unknown dtype"):
+    with pytest.raises(ValueError, match="dtype must be one of"):
         LLM(model=str(tiny_llama), dtype="int3")
+    with pytest.raises(ValueError, match="unknown dtype"):
+        load_model(tiny_llama, "int3", "cpu")  # the loader checks too, for its other callers
 
 
 def test_tokenizer_chat_template_and_special_tokens(broken):
