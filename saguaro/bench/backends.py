@@ -1,9 +1,17 @@
 """What the bench measures: a backend serves one batch of prompts and reports its tokens, timings
 and speculation records. :class:`SaguaroBackend` is a :class:`saguaro.LLM` of one mode;
-:class:`HFAssistedBackend` is transformers' assisted generation on the same checkpoints."""
+:class:`HFAssistedBackend` is transformers' assisted generation on the same checkpoints;
+:class:`LlamaCppBackend` and :class:`LlamaCppSpecBackend` are llama.cpp peers (AR through
+llama-cpp-python, draft-model speculation through llama.cpp's llama-speculative-simple binary) on
+the same checkpoints written as GGUF."""
 
 from __future__ import annotations
 
+import hashlib
+import os
+import re
+import subprocess
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +23,8 @@ from saguaro import LLM
 from saguaro.bench.config import BenchConfig
 from saguaro.bench.plan import Variant
 from saguaro.core.records import RoundRecord
+from saguaro.models.loader import safetensors_files
+from saguaro.models.tokenizer import Tokenizer
 from saguaro.sampling import SamplingParams
 
 # AR has no speculation length, but EngineConfig requires a valid one.
@@ -51,6 +61,7 @@ class Generation:
     ssd_stats: dict[str, Any] | None = None
     ssd_totals: dict[str, float] | None = None  # SSD: draft-side seconds during this call
     draft_failure: str | None = None
+    peer_stats: dict[str, Any] | None = None  # llama.cpp-sd: what the binary reported
 
 
 class Backend(Protocol):
@@ -201,3 +212,265 @@ class HFAssistedBackend:
 
     def close(self) -> None:
         pass
+
+
+# ---- llama.cpp peers -----------------------------------------------------------------------------
+
+PEER_EXTRA_HINT = "pip install 'saguaro-decoding[peer]' (llama-cpp-python and gguf)"
+# Bumped when gguf_export writes different files for the same checkpoint: old cache entries are
+# then not reused.
+GGUF_FORMAT_VERSION = 1
+# llama.cpp's samplers: top-k 0 and min-p 0 keep every token; top-k 1 is greedy.
+_LLAMA_NO_TOP_K = 0
+_LLAMA_GREEDY_TOP_K = 1
+_LLAMA_NO_MIN_P = 0.0
+_LLAMA_NO_PENALTY = 1.0
+# The draft's own confidence cut-off: 0 drafts K tokens every round, as our modes do.
+_LLAMA_NO_DRAFT_P_MIN = 0.0
+SPEC_BINARY = "llama-speculative-simple"
+# llama-speculative-simple writes the text (prompt, then the generated tokens) to stdout between
+# two blank-line pairs; its timings and counts go to stderr.
+_SPEC_TEXT_HEAD = "\n\n"
+_SPEC_TEXT_TAIL = "\n\n\n\n"
+_SPEC_ENCODED = re.compile(r"encoded\s+(\d+) tokens in\s+([\d.]+) seconds")
+_SPEC_DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds, speed:\s+([\d.]+) t/s")
+_SPEC_COUNTS = re.compile(r"\b(n_draft|n_predict|n_drafted|n_accept)\s*=\s*(\d+)")
+
+
+def import_llama_cpp() -> Any:
+    """The ``llama_cpp`` module, or an ImportError that says how to install it."""
+    try:
+        import llama_cpp
+    except ImportError as e:
+        raise ImportError(f"mode llama.cpp needs llama-cpp-python: {PEER_EXTRA_HINT} ({e})") from e
+    return llama_cpp
+
+
+def _require_gguf() -> None:
+    try:
+        import gguf  # noqa: F401
+    except ImportError as e:
+        raise ImportError(f"the llama.cpp modes need gguf: {PEER_EXTRA_HINT} ({e})") from e
+
+
+def model_fingerprint(model_dir: Path) -> str:
+    """A short key for a checkpoint's files as they are now (contents of the small files, size
+    and modification time of the weights), so that a changed checkpoint gets a new GGUF file."""
+    h = hashlib.sha256(f"gguf-v{GGUF_FORMAT_VERSION}".encode())
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        path = model_dir / name
+        h.update(name.encode() + (path.read_bytes() if path.is_file() else b"-"))
+    for f in safetensors_files(model_dir):
+        st = f.stat()
+        h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:12]
+
+
+def cached_gguf(model_dir: Path, cache_dir: str | Path, dtype: str) -> Path:
+    """The GGUF file of ``model_dir`` in ``cache_dir``, written on first use."""
+    from saguaro.bench.gguf_export import export_gguf
+
+    _require_gguf()
+    model_dir = Path(model_dir).resolve()
+    path = Path(cache_dir).expanduser() / (
+        f"{model_dir.name}-{model_fingerprint(model_dir)}-{dtype}.gguf"
+    )
+    if not path.is_file():
+        export_gguf(model_dir, path, dtype)
+    return path
+
+
+def peer_threads(cfg: BenchConfig) -> int:
+    """The peers' threads: --llama-cpp-threads, else every core this process may run on."""
+    return cfg.llama_cpp_threads or len(os.sched_getaffinity(0))
+
+
+class LlamaCppBackend:
+    """llama.cpp's autoregressive decoding through llama-cpp-python, on the target written as
+    GGUF. Token ids in, token ids out: no tokenisation on llama.cpp's side. llama.cpp serves one
+    sequence at a time here, so a batch of b requests is served one after another (latency from
+    the batch's start, as for hf-assisted). At T = 0 it samples greedily; at T > 0 with its own
+    sampler (temperature, top-p, seeded per request), so only its greedy tokens are comparable."""
+
+    def __init__(self, cfg: BenchConfig, target_dir: Path, max_model_len: int):
+        llama_cpp = import_llama_cpp()
+        self.gguf_path = cached_gguf(target_dir, cfg.llama_cpp_cache, cfg.llama_cpp_dtype)
+        self.threads = peer_threads(cfg)
+        self.llm = llama_cpp.Llama(
+            model_path=str(self.gguf_path),
+            n_threads=self.threads,
+            n_threads_batch=self.threads,
+            n_ctx=max_model_len,
+            n_gpu_layers=0,
+            logits_all=False,
+            seed=cfg.seed,
+            verbose=False,
+        )
+
+    def _sampler_args(self, p: SamplingParams) -> dict[str, Any]:
+        if p.temperature == 0:
+            return dict(temp=0.0, top_k=_LLAMA_GREEDY_TOP_K, top_p=_NO_TOP_P)
+        self.llm.set_seed(p.seed)
+        return dict(temp=p.temperature, top_k=_LLAMA_NO_TOP_K, top_p=p.top_p)
+
+    def generate(self, prompts: list[list[int]], params: list[SamplingParams]) -> Generation:
+        requests = []
+        start = time.perf_counter()
+        for ids, p in zip(prompts, params, strict=True):
+            self.llm.reset()  # no prefix reuse between requests: the same work as our modes
+            tokens: list[int] = []
+            first: float | None = None
+            for tok in self.llm.generate(
+                ids,
+                min_p=_LLAMA_NO_MIN_P,
+                repeat_penalty=_LLAMA_NO_PENALTY,
+                **self._sampler_args(p),
+            ):
+                tokens.append(int(tok))
+                if first is None:
+                    first = time.perf_counter()
+                if len(tokens) >= p.max_tokens:  # EOS does not stop it (ignore_eos)
+                    break
+            now = time.perf_counter()
+            tpot = (now - first) / (len(tokens) - 1) if first and len(tokens) > 1 else None
+            requests.append(
+                RequestResult("", tokens, now - start, first - start if first else None, tpot)
+            )
+        return Generation(time.perf_counter() - start, requests)
+
+    def close(self) -> None:
+        self.llm.close()
+
+
+def parse_spec_output(stdout: str, stderr: str, prompt_text: str) -> dict[str, Any]:
+    """What one llama-speculative-simple run reported: the generated text, the prompt's and the
+    generation's token counts and seconds, the decode speed, and the draft counts."""
+    enc, dec = _SPEC_ENCODED.search(stderr), _SPEC_DECODED.search(stderr)
+    if enc is None or dec is None:
+        raise RuntimeError(f"{SPEC_BINARY}: no timings in its output:\n{stderr[-2000:]}")
+    text = stdout
+    if text.startswith(_SPEC_TEXT_HEAD):
+        text = text[len(_SPEC_TEXT_HEAD) :]
+    if text.endswith(_SPEC_TEXT_TAIL):
+        text = text[: -len(_SPEC_TEXT_TAIL)]
+    if not text.startswith(prompt_text):
+        raise RuntimeError(f"{SPEC_BINARY}: its output does not start with the prompt")
+    out: dict[str, Any] = {
+        "text": text[len(prompt_text) :],
+        "prompt_tokens": int(enc.group(1)),
+        "encode_s": float(enc.group(2)),
+        "decoded_tokens": int(dec.group(1)),
+        "decode_s": float(dec.group(2)),
+        "tokens_per_s": float(dec.group(3)),
+    }
+    out.update({k: int(v) for k, v in _SPEC_COUNTS.findall(stderr)})
+    return out
+
+
+class LlamaCppSpecBackend:
+    """llama.cpp's speculative decoding with the draft model: its ``llama-speculative-simple``
+    binary (llama-cpp-python drives no draft model), one process per request, on the target and
+    draft written as GGUF. The binary takes the prompt as text: our prompt ids, detokenised
+    (without the BOS, which llama.cpp adds itself); it returns text, which is tokenised again with
+    our tokenizer and cut at max_tokens, so its tokens match llama.cpp's own only where that
+    re-tokenisation agrees (they are compared with AR's, as a peer: prefix statistics).
+
+    Its timings are the binary's: a request's TTFT is the cumulative time of the earlier requests
+    plus its prompt encoding, its latency the cumulative time to its end, its TPOT the decode
+    time per decoded token (the binary may decode up to K tokens past max_tokens and counts them);
+    process start and model loading are outside, as the other backends' loading is."""
+
+    def __init__(
+        self,
+        variant: Variant,
+        cfg: BenchConfig,
+        target_dir: Path,
+        draft_dir: Path,
+        max_model_len: int,
+    ):
+        if not cfg.llama_cpp_bin:
+            raise ValueError("mode llama.cpp-sd needs --llama-cpp-bin DIR")
+        self.binary = Path(cfg.llama_cpp_bin).expanduser() / SPEC_BINARY
+        if not os.access(self.binary, os.X_OK):
+            raise ValueError(f"{self.binary}: not an executable (build llama.cpp's {SPEC_BINARY})")
+        self.target = cached_gguf(target_dir, cfg.llama_cpp_cache, cfg.llama_cpp_dtype)
+        self.draft = cached_gguf(draft_dir, cfg.llama_cpp_cache, cfg.llama_cpp_dtype)
+        self.tokenizer = Tokenizer(target_dir)
+        self.k = variant.k or 1
+        self.threads = peer_threads(cfg)
+        self.ctx = max_model_len
+
+    def prompt_text(self, ids: list[int]) -> str:
+        """The prompt as the binary reads it: without a leading BOS, which it adds itself."""
+        bos = self.tokenizer.bos_token_id
+        body = ids[1:] if ids and bos is not None and ids[0] == bos else ids
+        return self.tokenizer.decode(body, skip_special_tokens=False)
+
+    def command(self, text: str, p: SamplingParams) -> list[str]:
+        greedy = p.temperature == 0
+        sampling = ["--temp", "0", "--top-k", str(_LLAMA_GREEDY_TOP_K)] if greedy else [
+            "--temp", f"{p.temperature:g}", "--top-k", str(_LLAMA_NO_TOP_K),
+            "--top-p", f"{p.top_p:g}", "--seed", str(p.seed),
+        ]  # fmt: skip
+        return [
+            str(self.binary),
+            "-m", str(self.target), "-md", str(self.draft), "--spec-type", "draft-simple",
+            "-p", text, "-n", str(p.max_tokens),
+            "--spec-draft-n-max", str(self.k), "--spec-draft-n-min", "0",
+            "--spec-draft-p-min", f"{_LLAMA_NO_DRAFT_P_MIN:g}",
+            "-t", str(self.threads), "-tb", str(self.threads),
+            "-td", str(self.threads), "-tbd", str(self.threads),
+            "-c", str(self.ctx),
+            "--min-p", f"{_LLAMA_NO_MIN_P:g}", "--ignore-eos",
+            *sampling,
+        ]  # fmt: skip
+
+    def generate(self, prompts: list[list[int]], params: list[SamplingParams]) -> Generation:
+        requests, reports = [], []
+        clock = 0.0  # the binary's own seconds, summed over the batch's requests
+        for ids, p in zip(prompts, params, strict=True):
+            text = self.prompt_text(ids)
+            with tempfile.TemporaryDirectory() as tmp:  # the binary may write a cache file
+                proc = subprocess.run(
+                    self.command(text, p), capture_output=True, text=True, cwd=tmp, check=False
+                )
+            if proc.returncode != 0:
+                raise RuntimeError(
+                    f"{SPEC_BINARY} exited {proc.returncode}:\n{proc.stderr[-2000:]}"
+                )
+            rep = parse_spec_output(proc.stdout, proc.stderr, self.tokenizer.decode(ids, False))
+            tokens = self.tokenizer.encode(rep.pop("text"), add_special_tokens=False)
+            ttft = clock + rep["encode_s"]
+            clock += rep["encode_s"] + rep["decode_s"]
+            n = rep["decoded_tokens"]
+            requests.append(
+                RequestResult(
+                    "", tokens[: p.max_tokens], clock, ttft, rep["decode_s"] / n if n else None
+                )
+            )
+            reports.append(rep)
+        stats = {
+            key: sum(r.get(key, 0) for r in reports)
+            for key in ("decoded_tokens", "decode_s", "encode_s", "n_drafted", "n_accept")
+        }
+        return Generation(clock, requests, peer_stats={**stats, "requests": reports})
+
+    def close(self) -> None:
+        pass
+
+
+def peer_backend(
+    variant: Variant,
+    cfg: BenchConfig,
+    target_dir: Path,
+    draft_dir: Path | None,
+    max_model_len: int,
+) -> Backend:
+    """The backend of a llama.cpp peer variant."""
+    if variant.mode == "llama.cpp":
+        return LlamaCppBackend(cfg, target_dir, max_model_len)
+    if variant.mode == "llama.cpp-sd":
+        if draft_dir is None:
+            raise ValueError("mode llama.cpp-sd needs a draft model")
+        return LlamaCppSpecBackend(variant, cfg, target_dir, draft_dir, max_model_len)
+    raise ValueError(f"{variant.mode!r} is not a llama.cpp peer mode")

@@ -1,9 +1,13 @@
-"""The greedy check: at temperature 0 every mode must reproduce AR's tokens exactly."""
+"""The greedy check: at temperature 0 every mode must reproduce AR's tokens exactly. The llama.cpp
+peers are compared too but cannot fail the check: their own float arithmetic may take the other
+branch of a near-tie, after which the sequences part. For them the check reports how long a
+prefix of AR's tokens each request reproduces."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from saguaro.bench.config import PEER_MODES
 from saguaro.bench.measure import Run
 from saguaro.bench.plan import Variant
 
@@ -21,7 +25,9 @@ def first_difference(want: list[int], got: list[int]) -> int:
 def check_greedy(runs: list[Run], variants: list[Variant]) -> dict[str, Any]:
     """At temperature 0 every variant must produce AR's tokens for every request (AR under the
     first sampling method is the reference; temperature 0 is the same under every method).
-    ``ok`` is None where there is nothing to compare (no AR, or no temperature-0 run)."""
+    ``ok`` is None where there is nothing to compare (no AR, or no temperature-0 run). Peer
+    variants (llama.cpp) are left out of ``ok`` and summarised under ``peers`` instead
+    (:func:`peer_agreement`)."""
     reference = next((v.label for v in variants if v.mode == "ar"), None)
     if reference is None:
         return {"ok": None, "checked": 0, "mismatches": [], "note": "ar not run: not checked"}
@@ -32,9 +38,18 @@ def check_greedy(runs: list[Run], variants: list[Variant]) -> dict[str, Any]:
         for r in runs
         if r.variant == reference and r.temperature == 0
     }
+    peers = {v.label for v in variants if v.mode in PEER_MODES}
     checked, mismatches = 0, []
+    prefixes: dict[str, list[tuple[int, int]]] = {label: [] for label in peers}
     for run in runs:
         if run.temperature != 0 or run.variant == reference:
+            continue
+        if run.variant in peers:
+            ref = ar[(run.dataset, run.batch_size, run.repeat, run.batch_index)]
+            prefixes[run.variant] += [
+                (first_difference(want.token_ids, got.token_ids), len(want.token_ids))
+                for want, got in zip(ref.gen.requests, run.gen.requests, strict=True)
+            ]
             continue
         ref = ar[(run.dataset, run.batch_size, run.repeat, run.batch_index)]
         for want, got in zip(ref.gen.requests, run.gen.requests, strict=True):
@@ -54,4 +69,21 @@ def check_greedy(runs: list[Run], variants: list[Variant]) -> dict[str, Any]:
                         "tokens": got.token_ids[shown],
                     }
                 )
-    return {"ok": not mismatches, "checked": checked, "mismatches": mismatches}
+    out: dict[str, Any] = {"ok": not mismatches, "checked": checked, "mismatches": mismatches}
+    if peers:
+        out["peers"] = {label: peer_agreement(p) for label, p in sorted(prefixes.items())}
+    return out
+
+
+def peer_agreement(prefixes: list[tuple[int, int]]) -> dict[str, Any]:
+    """How closely a peer followed AR at temperature 0, from (matching prefix, AR's length) per
+    request: requests compared, requests identical, the matching prefixes, their mean fraction
+    of AR's tokens."""
+    identical = sum(n == length for n, length in prefixes)
+    fraction = sum(n / length for n, length in prefixes if length) / max(len(prefixes), 1)
+    return {
+        "checked": len(prefixes),
+        "identical": identical,
+        "matching_prefix": [n for n, _ in prefixes],
+        "mean_prefix_fraction": fraction,
+    }

@@ -17,9 +17,19 @@ from saguaro.options import add_options, flag, from_args, opt, show
 SAGUARO_C_MAX = 1.0
 
 
-# Every engine mode, then transformers' assisted generation on the same checkpoints.
-BENCH_MODES: tuple[str, ...] = (*MODES, "hf-assisted")
-SPEC_MODES: tuple[str, ...] = tuple(m for m in BENCH_MODES if m != "ar")
+# Peers outside this package, run only when asked for: llama.cpp's own AR through
+# llama-cpp-python ("llama.cpp"), and its draft-model speculative decoding through the
+# llama-speculative-simple binary ("llama.cpp-sd", needs --llama-cpp-bin). Both need the ``peer``
+# extra (llama-cpp-python, gguf) and read the models as GGUF files written by
+# saguaro.bench.gguf_export.
+PEER_MODES: tuple[str, ...] = ("llama.cpp", "llama.cpp-sd")
+# Every engine mode, then transformers' assisted generation on the same checkpoints, then peers.
+DEFAULT_MODES: tuple[str, ...] = (*MODES, "hf-assisted")
+BENCH_MODES: tuple[str, ...] = (*DEFAULT_MODES, *PEER_MODES)
+# Modes that read the draft model.
+SPEC_MODES: tuple[str, ...] = tuple(m for m in BENCH_MODES if m not in ("ar", "llama.cpp"))
+# Weights of the GGUF files: f32 reproduces saguaro's f32 greedy tokens (up to near-ties).
+LLAMA_CPP_DTYPES: tuple[str, ...] = ("f32", "f16")
 
 
 def positive_ints(text: str) -> tuple[int, ...]:
@@ -82,7 +92,11 @@ class BenchConfig:
         None, "draft model directory (default: the bundled draft)", metavar="DIR"
     )
     modes: tuple[str, ...] = opt(
-        BENCH_MODES, "modes run side by side", parse=names_of(BENCH_MODES), metavar="M,.."
+        DEFAULT_MODES,
+        f"modes run side by side, of {','.join(BENCH_MODES)} (peers {','.join(PEER_MODES)} "
+        "only when named)",
+        parse=names_of(BENCH_MODES),
+        metavar="M,..",
     )
     datasets: tuple[str, ...] = opt(
         DATASETS, "built-in prompt sets", parse=names_of(DATASETS), metavar="D,.."
@@ -129,11 +143,31 @@ class BenchConfig:
     device: str = opt("auto", "auto | cpu | cuda[:N], as for the engine")
     out: str = opt("bench-out", "output directory", metavar="DIR")
     quick: bool = opt(False, _QUICK_HELP)
+    llama_cpp_bin: str | None = opt(
+        None,
+        "directory holding llama.cpp's llama-speculative-simple binary (mode llama.cpp-sd)",
+        metavar="DIR",
+    )
+    llama_cpp_cache: str = opt(
+        "~/.cache/saguaro/gguf", "where the models' GGUF files are written once", metavar="DIR"
+    )
+    llama_cpp_dtype: str = opt(
+        "f32", f"llama.cpp peers' weights: {' | '.join(LLAMA_CPP_DTYPES)}", metavar="DTYPE"
+    )
+    llama_cpp_threads: int | None = opt(
+        None, "llama.cpp peers' threads (default: the cores this process may run on)"
+    )
 
     def __post_init__(self) -> None:
         for name in ("num_prompts", "max_tokens", "repeats"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{flag(name)} must be >= 1")
+        if self.llama_cpp_dtype not in LLAMA_CPP_DTYPES:
+            raise ValueError(f"--llama-cpp-dtype must be one of {', '.join(LLAMA_CPP_DTYPES)}")
+        if self.llama_cpp_threads is not None and self.llama_cpp_threads < 1:
+            raise ValueError("--llama-cpp-threads must be >= 1")
+        if "llama.cpp-sd" in self.modes and not self.llama_cpp_bin:
+            raise ValueError("mode llama.cpp-sd needs --llama-cpp-bin DIR (llama.cpp's binaries)")
         if not self.datasets and not self.prompts:
             raise ValueError("no dataset: give --datasets or --prompts")
         if not all(0.0 < c <= SAGUARO_C_MAX for c in self.saguaro_cs):

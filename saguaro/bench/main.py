@@ -19,9 +19,9 @@ from tqdm import tqdm
 
 from saguaro.bench import prompts, provenance, report
 from saguaro.bench.aggregate import aggregate
-from saguaro.bench.backends import Backend, HFAssistedBackend, SaguaroBackend
+from saguaro.bench.backends import Backend, HFAssistedBackend, SaguaroBackend, peer_backend
 from saguaro.bench.check import check_greedy
-from saguaro.bench.config import SPEC_MODES, BenchConfig, parse_config
+from saguaro.bench.config import PEER_MODES, SPEC_MODES, BenchConfig, parse_config
 from saguaro.bench.measure import measure
 from saguaro.bench.plan import Plan, batch_count, build_variants
 from saguaro.bench.tables import correctness_banner, markdown_table
@@ -58,6 +58,8 @@ def load_backends(
         if v.mode == "hf-assisted":
             assert draft_dir is not None  # a speculative mode resolves a draft
             backend: Backend = HFAssistedBackend(v, target_dir, draft_dir, cfg.device)
+        elif v.mode in PEER_MODES:
+            backend = peer_backend(v, cfg, target_dir, draft_dir, max_model_len)
         else:
             backend = SaguaroBackend(v, cfg, max_model_len, max(cfg.batch_sizes))
         stack.callback(backend.close)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from saguaro.bench.config import BenchConfig
+from saguaro.bench.config import PEER_MODES, BenchConfig
 from saguaro.bench.prompts import PromptSet
 from saguaro.config import parse_fanout
 from saguaro.sampling import SamplingParams
@@ -16,6 +16,10 @@ from saguaro.sampling import SamplingParams
 # SEED_STRIDE (e.g. 15 repeats of up to 65 537 requests each).
 REPEAT_STRIDE = 65_537
 SEED_STRIDE = 1_000_003
+
+
+# Modes that sample with their own sampler, not saguaro's (one variant whatever --sampling says).
+OWN_SAMPLER_MODES = ("hf-assisted", *PEER_MODES)
 
 
 @dataclass(frozen=True)
@@ -31,10 +35,10 @@ class Variant:
 
 
 def build_variants(cfg: BenchConfig) -> list[Variant]:
-    """AR once; SD and HF per K; SSD per (K, fan-out) pair that fits (a fixed fan-out lists
-    K+1 counts, so it pairs only with that K) and per Saguaro constant C. Each of these per
-    sampling method, except HF, which has its own sampler. A label names a variant by its mode and
-    only the settings that vary in this run."""
+    """AR and llama.cpp once; SD, HF and llama.cpp-sd per K; SSD per (K, fan-out) pair that fits
+    (a fixed fan-out lists K+1 counts, so it pairs only with that K) and per Saguaro constant C.
+    Each of these per sampling method, except HF and the llama.cpp peers, which have their own
+    samplers. A label names a variant by its mode and only the settings that vary in this run."""
     ssd_pairs: list[tuple[int, str]] = []
     for f in cfg.fanouts:
         errors = []
@@ -56,16 +60,17 @@ def build_variants(cfg: BenchConfig) -> list[Variant]:
             [f"f={f}"] if f and many_f else []
         )
         parts += [f"c={c:g}"] if c is not None and many_c else []
-        parts += [sampling] if many_s and mode != "hf-assisted" else []
+        parts += [sampling] if many_s and mode not in OWN_SAMPLER_MODES else []
         return f"{mode} {' '.join(parts)}" if parts else mode
 
     variants = []
     for mode in cfg.modes:
-        # transformers' assisted generation has its own sampler: one variant whatever the method
-        samplings = cfg.samplings[:1] if mode == "hf-assisted" else cfg.samplings
+        # transformers' assisted generation and the llama.cpp peers have their own samplers: one
+        # variant whatever the method
+        samplings = cfg.samplings[:1] if mode in OWN_SAMPLER_MODES else cfg.samplings
         for sm in samplings:
-            if mode == "ar":
-                variants.append(Variant("ar", label=label("ar", sm), sampling=sm))
+            if mode in ("ar", "llama.cpp"):
+                variants.append(Variant(mode, label=label(mode, sm), sampling=sm))
             elif mode == "ssd":
                 variants += [
                     Variant("ssd", k, f, label("ssd", sm, k, f, c), c, sm)

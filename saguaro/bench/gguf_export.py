@@ -1,0 +1,236 @@
+"""Write a saguaro-loadable Hugging Face directory (Llama or Qwen3) as one GGUF file, so that
+llama.cpp can run the same weights as a bench peer.
+
+The file holds the architecture's hyper-parameters, the byte-level BPE tokenizer of
+``tokenizer.json`` (tokens, token types, merges, BOS/EOS) and every tensor under llama.cpp's name.
+Two conventions differ from the Hugging Face checkpoint:
+
+* llama.cpp's ``llama`` architecture rotates adjacent pairs (2i, 2i+1) of each query/key head,
+  whereas the checkpoint's attention rotates the pair (i, i + d/2) ("rotate half"). The rows of
+  ``q_proj`` and ``k_proj`` are therefore reordered per head (:func:`interleave_rope_rows`), which
+  gives the same attention scores. ``qwen3`` in llama.cpp rotates halves itself: no reordering.
+* GGUF lists a tensor's dimensions innermost first; a row-major ``[out, in]`` matrix is stored as
+  is and its GGUF shape reads ``[in, out]``.
+
+Needs the ``gguf`` package (``pip install 'saguaro-decoding[peer]'``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from saguaro.models.config import ModelConfig
+from saguaro.models.loader import iter_tensors, safetensors_files
+
+# File types written (GGUF's general.file_type values: all f32, or matrices in f16).
+DTYPES = ("f32", "f16")
+# llama.cpp's name for the regex pre-tokenizer of GPT-2 style byte-level BPE, which splits text
+# as the Hugging Face ByteLevel pre-tokenizer with use_regex does.
+PRE_TOKENIZER = "gpt-2"
+# llama.cpp requires at least one merge, and GGUF cannot store an empty list: a vocabulary without
+# merges (bytes only) gets this one, which never applies (BPE works on single characters of
+# byte-level text, and this pair's halves are longer).
+NO_MERGE = "<|saguaro_no_merge|> <|saguaro_no_merge|>"
+# Name of the filler tokens added when config.json's vocabulary is larger than the tokenizer's.
+PAD_TOKEN = "<|saguaro_pad_{}|>"
+
+# checkpoint name (per layer, after "model.layers.N.") -> llama.cpp name (after "blk.N.")
+_LAYER_TENSORS = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.o_proj.bias": "attn_output.bias",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+_GLOBAL_TENSORS = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+_LAYER_PREFIX = "model.layers."
+
+
+def interleave_rope_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Reorder the rows (dim 0) of a query/key projection, head by head, from the rotate-half
+    layout to the adjacent-pairs layout: within each head of d rows, row j < d/2 moves to 2j and
+    row d/2 + j to 2j + 1. Works for weights [n_heads*d, in] and biases [n_heads*d]."""
+    rows = w.shape[0]
+    if rows % n_heads or (rows // n_heads) % 2:
+        raise ValueError(f"{rows} rows do not split into {n_heads} heads of even size")
+    half = rows // n_heads // 2
+    rest = w.shape[1:]
+    # [heads, 2 (which half), half, ...] -> [heads, half, 2, ...]: pair j = (first[j], second[j])
+    return w.reshape(n_heads, 2, half, *rest).transpose(1, 2).reshape(rows, *rest).contiguous()
+
+
+def gguf_tensor_name(hf_name: str) -> str | None:
+    """llama.cpp's name for a checkpoint tensor; None for tensors llama.cpp does not use
+    (e.g. the rotary inverse frequencies some checkpoints store)."""
+    if hf_name in _GLOBAL_TENSORS:
+        return _GLOBAL_TENSORS[hf_name]
+    if hf_name.startswith(_LAYER_PREFIX):
+        layer, _, rest = hf_name[len(_LAYER_PREFIX) :].partition(".")
+        if rest in _LAYER_TENSORS:
+            return f"blk.{int(layer)}.{_LAYER_TENSORS[rest]}"
+    return None
+
+
+def _check_supported(cfg: ModelConfig) -> None:
+    if cfg.rope_scaling is not None:
+        raise ValueError(
+            f"{cfg.architecture} with {cfg.rope_scaling} RoPE scaling: not written as GGUF "
+            "(only unscaled RoPE is supported)"
+        )
+
+
+def converted_tensors(model_dir: Path, cfg: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
+    """(llama.cpp name, float32 tensor) for every tensor the GGUF file holds, q/k rows reordered
+    for the ``llama`` architecture; the output matrix is left out when tied to the embedding."""
+    interleave = cfg.family == "llama"
+    heads = {"attn_q": cfg.num_attention_heads, "attn_k": cfg.num_key_value_heads}
+    for hf_name, tensor in iter_tensors(safetensors_files(model_dir)):
+        name = gguf_tensor_name(hf_name)
+        if name is None or (name == "output.weight" and cfg.tie_word_embeddings):
+            continue
+        t = tensor.to(torch.float32)
+        kind = name.split(".")[-2]
+        if interleave and kind in heads:
+            t = interleave_rope_rows(t, heads[kind])
+        yield name, t
+
+
+def _tokenizer_fields(model_dir: Path, vocab_size: int) -> dict[str, Any]:
+    """Tokens in id order, their types, merges and the BOS/EOS/add-BOS settings of a byte-level
+    BPE ``tokenizer.json``."""
+    from gguf import TokenType
+
+    raw = json.loads((model_dir / "tokenizer.json").read_text())
+    model = raw["model"]
+    if model.get("type") != "BPE":
+        raise ValueError(f"{model_dir}: tokenizer model {model.get('type')!r} is not BPE")
+    by_id: dict[int, str] = {i: t for t, i in model["vocab"].items()}
+    special: set[int] = set()
+    for added in raw.get("added_tokens", []):
+        by_id[added["id"]] = added["content"]
+        if added.get("special"):
+            special.add(added["id"])
+    size = max(vocab_size, max(by_id) + 1)
+    tokens, types = [], []
+    for i in range(size):
+        if i in by_id:
+            tokens.append(by_id[i])
+            types.append(TokenType.CONTROL if i in special else TokenType.NORMAL)
+        else:
+            tokens.append(PAD_TOKEN.format(i))
+            types.append(TokenType.UNUSED)
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
+    # BOS is added where the post-processor puts a special token before the text.
+    post = raw.get("post_processor") or {}
+    single = post.get("single", []) if post.get("type") == "TemplateProcessing" else []
+    add_bos = bool(single) and "SpecialToken" in single[0]
+    cfg_path = model_dir / "tokenizer_config.json"
+    tcfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+    ids = {t: i for i, t in by_id.items()}
+
+    def token_id(entry: Any) -> int | None:
+        text = entry.get("content") if isinstance(entry, dict) else entry
+        return ids.get(text) if text else None
+
+    return {
+        "tokens": tokens,
+        "types": types,
+        "merges": merges,
+        "bos": token_id(tcfg.get("bos_token")),
+        "eos": token_id(tcfg.get("eos_token")),
+        "add_bos": add_bos,
+    }
+
+
+def export_gguf(model_dir: str | Path, out_path: str | Path, dtype: str = "f32") -> Path:
+    """Write ``model_dir`` as the GGUF file ``out_path`` (matrices in ``dtype``: f32 or f16;
+    vectors such as norms always f32) and return its path. The file is written next to its final
+    name and renamed into place, so a half-written file never has the final name."""
+    import gguf
+
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    model_dir, out_path = Path(model_dir), Path(out_path)
+    cfg = ModelConfig.from_dir(model_dir)
+    _check_supported(cfg)
+    tok = _tokenizer_fields(model_dir, cfg.vocab_size)
+    arch = gguf.MODEL_ARCH_NAMES[
+        gguf.MODEL_ARCH.QWEN3 if cfg.family == "qwen3" else gguf.MODEL_ARCH.LLAMA
+    ]
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_path.with_name(out_path.name + ".part")
+    w = gguf.GGUFWriter(tmp, arch)
+    w.add_name(model_dir.name)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    w.add_rope_dimension_count(cfg.head_dim)
+    w.add_rope_freq_base(cfg.rope_theta)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_vocab_size(len(tok["tokens"]))
+    f16 = dtype == "f16"
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if f16 else gguf.LlamaFileType.ALL_F32)
+    w.add_tokenizer_model("gpt2")  # llama.cpp's name for byte-level BPE
+    w.add_tokenizer_pre(PRE_TOKENIZER)
+    w.add_token_list(tok["tokens"])
+    w.add_token_types(tok["types"])
+    w.add_token_merges(tok["merges"] or [NO_MERGE])
+    if tok["bos"] is not None:
+        w.add_bos_token_id(tok["bos"])
+    eos = cfg.eos_token_ids[0] if cfg.eos_token_ids else tok["eos"]
+    if eos is not None:
+        w.add_eos_token_id(eos)
+    w.add_add_bos_token(tok["add_bos"])
+    w.add_add_eos_token(False)
+    for name, t in converted_tensors(model_dir, cfg):
+        array = t.numpy()
+        w.add_tensor(name, array.astype(np.float16) if f16 and array.ndim > 1 else array)
+    try:
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+    finally:
+        w.close()
+    tmp.replace(out_path)
+    return out_path
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m saguaro.bench.gguf_export MODEL_DIR OUT.gguf [--dtype f16]``."""
+    p = argparse.ArgumentParser(description="Write a Hugging Face model directory as GGUF.")
+    p.add_argument("model_dir")
+    p.add_argument("out")
+    p.add_argument("--dtype", choices=DTYPES, default="f32")
+    a = p.parse_args(argv)
+    print(export_gguf(a.model_dir, a.out, a.dtype))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
