@@ -76,7 +76,7 @@ class EngineConfig:
     enable_prefix_caching: bool = opt(True, "share KV blocks of common prompt prefixes")
     seed: int = opt(0, "seeds requests that name none")
     num_threads: int | None = opt(
-        None, "torch intra-op threads in this process (default: as is)", flags=("--threads",)
+        None, "torch intra-op threads (default: one per core the target uses)", flags=("--threads",)
     )
     draft_top_m: int = opt(DEFAULT_TOP_M, "sd/ssd: the draft samples from its top-M tokens")
     # coupled for SSD, whose cache it serves better; rejection for AR and SD, where it accepts
@@ -109,7 +109,10 @@ class EngineConfig:
     draft_device: str | None = opt(None, "ssd: the worker's device (default: device)")
     pin_cpus: bool = opt(True, "ssd on CPU: pin target and worker to disjoint cores")
     target_cpus: list[int] | None = opt(
-        None, "ssd: cores for the target, e.g. 0 (default: the first)", parse=cpu_list
+        None,
+        "cores the target computes on, e.g. 0 or 0-3 (default: ssd on CPU: the first; "
+        "otherwise every core of the process)",
+        parse=cpu_list,
     )
     draft_cpus: list[int] | None = opt(
         None, "ssd: cores for the worker, e.g. 1 or 2-3 (default: the next)", parse=cpu_list

@@ -1,41 +1,74 @@
-"""Where an engine runs on this machine: which cores the process may use and torch's threads."""
+"""Where an engine runs on this machine: the cores its process uses and torch's thread count.
+
+Every engine owns a :class:`Placement` and puts the process there before it computes
+(:func:`place`), whatever the process did before: another engine, or a library that changed
+torch's thread count or the process's cores. SSD on CPU keeps its target on its own cores (the
+draft worker, another process, has the rest); AR and SD use every core the process had, one
+torch thread each, so modes compared in one process compare on equal hardware. The cores the
+process had before the first engine placed it come back when the engine holding them closes.
+
+Affinity is set on every thread of the process, not only the caller: torch's worker threads
+already exist, and a thread keeps the cores it was created with.
+"""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
-# SSD on CPU pins the process (cores and torch threads) to its target's share. Engines may
-# overlap (tests open two side by side) and close in any order, so pins are counted: every engine
-# plans its placement from the cores the process had before the first pin, and those cores and
-# threads come back when the last pinned engine closes.
-_unpinned: tuple[list[int], int] | None = None
-_pins = 0
+_TASKS = Path("/proc/self/task")
+
+
+@dataclass(frozen=True)
+class Placement:
+    cpus: tuple[int, ...]
+    threads: int  # torch intra-op threads
+
+
+_original: Placement | None = None  # the process before the first engine placed it
+_owner: object | None = None  # the engine whose placement is in force
+
+
+def current() -> Placement:
+    return Placement(tuple(sorted(os.sched_getaffinity(0))), torch.get_num_threads())
 
 
 def process_cpus() -> list[int]:
-    """The cores available to this process, as they were before any engine pinned it."""
-    return list(_unpinned[0]) if _pins and _unpinned else sorted(os.sched_getaffinity(0))
+    """The cores available to this process, as they were before any engine placed it."""
+    return list(_original.cpus) if _original is not None else sorted(os.sched_getaffinity(0))
 
 
-def pin_process(cpus: list[int], threads: int) -> None:
-    """Pin this process to ``cpus`` with ``threads`` torch threads until :func:`unpin_process`."""
-    global _unpinned, _pins
-    if _pins == 0:
-        _unpinned = (sorted(os.sched_getaffinity(0)), torch.get_num_threads())
-    _pins += 1
-    os.sched_setaffinity(0, cpus)
-    torch.set_num_threads(threads)
+def _apply(p: Placement) -> None:
+    tids = [int(t) for t in os.listdir(_TASKS)] if _TASKS.is_dir() else [0]
+    for tid in tids:
+        try:
+            os.sched_setaffinity(tid, p.cpus)
+        except (ProcessLookupError, PermissionError):
+            pass  # the thread has exited since it was listed
+    torch.set_num_threads(p.threads)
 
 
-def unpin_process() -> None:
-    """Release one pin; the last one gives back the cores and threads the process had."""
-    global _pins
-    _pins -= 1
-    if _pins == 0 and _unpinned is not None:
-        os.sched_setaffinity(0, _unpinned[0])
-        torch.set_num_threads(_unpinned[1])
+def place(owner: object, p: Placement) -> None:
+    """Put the process on ``p`` for ``owner`` (a no-op while ``owner``'s placement holds)."""
+    global _original, _owner
+    if _owner is owner:
+        return
+    if _original is None:
+        _original = current()
+    _apply(p)
+    _owner = owner
+
+
+def release(owner: object) -> None:
+    """``owner`` is done: if its placement is in force, give the process its original one."""
+    global _original, _owner
+    if _owner is not owner or _original is None:
+        return
+    _apply(_original)
+    _original = _owner = None
 
 
 def resolve_device(name: str) -> str:

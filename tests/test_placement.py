@@ -1,4 +1,4 @@
-"""Core placement for SSD on CPU: pins are counted and given back in any order."""
+"""Placement on CPU: every engine computes on its own cores and threads, whatever ran before."""
 
 from __future__ import annotations
 
@@ -7,49 +7,79 @@ import os
 import pytest
 import torch
 
-from saguaro import placement
+from saguaro import LLM, SamplingParams, placement
 from saguaro.config import EngineConfig
+from saguaro.engine.engine import LLMEngine
+from saguaro.errors import ModelLoadError
+from saguaro.speculation.factory import make_proposer
 
 
-def test_overlapping_engines_share_one_placement_and_unpin_in_any_order(monkeypatch):
-    before, threads = os.sched_getaffinity(0), torch.get_num_threads()
-    cores = placement.process_cpus()  # an earlier engine of this process may still hold a pin
-    if len(cores) < 2:
-        pytest.skip("placement needs two cores")
-    monkeypatch.setattr(placement, "_pins", 0)  # both restored after: an earlier engine's pin
-    monkeypatch.setattr(placement, "_unpinned", None)  # stays as that engine left it
+def _all_threads() -> set[frozenset[int]]:
+    """The distinct core sets of this process's threads."""
+    out = set()
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            out.add(frozenset(os.sched_getaffinity(int(tid))))
+        except ProcessLookupError:
+            pass
+    return out
+
+
+@pytest.fixture
+def cores():
+    cores = placement.process_cpus()
+    assert len(cores) >= 2, "placement is tested on two cores or more"
+    before = placement.current()
+    yield cores
+    placement._apply(before)
+
+
+def test_place_and_release_follow_the_owner(cores, monkeypatch):
+    monkeypatch.setattr(placement, "_original", None)
+    monkeypatch.setattr(placement, "_owner", None)
+    a, b = object(), object()
+    original = placement.current()
+    placement.place(a, placement.Placement(tuple(cores[:1]), 1))
+    assert _all_threads() == {frozenset(cores[:1])} and torch.get_num_threads() == 1
+    # Planning sees the cores the process had, not the ones an engine narrowed it to.
+    assert placement.process_cpus() == list(original.cpus)
+    placement.place(b, placement.Placement(tuple(cores), 2))
+    assert _all_threads() == {frozenset(cores)} and torch.get_num_threads() == 2
+    placement.release(a)  # not in force: nothing changes
+    assert placement.current() == placement.Placement(tuple(cores), 2)
+    placement.release(b)
+    assert placement.current() == original
+
+
+def test_each_engine_runs_on_its_own_cores_whatever_ran_before(cores, tiny_llama, tiny_draft):
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    ar = LLM(model=str(tiny_llama), max_model_len=64, device="cpu")
+    ssd = LLM(model=str(tiny_llama), draft=str(tiny_draft), mode="ssd", max_model_len=64)
     try:
-        os.sched_setaffinity(0, cores)
-        first = EngineConfig(mode="ssd", device="cpu")
-        assert first.target_cpus and first.draft_cpus
-        assert not set(first.target_cpus) & set(first.draft_cpus)
-        placement.pin_process(first.target_cpus, 1)  # what the first engine does
-        second = EngineConfig(mode="ssd", device="cpu")
-        # not planned from the pinned set: the worker would share the target's core
-        assert (second.target_cpus, second.draft_cpus) == (first.target_cpus, first.draft_cpus)
-        placement.pin_process(second.target_cpus, 1)
-        placement.unpin_process()  # the first engine closes before the second
-        assert os.sched_getaffinity(0) == set(first.target_cpus)
-        placement.unpin_process()
-        assert os.sched_getaffinity(0) == set(cores) and torch.get_num_threads() == threads
+        for _ in range(2):
+            # Another library narrows the process and changes torch's threads in between.
+            os.sched_setaffinity(0, cores[-1:])
+            torch.set_num_threads(3)
+            ar.generate("x", params)
+            assert _all_threads() == {frozenset(cores)}
+            assert torch.get_num_threads() == len(cores)  # AR: every core, a thread each
+            ssd.generate("x", params)
+            target = ssd.config.target_cpus
+            assert target and not set(target) & set(ssd.config.draft_cpus)
+            assert _all_threads() == {frozenset(target)} and torch.get_num_threads() == len(target)
     finally:
-        os.sched_setaffinity(0, before)
-        torch.set_num_threads(threads)
+        ssd.close()
+        ar.close()
 
 
-def test_an_engine_that_fails_to_start_gives_its_pin_back(tmp_path):
-    before = os.sched_getaffinity(0)
+def test_an_engine_that_fails_to_start_gives_the_process_back(cores, tmp_path):
+    before = placement.current()
     missing = str(tmp_path / "missing")
     cfg = EngineConfig(model=missing, draft=missing, mode="ssd", device="cpu")
-    if not cfg.target_cpus:
-        pytest.skip("placement needs two cores")
-    from saguaro.engine.engine import LLMEngine
-    from saguaro.errors import ModelLoadError
-    from saguaro.speculation.factory import make_proposer
-
+    assert cfg.target_cpus
     with pytest.raises(ModelLoadError, match="does not exist"):
         LLMEngine(cfg, make_proposer)
-    assert os.sched_getaffinity(0) == before
+    assert placement.current() == before
 
 
 def test_resolve_device():

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from saguaro import placement
 from saguaro.config import EngineConfig, resolve_model_dirs
 from saguaro.core.proposal import DraftSetup, Proposal, Proposer, ProposerFactory
 from saguaro.core.records import RoundRecord
@@ -31,7 +32,6 @@ from saguaro.errors import DraftWorkerError, IncompatibleModelsError, ModelLoadE
 from saguaro.models.config import ModelConfig
 from saguaro.models.loader import load_model
 from saguaro.models.tokenizer import Tokenizer
-from saguaro.placement import pin_process, unpin_process
 from saguaro.sampling import (
     SamplingParams,
     SamplingTensors,
@@ -71,6 +71,16 @@ def check_compatible(target_dir: Path, draft_dir: Path, tokenizer: Tokenizer) ->
         )
 
 
+def engine_placement(cfg: EngineConfig) -> placement.Placement | None:
+    """On CPU: SSD's target keeps its own cores (the draft worker has the others); AR and SD use
+    every core the process had. One torch thread per core unless ``num_threads`` says otherwise.
+    None on a GPU (the process's cores are left as they are)."""
+    if cfg.device != "cpu":
+        return None
+    cpus = cfg.target_cpus or placement.process_cpus()
+    return placement.Placement(tuple(cpus), cfg.num_threads or len(cpus))
+
+
 def _verify_coupled(
     logits: torch.Tensor,
     st: SamplingTensors,
@@ -102,12 +112,9 @@ class LLMEngine:
         self.cfg = cfg
         self._make_proposer = make_proposer
         self.proposer: Proposer | None = None
-        self._pinned = bool(cfg.target_cpus)
-        if cfg.target_cpus:
-            # SSD on CPU: the target keeps its own core(s), the draft worker gets the others.
-            pin_process(cfg.target_cpus, cfg.num_threads or len(cfg.target_cpus))
-        elif cfg.num_threads:
-            torch.set_num_threads(cfg.num_threads)
+        self.placement = engine_placement(cfg)
+        if self.placement is not None:
+            placement.place(self, self.placement)
         try:
             self._build(cfg)
         except BaseException:
@@ -226,9 +233,7 @@ class LLMEngine:
     def close(self) -> None:
         if self.proposer is not None:
             self.proposer.close()
-        if self._pinned:
-            unpin_process()
-            self._pinned = False
+        placement.release(self)
 
     @property
     def draft_state(self) -> str:
@@ -313,6 +318,8 @@ class LLMEngine:
     def step(self) -> list[Sequence]:
         """Run one engine step; return the sequences that committed tokens or finished."""
         step_start = time.perf_counter()
+        if self.placement is not None:  # another engine may have run in this process since
+            placement.place(self, self.placement)
         self._restart_worker()
         batch = self.scheduler.schedule()
         if not batch:
