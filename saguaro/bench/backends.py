@@ -47,6 +47,10 @@ class RequestResult:
     latency_s: float  # from the batch's start, so sequential serving pays its queueing
     ttft_s: float | None
     tpot_s: float | None
+    # The output as text, where the backend has it. llama.cpp-sd's token ids are its text
+    # tokenised again, which can split differently from the ids llama.cpp produced: the greedy
+    # check compares its text instead (check.py).
+    text: str | None = None
 
 
 @dataclass
@@ -108,6 +112,7 @@ class SaguaroBackend:
                     o.metrics["latency_s"],
                     o.metrics.get("ttft_s"),
                     o.metrics.get("tpot_s"),
+                    o.text,
                 )
                 for o in outs
             ],
@@ -372,8 +377,10 @@ class LlamaCppSpecBackend:
     binary (llama-cpp-python drives no draft model), one process per request, on the target and
     draft written as GGUF. The binary takes the prompt as text: our prompt ids, detokenised
     (without the BOS, which llama.cpp adds itself); it returns text, which is tokenised again with
-    our tokenizer and cut at max_tokens, so its tokens match llama.cpp's own only where that
-    re-tokenisation agrees (they are compared with AR's, as a peer: prefix statistics).
+    our tokenizer and cut at max_tokens. Models do not always emit the canonical tokenisation of
+    their text, so those ids can differ from llama.cpp's own while the text is the same: the
+    greedy check compares this peer's text with AR's (as a peer: prefix statistics). The binary
+    decodes up to K tokens past max_tokens; the text keeps them, the check compares AR's length.
 
     Its timings are the binary's: a request's TTFT is the cumulative time of the earlier requests
     plus its prompt encoding, its latency the cumulative time to its end, its TPOT the decode
@@ -439,15 +446,13 @@ class LlamaCppSpecBackend:
                     f"{SPEC_BINARY} exited {proc.returncode}:\n{proc.stderr[-2000:]}"
                 )
             rep = parse_spec_output(proc.stdout, proc.stderr, self.tokenizer.decode(ids, False))
-            tokens = self.tokenizer.encode(rep.pop("text"), add_special_tokens=False)
+            text = rep.pop("text")
+            tokens = self.tokenizer.encode(text, add_special_tokens=False)
             ttft = clock + rep["encode_s"]
             clock += rep["encode_s"] + rep["decode_s"]
             n = rep["decoded_tokens"]
-            requests.append(
-                RequestResult(
-                    "", tokens[: p.max_tokens], clock, ttft, rep["decode_s"] / n if n else None
-                )
-            )
+            tpot = rep["decode_s"] / n if n else None
+            requests.append(RequestResult("", tokens[: p.max_tokens], clock, ttft, tpot, text))
             reports.append(rep)
         stats = {
             key: sum(r.get(key, 0) for r in reports)

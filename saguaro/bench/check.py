@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from saguaro.bench.backends import RequestResult
 from saguaro.bench.config import PEER_MODES
 from saguaro.bench.measure import Run
 from saguaro.bench.plan import Variant
@@ -46,10 +47,8 @@ def check_greedy(runs: list[Run], variants: list[Variant]) -> dict[str, Any]:
             continue
         if run.variant in peers:
             ref = ar[(run.dataset, run.batch_size, run.repeat, run.batch_index)]
-            prefixes[run.variant] += [
-                (first_difference(want.token_ids, got.token_ids), len(want.token_ids))
-                for want, got in zip(ref.gen.requests, run.gen.requests, strict=True)
-            ]
+            pairs = zip(ref.gen.requests, run.gen.requests, strict=True)
+            prefixes[run.variant] += [peer_prefix(want, got) for want, got in pairs]
             continue
         ref = ar[(run.dataset, run.batch_size, run.repeat, run.batch_index)]
         for want, got in zip(ref.gen.requests, run.gen.requests, strict=True):
@@ -75,15 +74,25 @@ def check_greedy(runs: list[Run], variants: list[Variant]) -> dict[str, Any]:
     return out
 
 
-def peer_agreement(prefixes: list[tuple[int, int]]) -> dict[str, Any]:
-    """How closely a peer followed AR at temperature 0, from (matching prefix, AR's length) per
-    request: requests compared, requests identical, the matching prefixes, their mean fraction
-    of AR's tokens."""
-    identical = sum(n == length for n, length in prefixes)
-    fraction = sum(n / length for n, length in prefixes if length) / max(len(prefixes), 1)
+def peer_prefix(want: RequestResult, got: RequestResult) -> tuple[int, int, str]:
+    """(matching prefix, AR's length, unit) of a peer's request: in tokens, or in characters of
+    text where the peer's ids are its text tokenised again (llama.cpp-sd)."""
+    if got.text is not None and want.text is not None:
+        n = first_difference(list(want.text), list(got.text))
+        return n, len(want.text), "chars"
+    return first_difference(want.token_ids, got.token_ids), len(want.token_ids), "tokens"
+
+
+def peer_agreement(prefixes: list[tuple[int, int, str]]) -> dict[str, Any]:
+    """How closely a peer followed AR at temperature 0, from (matching prefix, AR's length, unit)
+    per request: requests compared, requests identical (AR's whole output reproduced), the
+    matching prefixes and their unit, their mean fraction of AR's output."""
+    identical = sum(n == length for n, length, _ in prefixes)
+    fraction = sum(n / length for n, length, _ in prefixes if length) / max(len(prefixes), 1)
     return {
         "checked": len(prefixes),
         "identical": identical,
-        "matching_prefix": [n for n, _ in prefixes],
+        "matching_prefix": [n for n, _, _ in prefixes],
+        "unit": sorted({u for _, _, u in prefixes}),
         "mean_prefix_fraction": fraction,
     }

@@ -82,6 +82,7 @@ def test_peer_differences_are_reported_not_failed(
         def generate(self, prompts, params):
             gen = super().generate(prompts, params)
             gen.requests[0].token_ids[3] += 1
+            gen.requests[0].text = None  # ids only, as llama.cpp's AR peer
             return gen
 
     def fake_peer(v, cfg, target_dir, draft_dir, max_model_len):
@@ -99,6 +100,21 @@ def test_peer_differences_are_reported_not_failed(
     peer = check["peers"]["llama.cpp"]
     assert peer["checked"] == 2 and peer["identical"] == 0
     assert peer["matching_prefix"] == [3, 3] and peer["mean_prefix_fraction"] == 3 / 8
+    assert peer["unit"] == ["tokens"]  # llama.cpp's AR peer returns ids: compared by tokens
+
+
+def test_a_peer_with_text_is_compared_by_text():
+    """llama.cpp-sd's ids are its text tokenised again: the same text in other tokens is a match;
+    a different text reports its matching characters."""
+    from saguaro.bench.check import peer_agreement, peer_prefix
+
+    ar = backends.RequestResult("p", [1, 2, 3], 1.0, 0.1, 0.1, "abcdef")
+    same_text = backends.RequestResult("p", [1, 5], 1.0, 0.1, 0.1, "abcdefgh")  # K tokens past
+    other = backends.RequestResult("p", [1, 2, 3], 1.0, 0.1, 0.1, "abcxyz")
+    assert peer_prefix(ar, same_text) == (6, 6, "chars")
+    assert peer_prefix(ar, other) == (3, 6, "chars")
+    agreement = peer_agreement([peer_prefix(ar, same_text), peer_prefix(ar, other)])
+    assert agreement["identical"] == 1 and agreement["mean_prefix_fraction"] == 0.75
 
 
 def test_gguf_cache_is_written_once_per_checkpoint(tiny_llama, tmp_path):
@@ -152,6 +168,7 @@ def test_spec_peer_drives_the_binary(tiny_llama, tiny_draft, tmp_path):
 
     cont = tok.encode(" = 1 + 2 + 3", add_special_tokens=False)
     assert [r.token_ids for r in gen.requests] == [cont[:8], cont[:8]]
+    assert [r.text for r in gen.requests] == [" = 1 + 2 + 3"] * 2
     assert [r.ttft_s for r in gen.requests] == [0.25, 1.0]
     assert [r.latency_s for r in gen.requests] == [0.75, 1.5] and gen.elapsed_s == 1.5
     assert gen.requests[0].tpot_s == pytest.approx(0.05)

@@ -20,10 +20,20 @@ from saguaro.bench.gguf_export import (
     interleave_rope_rows,
 )
 from saguaro.models.config import ModelConfig
-from saguaro.models.layers import Rotary, rope_inv_freq
+from saguaro.models.layers import rope_inv_freq
 from tests.conftest import write_tiny_model
 
 gguf = pytest.importorskip("gguf", reason="gguf is a dev dependency (pip install -e '.[dev]')")
+
+
+def rotate_half_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """RoPE as the checkpoint's attention applies it: element i of each head pairs with i + d/2,
+    turned by the angle position * theta^(-2i/d). x: [T, H, D]."""
+    d = x.shape[-1]
+    angle = positions[:, None].float() * rope_inv_freq(d, theta, None)[None, :]  # [T, D/2]
+    cos, sin = angle.cos()[:, None, :], angle.sin()[:, None, :]
+    first, second = x[..., : d // 2], x[..., d // 2 :]
+    return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
 
 
 def adjacent_pair_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
@@ -51,8 +61,8 @@ def test_reordered_rows_give_the_same_attention_scores(heads, kv_heads, head_dim
     def project(w: torch.Tensor, n: int) -> torch.Tensor:
         return (x @ w.T).reshape(T, n, head_dim)
 
-    rotary = Rotary(head_dim, int(pos.max()) + 1, theta, None)
-    q_hf, k_hf = rotary(pos, project(wq, heads), project(wk, kv_heads))
+    q_hf = rotate_half_rope(project(wq, heads), pos, theta)
+    k_hf = rotate_half_rope(project(wk, kv_heads), pos, theta)
     q_gg = adjacent_pair_rope(project(interleave_rope_rows(wq, heads), heads), pos, theta)
     k_gg = adjacent_pair_rope(project(interleave_rope_rows(wk, kv_heads), kv_heads), pos, theta)
 
