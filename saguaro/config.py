@@ -78,6 +78,11 @@ class EngineConfig:
     num_threads: int | None = opt(
         None, "torch intra-op threads (default: one per core the target uses)", flags=("--threads",)
     )
+    compile: bool = opt(
+        False,
+        "compile the models' forwards with torch.compile (inductor): fewer, fused kernels per "
+        "step; the first forwards of each kind (decode, verify, prefill, branches) compile",
+    )
     draft_top_m: int = opt(DEFAULT_TOP_M, "sd/ssd: the draft samples from its top-M tokens")
     # coupled for SSD, whose cache it serves better; rejection for AR and SD, where it accepts
     # more (docs/sampling.md).

@@ -163,7 +163,7 @@ class LLMEngine:
                 f"{self.max_model_len} ({blocks_per_seq} blocks of {cfg.block_size} tokens)"
             )
         self.block_manager = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching)
-        self.runner = ModelRunner(target, num_blocks, cfg.block_size, cfg.device)
+        self.runner = ModelRunner(target, num_blocks, cfg.block_size, cfg.device, cfg.compile)
         self.scheduler = Scheduler(
             self.block_manager,
             cfg.max_num_seqs,

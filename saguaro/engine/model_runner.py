@@ -14,9 +14,18 @@ from saguaro.models.llama import CausalLM
 
 class ModelRunner:
     def __init__(
-        self, model: CausalLM, num_blocks: int, block_size: int, device: str | torch.device
+        self,
+        model: CausalLM,
+        num_blocks: int,
+        block_size: int,
+        device: str | torch.device,
+        compile: bool = False,
     ) -> None:
         self.model = model
+        # Compiled: one graph per kind of forward, with symbolic token and key counts, so a new
+        # batch size or context length does not recompile. inference_mode tensors cannot enter
+        # a compiled graph that writes the KV cache; no_grad serves both paths.
+        self._forward = torch.compile(model, dynamic=True) if compile else model
         self.config = model.config
         self.device = torch.device(device)
         self.block_size = block_size
@@ -51,7 +60,8 @@ class ModelRunner:
         """Run all queries in one forward; return float32 logits ``[sum num_logits, V]`` in
         query order."""
         meta, input_ids, positions, logits_index = self._prepare(queries)
-        return self.model(input_ids, positions, meta, self.kv_caches, logits_index)
+        with torch.no_grad():
+            return self._forward(input_ids, positions, meta, self.kv_caches, logits_index)
 
     def _prepare(
         self, queries: Seq[Query]

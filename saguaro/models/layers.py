@@ -45,9 +45,8 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Normalise in float32 and cast back before scaling, as the reference implementation does.
         dtype = x.dtype
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(dtype)
+        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
+        return self.weight * normed.to(dtype)
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> torch.Tensor:
@@ -73,6 +72,9 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> t
     return out.float()
 
 
+RopeAngles = tuple[torch.Tensor, torch.Tensor]  # cos, sin: [T, 1, D] each
+
+
 class Rotary(nn.Module):
     """Rotary position embedding (rotate-half convention), cos/sin cached per position."""
 
@@ -86,13 +88,19 @@ class Rotary(nn.Module):
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)
 
-    def forward(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        # q: [T, H, D], k: [T, Hkv, D]
-        cos = self.cos[positions].unsqueeze(1).to(q.dtype)
-        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> RopeAngles:
+        """The rotation of each query token, looked up once per forward for every layer."""
+        cos = self.cos.index_select(0, positions).unsqueeze(1).to(dtype)
+        sin = self.sin.index_select(0, positions).unsqueeze(1).to(dtype)
+        return cos, sin
+
+
+def apply_rope(
+    angles: RopeAngles, q: torch.Tensor, k: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate q ([T, H, D]) and k ([T, Hkv, D]) by their tokens' angles."""
+    cos, sin = angles
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -123,8 +131,7 @@ class Attention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        positions: torch.Tensor,
-        rotary: Rotary,
+        angles: RopeAngles,
         meta: AttentionMetadata,
         kv_cache: tuple[torch.Tensor, torch.Tensor],
     ) -> torch.Tensor:
@@ -135,11 +142,13 @@ class Attention(nn.Module):
         v = v.view(t, self.kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotary(positions, q, k)
+        q, k = apply_rope(angles, q, k)
 
         k_cache, v_cache = kv_cache  # [num_slots, Hkv, D]
-        k_cache[meta.slot_mapping] = k
-        v_cache[meta.slot_mapping] = v
+        # index_copy_/index_select: the same scatter and gather as advanced indexing, which
+        # costs several times more per call on CPU.
+        k_cache.index_copy_(0, meta.slot_mapping, k)
+        v_cache.index_copy_(0, meta.slot_mapping, v)
 
         b, n_keys = meta.key_slots.shape
         n_q = meta.mask.shape[2]
@@ -147,8 +156,10 @@ class Attention(nn.Module):
             qp = q.view(b, n_q, self.heads, self.head_dim)
         else:
             qp = q[meta.query_index]
-        keys = k_cache[meta.key_slots].transpose(1, 2)  # [b, Hkv, L, D]
-        values = v_cache[meta.key_slots].transpose(1, 2)
+        flat = meta.key_slots.view(-1)
+        shape = (b, n_keys, self.kv_heads, self.head_dim)
+        keys = k_cache.index_select(0, flat).view(shape).transpose(1, 2)  # [b, Hkv, L, D]
+        values = v_cache.index_select(0, flat).view(shape).transpose(1, 2)
         out = F.scaled_dot_product_attention(
             qp.transpose(1, 2),
             keys,

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from saguaro.models.config import ModelConfig
-from saguaro.models.layers import MLP, Attention, AttentionMetadata, RMSNorm, Rotary
+from saguaro.models.layers import MLP, Attention, AttentionMetadata, RMSNorm, RopeAngles, Rotary
 
 
 class DecoderLayer(nn.Module):
@@ -33,12 +33,11 @@ class DecoderLayer(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        positions: torch.Tensor,
-        rotary: Rotary,
+        angles: RopeAngles,
         meta: AttentionMetadata,
         kv_cache: tuple[torch.Tensor, torch.Tensor],
     ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, meta, kv_cache)
+        x = x + self.self_attn(self.input_layernorm(x), angles, meta, kv_cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -59,7 +58,6 @@ class CausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
-    @torch.inference_mode()
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -68,10 +66,12 @@ class CausalLM(nn.Module):
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         logits_index: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Score ``input_ids`` ([T]) and return float32 logits at rows ``logits_index`` ([m, V])."""
+        """Score ``input_ids`` ([T]) and return float32 logits at rows ``logits_index`` ([m, V]).
+        Callers run it without autograd (the model runner does)."""
         x = self.embed_tokens(input_ids)
+        angles = self.rotary.cos_sin(positions, x.dtype)
         for layer, kv in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, positions, self.rotary, meta, kv)
+            x = layer(x, angles, meta, kv)
         if logits_index is not None:
             x = x[logits_index]
         return self.lm_head(self.norm(x)).float()

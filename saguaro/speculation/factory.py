@@ -16,7 +16,7 @@ def make_proposer(cfg: EngineConfig, setup: DraftSetup) -> Proposer:
 
         draft = load_model(setup.draft_dir, cfg.dtype, cfg.device)
         return DraftProposer(
-            ModelRunner(draft, setup.num_kv_blocks, cfg.block_size, cfg.device),
+            ModelRunner(draft, setup.num_kv_blocks, cfg.block_size, cfg.device, cfg.compile),
             cfg.draft_top_m,
             cfg.sampling,
         )

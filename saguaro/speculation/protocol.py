@@ -54,6 +54,7 @@ class WorkerConfig:
     cpus: list[int] | None  # CPU affinity of the worker process
     num_threads: int | None
     seed: int
+    compile: bool  # torch.compile the draft's forward
 
     @classmethod
     def from_engine(
@@ -76,6 +77,7 @@ class WorkerConfig:
             cpus=cfg.draft_cpus,
             num_threads=cfg.draft_threads,
             seed=cfg.seed,
+            compile=cfg.compile,
         )
 
 

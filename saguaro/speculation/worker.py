@@ -52,7 +52,7 @@ class DraftWorker:
         self.vocab_size = model.config.vocab_size
         num_blocks = kv_blocks(cfg)
         self.bm = BlockManager(num_blocks, cfg.block_size, enable_prefix_caching=False)
-        self.runner = ModelRunner(model, num_blocks, cfg.block_size, cfg.device)
+        self.runner = ModelRunner(model, num_blocks, cfg.block_size, cfg.device, cfg.compile)
         self.builder = CacheBuilder(cfg, self.runner, self.bm, self.vocab_size)
         self.seqs: dict[int, DraftSeq] = {}
         self.pending: list[DraftSeq] = []  # the last reply's sequences, whose cache comes next

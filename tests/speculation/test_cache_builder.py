@@ -51,6 +51,7 @@ def worker_config(**kw) -> P.WorkerConfig:
         cpus=None,
         num_threads=None,
         seed=0,
+        compile=False,
     )
     return P.WorkerConfig(**{**base, **kw})
 

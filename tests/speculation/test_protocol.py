@@ -24,6 +24,7 @@ def test_worker_config_from_engine_maps_every_field():
         draft_threads=2,
         seed=7,
         pin_cpus=False,
+        compile=True,
     )
     cfg = P.WorkerConfig.from_engine(engine, "/models/draft", max_model_len=300)
     assert dataclasses.asdict(cfg) == dict(
@@ -41,6 +42,7 @@ def test_worker_config_from_engine_maps_every_field():
         cpus=[2, 3],
         num_threads=2,
         seed=7,
+        compile=True,
     )
 
 
