@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import torch
 
-from saguaro import LLM
+from saguaro import LLM, placement
 from saguaro.bench.config import BenchConfig
 from saguaro.bench.plan import Variant
 from saguaro.core.records import RoundRecord
@@ -74,6 +74,14 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
+def every_core(owner: object, threads: int | None = None) -> None:
+    """Put this process on every core it had before an engine placed it, with ``threads`` torch
+    threads (default one per core), for a backend that is not a saguaro engine: whatever SSD's
+    engine did before, peers compute on the cores SSD's target and draft use together."""
+    cpus = tuple(placement.process_cpus())
+    placement.place(owner, placement.Placement(cpus, threads or len(cpus)))
+
+
 class SaguaroBackend:
     """An `LLM` of one mode, kept for the whole bench (SSD: its draft worker too)."""
 
@@ -95,6 +103,14 @@ class SaguaroBackend:
             # peer has none.
             enable_prefix_caching=False,
             seed=cfg.seed,
+            compile=variant.compiled,
+            # Equal hardware by default: the engine's placement (AR/SD: every core; SSD: target
+            # and worker on their own). One core, one thread only where asked for.
+            **(
+                {"target_cpus": placement.process_cpus()[:1], "num_threads": 1}
+                if variant.one_core
+                else {}
+            ),
         )
 
     def generate(self, prompts: list[list[int]], params: list[SamplingParams]) -> Generation:
@@ -180,6 +196,8 @@ class HFAssistedBackend:
         """Each request's latency runs from the batch's start; its TPOT is (end - first token) /
         (tokens - 1)."""
         from transformers import GenerationConfig
+
+        every_core(self)
 
         self.forwards = 0
         requests = []
@@ -286,8 +304,9 @@ def cached_gguf(model_dir: Path, cache_dir: str | Path, dtype: str) -> Path:
 
 
 def peer_threads(cfg: BenchConfig) -> int:
-    """The peers' threads: --llama-cpp-threads, else every core this process may run on."""
-    return cfg.llama_cpp_threads or len(os.sched_getaffinity(0))
+    """The peers' threads: --llama-cpp-threads, else every core this process had before an SSD
+    engine placed it (the cores SSD's target and draft use together)."""
+    return cfg.llama_cpp_threads or len(placement.process_cpus())
 
 
 class LlamaCppBackend:
@@ -319,6 +338,7 @@ class LlamaCppBackend:
         return dict(temp=p.temperature, top_k=_LLAMA_NO_TOP_K, top_p=p.top_p)
 
     def generate(self, prompts: list[list[int]], params: list[SamplingParams]) -> Generation:
+        every_core(self)  # ggml's threads inherit this thread's cores
         requests = []
         start = time.perf_counter()
         for ids, p in zip(prompts, params, strict=True):
@@ -433,6 +453,7 @@ class LlamaCppSpecBackend:
         ]  # fmt: skip
 
     def generate(self, prompts: list[list[int]], params: list[SamplingParams]) -> Generation:
+        every_core(self)  # the binary inherits this process's cores
         requests, reports = [], []
         clock = 0.0  # the binary's own seconds, summed over the batch's requests
         for ids, p in zip(prompts, params, strict=True):

@@ -30,6 +30,7 @@ BENCH_MODES: tuple[str, ...] = (*DEFAULT_MODES, *PEER_MODES)
 SPEC_MODES: tuple[str, ...] = tuple(m for m in BENCH_MODES if m not in ("ar", "llama.cpp"))
 # Weights of the GGUF files: f32 reproduces saguaro's f32 greedy tokens (up to near-ties).
 LLAMA_CPP_DTYPES: tuple[str, ...] = ("f32", "f16")
+FORWARDS: tuple[str, ...] = ("eager", "compiled")
 
 
 def positive_ints(text: str) -> tuple[int, ...]:
@@ -143,6 +144,17 @@ class BenchConfig:
     device: str = opt("auto", "auto | cpu | cuda[:N], as for the engine")
     out: str = opt("bench-out", "output directory", metavar="DIR")
     quick: bool = opt(False, _QUICK_HELP)
+    forwards: tuple[str, ...] = opt(
+        ("eager",),
+        "saguaro's forwards, side by side: eager, compiled (EngineConfig.compile)",
+        parse=names_of(FORWARDS),
+        metavar="F,..",
+    )
+    one_core_baselines: bool = opt(
+        False,
+        "also run AR and SD on one core with one thread, labelled '1 core' (by default every "
+        "mode computes on all the cores SSD's target and draft use together)",
+    )
     llama_cpp_bin: str | None = opt(
         None,
         "directory holding llama.cpp's llama-speculative-simple binary (mode llama.cpp-sd)",

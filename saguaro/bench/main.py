@@ -89,10 +89,8 @@ def run_bench(cfg: BenchConfig, command: list[str]) -> int:
     cfg = replace(cfg, device=resolve_device(cfg.device))
     plan = Plan(cfg, variants, prompt_sets)
 
-    with contextlib.ExitStack() as stack:  # closes LIFO: SSD engines restore CPU pinning in order
+    with contextlib.ExitStack() as stack:
         backends = load_backends(cfg, plan, target_dir, draft_dir, max_model_len, stack)
-        # After the engines exist: SSD pins this process to the target's cores, so every mode
-        # is measured under the same placement.
         machine = provenance.machine_info()
         runs = measure(plan, backends)
 

@@ -4,7 +4,7 @@ which order, and with which sampling parameters per request."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from saguaro.bench.config import PEER_MODES, BenchConfig
 from saguaro.bench.prompts import PromptSet
@@ -17,6 +17,9 @@ from saguaro.sampling import SamplingParams
 REPEAT_STRIDE = 65_537
 SEED_STRIDE = 1_000_003
 
+
+# Modes that also run held to one core with --one-core-baselines (the pre-equal-hardware view).
+ONE_CORE_MODES = ("ar", "sd")
 
 # Modes that sample with their own sampler, not saguaro's (one variant whatever --sampling says).
 OWN_SAMPLER_MODES = ("hf-assisted", *PEER_MODES)
@@ -32,6 +35,8 @@ class Variant:
     label: str = ""
     saguaro_c: float = 1.0  # SSD's Saguaro sampling constant C
     sampling: str = "auto"  # "auto" | "rejection" | "coupled" (EngineConfig.sampling)
+    compiled: bool = False  # saguaro's forwards through torch.compile
+    one_core: bool = False  # AR/SD held to one core and one thread (a labelled extra)
 
 
 def build_variants(cfg: BenchConfig) -> list[Variant]:
@@ -52,6 +57,7 @@ def build_variants(cfg: BenchConfig) -> list[Variant]:
             raise ValueError(errors[0])
     many_k, many_f, many_c = len(cfg.ks) > 1, len(cfg.fanouts) > 1, len(cfg.saguaro_cs) > 1
     many_s = len(cfg.samplings) > 1
+    many_fw = len(cfg.forwards) > 1
 
     def label(
         mode: str, sampling: str, k: int | None = None, f: str | None = None, c: float | None = None
@@ -63,24 +69,32 @@ def build_variants(cfg: BenchConfig) -> list[Variant]:
         parts += [sampling] if many_s and mode not in OWN_SAMPLER_MODES else []
         return f"{mode} {' '.join(parts)}" if parts else mode
 
-    variants = []
+    variants: list[Variant] = []
     for mode in cfg.modes:
-        # transformers' assisted generation and the llama.cpp peers have their own samplers: one
-        # variant whatever the method
-        samplings = cfg.samplings[:1] if mode in OWN_SAMPLER_MODES else cfg.samplings
-        for sm in samplings:
-            if mode in ("ar", "llama.cpp"):
-                variants.append(Variant(mode, label=label(mode, sm), sampling=sm))
-            elif mode == "ssd":
-                variants += [
-                    Variant("ssd", k, f, label("ssd", sm, k, f, c), c, sm)
-                    for k, f in sorted(ssd_pairs)
-                    for c in cfg.saguaro_cs
-                ]
-            else:
-                variants += [
-                    Variant(mode, k, label=label(mode, sm, k), sampling=sm) for k in cfg.ks
-                ]
+        # transformers' assisted generation and the llama.cpp peers have their own samplers and
+        # forwards: one variant whatever the method
+        own = mode in OWN_SAMPLER_MODES
+        for sm in cfg.samplings[:1] if own else cfg.samplings:
+            for fw in cfg.forwards[:1] if own else cfg.forwards:
+                compiled = fw == "compiled"
+                tail = f" {fw}" if many_fw and not own else ""
+                if mode in ("ar", "llama.cpp"):
+                    found = [Variant(mode, label=label(mode, sm) + tail, sampling=sm)]
+                elif mode == "ssd":
+                    found = [
+                        Variant("ssd", k, f, label("ssd", sm, k, f, c) + tail, c, sm)
+                        for k, f in sorted(ssd_pairs)
+                        for c in cfg.saguaro_cs
+                    ]
+                else:
+                    found = [
+                        Variant(mode, k, label=label(mode, sm, k) + tail, sampling=sm)
+                        for k in cfg.ks
+                    ]
+                found = [replace(v, compiled=compiled) for v in found]
+                if cfg.one_core_baselines and mode in ONE_CORE_MODES:
+                    found += [replace(v, one_core=True, label=f"{v.label} 1 core") for v in found]
+                variants += found
     return variants
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from saguaro import placement
 from saguaro.models.config import ModelConfig
 from saguaro.models.loader import safetensors_files
 
@@ -60,10 +61,10 @@ def machine_info() -> dict[str, Any]:
         "python": platform.python_version(),
         "cpu": _cpu_model(),
         "cpu_count": os.cpu_count(),
-        "target_cpus": sorted(os.sched_getaffinity(0))
-        if hasattr(os, "sched_getaffinity")
-        else None,
-        "torch_threads": torch.get_num_threads(),
+        # Every mode computes on these cores: AR, SD and the peers with a thread per core, SSD's
+        # target and draft worker on their own share of them (EngineConfig.target_cpus /
+        # draft_cpus); variants with one_core run on the first alone.
+        "cpus": placement.process_cpus(),
         "memory_gib": _mem_total_gib(),
         # The machine may be shared: the load at the start qualifies the figures.
         "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,

@@ -29,14 +29,14 @@ MEGA, KILO = 1e6, 1e3
 
 
 def _machine_line(meta: dict[str, Any]) -> str:
-    """GPU or CPU model, cores, the target's pinning, platform and load at the start."""
+    """GPU or CPU model, cores, the cores every mode computes on, platform and start load."""
     m = meta["machine"]
     where = f"GPU {m['gpu']}" if m["gpu"] else f"{m['cpu'] or 'CPU'}"
     cpus = f", {m['cpu_count']} cores" if m["cpu_count"] else ""
-    pinned = f" (target on cores {m['target_cpus']}, torch threads {m['torch_threads']})"
+    pinned = f" (every mode on cores {m['cpus']}; SSD: target and draft on their own)"
     load = m["load_average"]
     load_text = f", load average {load[0]:.1f} at start" if load else ""  # the 1-minute one
-    return f"{where}{cpus}{pinned if m['target_cpus'] else ''}, {m['platform']}{load_text}"
+    return f"{where}{cpus}{pinned if m['cpus'] else ''}, {m['platform']}{load_text}"
 
 
 def _count(n: int) -> str:

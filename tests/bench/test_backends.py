@@ -208,3 +208,33 @@ def test_llama_cpp_reproduces_greedy_tokens(tiny_llama, tmp_path):
         ours.close()
         peer.close()
     assert got == want
+
+
+def test_every_mode_computes_on_the_cores_ssd_uses_together(tiny_llama, close_draft):
+    """Equal hardware: after an SSD engine ran on its target's core, AR runs on every core with a
+    thread each, and the '1 core' baseline on one core with one thread."""
+    from saguaro import placement
+
+    cores = placement.process_cpus()
+    assert len(cores) >= 2, "placement is tested on two cores or more"
+    cfg = BenchConfig(model=str(tiny_llama), draft=str(close_draft), device="cpu")
+    params = [SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)]
+    made = [
+        SaguaroBackend(Variant("ssd", 2, "auto", "ssd"), cfg, 128, 1),
+        SaguaroBackend(Variant("ar", label="ar"), cfg, 128, 1),
+        SaguaroBackend(Variant("ar", label="ar 1 core", one_core=True), cfg, 128, 1),
+    ]
+    try:
+        seen = []
+        for backend in made:
+            backend.generate([[1, 2, 3]], params)
+            seen.append(placement.current())
+        backends.every_core(object())  # what the peers and transformers run on
+        seen.append(placement.current())
+    finally:
+        for backend in reversed(made):
+            backend.close()
+    ssd, ar, one, peer = seen
+    assert len(ssd.cpus) == ssd.threads == 1  # the worker has the other core
+    assert ar == peer == placement.Placement(tuple(cores), len(cores))
+    assert one == placement.Placement(tuple(cores[:1]), 1)

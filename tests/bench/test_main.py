@@ -51,7 +51,7 @@ def test_bench_writes_report(tiny_llama, prompt_file, tmp_path):
     assert res["schema"] == SCHEMA
     assert res["command"].startswith("saguaro bench --model")
     assert res["argv"][2:] == argv
-    assert {"cpu_count", "target_cpus", "torch_threads", "load_average"} <= set(res["machine"])
+    assert {"cpu_count", "cpus", "load_average"} <= set(res["machine"])
     assert res["versions"]["torch"] and "transformers" in res["versions"]
     assert "git" in res and res["config"]["max_tokens"] == 8
     assert res["models"]["target"]["params"] > 0 and res["models"]["draft"]["path"]

@@ -29,3 +29,20 @@ def test_jobs_interleave_variants_per_batch():
     assert [j.variant.label for j in jobs[:4]] == ["ar", "sd", "ar", "sd"]
     assert [j.indices for j in jobs[:4:2]] == [[0, 1], [2, 3]]
     assert len({request_seed(0, r, i) for r in range(3) for i in range(100)}) == 300
+
+
+def test_forwards_and_one_core_baselines_are_labelled_variants():
+    cfg = parse_config(
+        ["--modes", "ar,sd,ssd,hf-assisted", "--forwards", "eager,compiled", "--one-core-baselines"]
+    )
+    got = [(v.label, v.compiled, v.one_core) for v in build_variants(cfg)]
+    assert got == [
+        ("ar eager", False, False), ("ar eager 1 core", False, True),
+        ("ar compiled", True, False), ("ar compiled 1 core", True, True),
+        ("sd eager", False, False), ("sd eager 1 core", False, True),
+        ("sd compiled", True, False), ("sd compiled 1 core", True, True),
+        ("ssd eager", False, False), ("ssd compiled", True, False),
+        ("hf-assisted", False, False),  # its own forwards: one variant
+    ]  # fmt: skip
+    plain = [(v.label, v.compiled, v.one_core) for v in build_variants(parse_config([]))]
+    assert all(not c and not o for _, c, o in plain)
