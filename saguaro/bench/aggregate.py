@@ -1,5 +1,5 @@
 """From runs to rows: one :class:`Row` per variant and cell (dataset, temperature, batch size),
-with throughput, latencies, the speculation metrics (docs/design.md §10), speedups within the
+with throughput, latencies, the speculation metrics (docs/design.md §11), speedups within the
 cell, and where an engine step's and an SSD round's time goes."""
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ class Row:
     speedup_vs_sd: float | None = None
     predicted_speedup: float | None = None  # SSD: docs/design.md §7 over AR (see round_costs)
     draft_failures: list[str] = field(default_factory=list)
-    speculation: dict[str, Any] = field(default_factory=dict)  # engine metrics (docs/design.md §10)
+    speculation: dict[str, Any] = field(default_factory=dict)  # engine metrics (docs/design.md §11)
     ssd: dict[str, Any] | None = None  # last round's fan-out, budget, timings; policy inputs
     round_costs: dict[str, float] | None = None  # SSD: mean ms per engine round, by part
     step_costs: dict[str, float] | None = None  # saguaro modes: mean ms per engine step, by part

@@ -1,4 +1,4 @@
-"""Speculation metrics from round records, with the field's definitions (docs/design.md §10).
+"""Speculation metrics from round records, with the field's definitions (docs/design.md §11).
 
 - mean accepted length = 1 + accepted / rounds (counts the recovery / bonus token);
 - acceptance rate = accepted / drafted; per-position acceptance: of rounds that drafted at least

@@ -164,6 +164,8 @@ class LLMEngine:
             )
         self.block_manager = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching)
         self.runner = ModelRunner(target, num_blocks, cfg.block_size, cfg.device, cfg.compile)
+        if cfg.compile:
+            self.runner.warm_up()
         self.scheduler = Scheduler(
             self.block_manager,
             cfg.max_num_seqs,

@@ -11,6 +11,10 @@ from saguaro.core.query import Query, token_slots
 from saguaro.models.layers import AttentionMetadata
 from saguaro.models.llama import CausalLM
 
+# Tokens per query in :meth:`ModelRunner.warm_up`: more than one, so the multi-token graphs are
+# the ones compiled (a compiled graph specialises on a dimension of size 1).
+WARM_UP_TOKENS = 3
+
 
 class ModelRunner:
     def __init__(
@@ -55,6 +59,28 @@ class ModelRunner:
         end = start + len(token_ids)
         keys = token_slots(block_table, 0, end, self.block_size)
         return Query(token_ids, torch.arange(start, end), keys[start:], keys, num_logits)
+
+    def warm_up(self) -> None:
+        """Run each kind of forward once, so that a compiled runner compiles now rather than
+        inside a request or a timed build: prefill from an empty cache, decode, verification,
+        a batch of mixed lengths, masked branches. A compiled graph specialises on dimensions
+        of size 1 and on equal sizes, so each kind runs with one and with two sequences, and
+        with keys before its tokens. Writes KV only into the first two blocks, which no
+        sequence holds yet: call it before serving."""
+        table = [0, 1]
+        width = min(WARM_UP_TOKENS, self.block_size)
+        tokens = [0] * width
+        q = self.sequence_query
+        prefix = token_slots(table, 0, width, self.block_size)
+        slots = token_slots(table, width, 2 * width, self.block_size)
+        mask = torch.cat([torch.ones(width, width), torch.eye(width)], dim=1).bool()
+        positions = torch.full((width,), width)
+        branches = Query(tokens, positions, slots, torch.cat([prefix, slots]), width, mask)
+        for n in (1, 2):
+            for start, length in ((0, width), (width, 1), (width, width)):
+                self.forward([q(table, start, tokens[:length], length)] * n)
+            self.forward([branches] * n)
+        self.forward([q(table, width, tokens, width), q(table, width, tokens[:1], 1)])
 
     def forward(self, queries: Seq[Query]) -> torch.Tensor:
         """Run all queries in one forward; return float32 logits ``[sum num_logits, V]`` in

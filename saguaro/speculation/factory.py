@@ -15,11 +15,10 @@ def make_proposer(cfg: EngineConfig, setup: DraftSetup) -> Proposer:
         from saguaro.speculation.sd import DraftProposer
 
         draft = load_model(setup.draft_dir, cfg.dtype, cfg.device)
-        return DraftProposer(
-            ModelRunner(draft, setup.num_kv_blocks, cfg.block_size, cfg.device, cfg.compile),
-            cfg.draft_top_m,
-            cfg.sampling,
-        )
+        runner = ModelRunner(draft, setup.num_kv_blocks, cfg.block_size, cfg.device, cfg.compile)
+        if cfg.compile:
+            runner.warm_up()
+        return DraftProposer(runner, cfg.draft_top_m, cfg.sampling)
     if cfg.mode == "ssd":
         from saguaro.speculation.ssd import SSDProposer
 

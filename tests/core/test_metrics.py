@@ -1,4 +1,4 @@
-"""Round metrics follow their definitions (docs/design.md §10) on hand-made records."""
+"""Round metrics follow their definitions (docs/design.md §11) on hand-made records."""
 
 from __future__ import annotations
 
