@@ -14,6 +14,10 @@ from saguaro.models.llama import CausalLM
 # Tokens per query in :meth:`ModelRunner.warm_up`: more than one, so the multi-token graphs are
 # the ones compiled (a compiled graph specialises on a dimension of size 1).
 WARM_UP_TOKENS = 3
+# Graphs one compiled forward may hold: every kind of forward of :meth:`ModelRunner.warm_up`
+# (about ten) for each model sharing the code (a target and its draft in one process), with room.
+# torch's default (8) is per function, and past it the forward silently runs eagerly.
+COMPILED_VARIANTS_LIMIT = 64
 
 
 class ModelRunner:
@@ -29,7 +33,11 @@ class ModelRunner:
         # Compiled: one graph per kind of forward, with symbolic token and key counts, so a new
         # batch size or context length does not recompile. inference_mode tensors cannot enter
         # a compiled graph that writes the KV cache; no_grad serves both paths.
-        self._forward = torch.compile(model, dynamic=True) if compile else model
+        self._forward = model
+        if compile:
+            dynamo = torch._dynamo.config
+            dynamo.recompile_limit = max(dynamo.recompile_limit, COMPILED_VARIANTS_LIMIT)
+            self._forward = torch.compile(model, dynamic=True)
         self.config = model.config
         self.device = torch.device(device)
         self.block_size = block_size
