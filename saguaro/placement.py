@@ -28,6 +28,11 @@ class Placement:
     threads: int  # torch intra-op threads
 
 
+def on_cores(cpus: list[int] | tuple[int, ...], threads: int | None = None) -> Placement:
+    """A placement on ``cpus`` with ``threads`` torch threads (default: one per core)."""
+    return Placement(tuple(cpus), threads or len(cpus))
+
+
 _original: Placement | None = None  # the process before the first engine placed it
 _owner: object | None = None  # the engine whose placement is in force
 

@@ -78,8 +78,7 @@ def every_core(owner: object, threads: int | None = None) -> None:
     """Put this process on every core it had before an engine placed it, with ``threads`` torch
     threads (default one per core), for a backend that is not a saguaro engine: whatever SSD's
     engine did before, peers compute on the cores SSD's target and draft use together."""
-    cpus = tuple(placement.process_cpus())
-    placement.place(owner, placement.Placement(cpus, threads or len(cpus)))
+    placement.place(owner, placement.on_cores(placement.process_cpus(), threads))
 
 
 class SaguaroBackend:

@@ -78,7 +78,7 @@ def engine_placement(cfg: EngineConfig) -> placement.Placement | None:
     if cfg.device != "cpu":
         return None
     cpus = cfg.target_cpus or placement.process_cpus()
-    return placement.Placement(tuple(cpus), cfg.num_threads or len(cpus))
+    return placement.on_cores(cpus, cfg.num_threads)
 
 
 def _verify_coupled(
