@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import torch
+
 from saguaro.options import check_choices, cpu_list, opt
 from saguaro.placement import process_cpus, resolve_device
 from saguaro.sampling.params import RequestMethod
@@ -83,6 +85,15 @@ class EngineConfig:
         "compile the models' forwards with torch.compile (inductor): fewer, fused kernels per "
         "step; the first forwards of each kind (decode, verify, prefill, branches) compile",
     )
+    tensor_parallel_size: int = opt(
+        1,
+        "ranks the target is split over (heads, MLP columns, vocabulary): rank 0 is this "
+        "process, the others its children; on GPUs one device each (device, device+1, ...), on "
+        "CPU one share of the target's cores each",
+    )
+    tensor_parallel_timeout_s: float = opt(
+        120.0, "tensor parallel: a rank silent this long inside a forward ends the engine"
+    )
     draft_top_m: int = opt(DEFAULT_TOP_M, "sd/ssd: the draft samples from its top-M tokens")
     # coupled for SSD, whose cache it serves better; rejection for AR and SD, where it accepts
     # more (docs/sampling.md).
@@ -135,6 +146,11 @@ class EngineConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if self.tensor_parallel_size < 1 or self.tensor_parallel_timeout_s <= 0:
+            raise ValueError(
+                "tensor_parallel_size must be >= 1 and tensor_parallel_timeout_s > 0, got "
+                f"{self.tensor_parallel_size} and {self.tensor_parallel_timeout_s}"
+            )
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
         self.device = resolve_device(self.device)
@@ -158,11 +174,22 @@ class EngineConfig:
         if self.mode == "ssd" and self.device == "cpu" and self.pin_cpus:
             cores = process_cpus()
             if len(cores) >= 2:
-                self.target_cpus = self.target_cpus or cores[:1]
+                # The target's ranks take one core each while a core is left for the worker.
+                ranks = min(self.tensor_parallel_size, len(cores) - 1)
+                self.target_cpus = self.target_cpus or cores[:ranks]
                 self.draft_cpus = (
                     self.draft_cpus or [c for c in cores if c not in self.target_cpus][:1]
                 )
                 self.draft_threads = self.draft_threads or len(self.draft_cpus)
+        if (
+            self.mode == "ssd"
+            and self.draft_device is None
+            and self.tensor_parallel_size > 1
+            and self.device.startswith("cuda")
+        ):
+            # The draft gets the GPU after the target's ranks.
+            first = torch.device(self.device).index or 0
+            self.draft_device = f"cuda:{first + self.tensor_parallel_size}"
 
     @property
     def lookahead(self) -> int:

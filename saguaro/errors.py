@@ -20,3 +20,8 @@ class RequestError(SaguaroError, ValueError):
 class DraftWorkerError(SaguaroError):
     """The draft (the SSD worker, or any proposer) died, failed or stopped answering; the engine
     goes on decoding exactly without speculation."""
+
+
+class TensorParallelError(SaguaroError):
+    """A rank of a tensor-parallel target failed, exited or stopped answering: the target cannot
+    compute without it, so the engine stops (every rank is stopped with it)."""

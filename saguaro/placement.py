@@ -33,6 +33,21 @@ def on_cores(cpus: list[int] | tuple[int, ...], threads: int | None = None) -> P
     return Placement(tuple(cpus), threads or len(cpus))
 
 
+def split_cores(cpus: list[int] | tuple[int, ...], parts: int) -> list[list[int]]:
+    """``cpus`` in ``parts`` contiguous sets, the first sets one core larger where they do not
+    divide; with fewer cores than parts, sets share cores round-robin (one core each)."""
+    cpus = list(cpus)
+    if len(cpus) < parts:
+        return [[cpus[i % len(cpus)]] for i in range(parts)]
+    size, extra = divmod(len(cpus), parts)
+    out, start = [], 0
+    for i in range(parts):
+        end = start + size + (i < extra)
+        out.append(cpus[start:end])
+        start = end
+    return out
+
+
 _original: Placement | None = None  # the process before the first engine placed it
 _owner: object | None = None  # the engine whose placement is in force
 

@@ -20,3 +20,5 @@ class EngineSnapshot:
     draft_state: str  # none | running | restarting | failed
     draft_restarts: int
     draft_failure: str | None
+    tensor_parallel_size: int = 1
+    failure: str | None = None  # the engine cannot step any more (a tensor-parallel rank failed)

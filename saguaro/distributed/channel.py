@@ -65,6 +65,35 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def pack(kind: int, obj: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One message in the wire format above: the first part, and the rest (None: it fit)."""
+    body = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    first = torch.zeros(FIRST, dtype=torch.uint8)
+    first[:_HEADER] = torch.tensor([kind, len(body)], dtype=torch.int64).view(torch.uint8)
+    head = body[:_ROOM]
+    if head:
+        first[_HEADER : _HEADER + len(head)] = torch.frombuffer(bytearray(head), dtype=torch.uint8)
+    rest = None
+    if len(body) > _ROOM:
+        rest = torch.frombuffer(bytearray(body[_ROOM:]), dtype=torch.uint8)
+    return first, rest
+
+
+def rest_buffer(first: torch.Tensor) -> torch.Tensor | None:
+    """Room for the rest of the message whose first part is ``first`` (None: it all fit)."""
+    nbytes = int(first[:_HEADER].view(torch.int64)[1])
+    return torch.empty(nbytes - _ROOM, dtype=torch.uint8) if nbytes > _ROOM else None
+
+
+def unpack(first: torch.Tensor, rest: torch.Tensor | None) -> tuple[int, Any]:
+    """``(kind, object)`` of a message received as ``first`` and ``rest``."""
+    kind, nbytes = (int(x) for x in first[:_HEADER].view(torch.int64))
+    body = first[_HEADER : _HEADER + min(nbytes, _ROOM)].numpy().tobytes()
+    if rest is not None:
+        body += rest.numpy().tobytes()
+    return kind, pickle.loads(body)
+
+
 class Channel:
     def __init__(
         self,
@@ -116,18 +145,10 @@ class Channel:
         return self
 
     def send(self, peer: int, kind: int, obj: Any) -> None:
-        body = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-        first = torch.zeros(FIRST, dtype=torch.uint8)
-        first[:_HEADER] = torch.tensor([kind, len(body)], dtype=torch.int64).view(torch.uint8)
-        head = body[:_ROOM]
-        if head:
-            first[_HEADER : _HEADER + len(head)] = torch.frombuffer(
-                bytearray(head), dtype=torch.uint8
-            )
+        first, rest = pack(kind, obj)
         try:
             self.pg.send([first], peer, 0).wait(self.timeout)
-            if len(body) > _ROOM:
-                rest = torch.frombuffer(bytearray(body[_ROOM:]), dtype=torch.uint8)
+            if rest is not None:
                 self.pg.send([rest], peer, 1).wait(self.timeout)
         except RuntimeError as e:
             raise ChannelError(f"send to rank {peer} failed: {e}") from e
@@ -137,15 +158,12 @@ class Channel:
         first = torch.empty(FIRST, dtype=torch.uint8)
         try:
             self.pg.recv([first], peer, 0).wait(timeout)
-            kind, nbytes = (int(x) for x in first[:_HEADER].view(torch.int64))
-            body = first[_HEADER : _HEADER + min(nbytes, _ROOM)].numpy().tobytes()
-            if nbytes > _ROOM:
-                rest = torch.empty(nbytes - _ROOM, dtype=torch.uint8)
+            rest = rest_buffer(first)
+            if rest is not None:
                 self.pg.recv([rest], peer, 1).wait(timeout)
-                body += rest.numpy().tobytes()
         except RuntimeError as e:
             raise ChannelError(f"no answer from rank {peer}: {e}") from e
-        return kind, pickle.loads(body)
+        return unpack(first, rest)
 
     def ring(self) -> None:
         """Count one message about to be sent (see the module docstring)."""

@@ -28,7 +28,14 @@ from saguaro.engine.block_manager import BlockManager
 from saguaro.engine.detokenizer import Detokenizer
 from saguaro.engine.model_runner import ModelRunner
 from saguaro.engine.scheduler import Scheduled, Scheduler
-from saguaro.errors import DraftWorkerError, IncompatibleModelsError, ModelLoadError, RequestError
+from saguaro.engine.tensor_parallel import TensorParallelTarget, rank_placements
+from saguaro.errors import (
+    DraftWorkerError,
+    IncompatibleModelsError,
+    ModelLoadError,
+    RequestError,
+    TensorParallelError,
+)
 from saguaro.models.config import ModelConfig
 from saguaro.models.loader import load_model
 from saguaro.models.tokenizer import Tokenizer
@@ -73,12 +80,11 @@ def check_compatible(target_dir: Path, draft_dir: Path, tokenizer: Tokenizer) ->
 
 def engine_placement(cfg: EngineConfig) -> placement.Placement | None:
     """On CPU: SSD's target keeps its own cores (the draft worker has the others); AR and SD use
-    every core the process had. One torch thread per core unless ``num_threads`` says otherwise.
-    None on a GPU (the process's cores are left as they are)."""
-    if cfg.device != "cpu":
-        return None
-    cpus = cfg.target_cpus or placement.process_cpus()
-    return placement.on_cores(cpus, cfg.num_threads)
+    every core the process had; a tensor-parallel target's rank 0 the first share of them. One
+    torch thread per core unless ``num_threads`` says otherwise. None on a GPU (the process's
+    cores are left as they are)."""
+    places = rank_placements(cfg)
+    return places[0] if places else None
 
 
 def _verify_coupled(
@@ -112,6 +118,8 @@ class LLMEngine:
         self.cfg = cfg
         self._make_proposer = make_proposer
         self.proposer: Proposer | None = None
+        self.tensor_parallel: TensorParallelTarget | None = None
+        self.failure: str | None = None  # why the engine cannot step any more (its target failed)
         self.placement = engine_placement(cfg)
         if self.placement is not None:
             placement.place(self, self.placement)
@@ -139,7 +147,11 @@ class LLMEngine:
             if not draft_dir.is_dir():
                 raise ModelLoadError(f"draft directory {str(draft_dir)!r} does not exist")
             check_compatible(target_dir, draft_dir, self.tokenizer)
-        target = load_model(target_dir, cfg.dtype, cfg.device)
+        if cfg.tensor_parallel_size > 1:
+            self.tensor_parallel = TensorParallelTarget(cfg, target_dir)
+            target = self.tensor_parallel.load()
+        else:
+            target = load_model(target_dir, cfg.dtype, cfg.device)
         self.model_config = target.config
         self.max_model_len = min(
             cfg.max_model_len or target.config.max_position_embeddings,
@@ -163,7 +175,10 @@ class LLMEngine:
                 f"{self.max_model_len} ({blocks_per_seq} blocks of {cfg.block_size} tokens)"
             )
         self.block_manager = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching)
-        self.runner = ModelRunner(target, num_blocks, cfg.block_size, cfg.device, cfg.compile)
+        if self.tensor_parallel is not None:
+            self.runner = self.tensor_parallel.runner(target, num_blocks, cfg.block_size)
+        else:
+            self.runner = ModelRunner(target, num_blocks, cfg.block_size, cfg.device, cfg.compile)
         if cfg.compile:
             self.runner.warm_up()
         self.scheduler = Scheduler(
@@ -205,6 +220,8 @@ class LLMEngine:
         return ids
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:
+        if self.failure is not None:
+            raise TensorParallelError(self.failure)
         seed = (
             params.seed
             if params.seed is not None
@@ -235,6 +252,8 @@ class LLMEngine:
     def close(self) -> None:
         if self.proposer is not None:
             self.proposer.close()
+        if self.tensor_parallel is not None:
+            self.tensor_parallel.close()
         placement.release(self)
 
     @property
@@ -305,6 +324,8 @@ class LLMEngine:
             draft_state=self.draft_state,
             draft_restarts=self.draft_restarts,
             draft_failure=self.draft_failure,
+            tensor_parallel_size=self.cfg.tensor_parallel_size,
+            failure=self.failure,
         )
 
     def draft_stats(self, batch: int) -> dict:
@@ -320,6 +341,8 @@ class LLMEngine:
     def step(self) -> list[Sequence]:
         """Run one engine step; return the sequences that committed tokens or finished."""
         step_start = time.perf_counter()
+        if self.failure is not None:
+            raise TensorParallelError(self.failure)
         if self.placement is not None:  # another engine may have run in this process since
             placement.place(self, self.placement)
         self._restart_worker()
@@ -354,7 +377,11 @@ class LLMEngine:
                     s.seq.block_table, start, tokens, s.k + 1 if s.decode else 0
                 )
             )
-        logits = self.runner.forward(queries)
+        try:
+            logits = self.runner.forward(queries)
+        except TensorParallelError as e:
+            self.failure = str(e)
+            raise
         t2 = time.perf_counter()
         for s in batch:
             if not s.decode:

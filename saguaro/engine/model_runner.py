@@ -43,7 +43,8 @@ class ModelRunner:
         self.block_size = block_size
         self.num_slots = num_blocks * block_size
         dtype = model.embed_tokens.weight.dtype
-        shape = (self.num_slots, self.config.num_key_value_heads, self.config.head_dim)
+        # A tensor-parallel rank caches its own KV heads only.
+        shape = (self.num_slots, model.num_kv_heads, self.config.head_dim)
         self.kv_caches = [
             (
                 torch.zeros(shape, dtype=dtype, device=self.device),
@@ -56,7 +57,7 @@ class ModelRunner:
     def kv_bytes_per_block(model: CausalLM, block_size: int) -> int:
         cfg = model.config
         elem = model.embed_tokens.weight.element_size()
-        per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * elem
+        per_token = 2 * cfg.num_hidden_layers * model.num_kv_heads * cfg.head_dim * elem
         return per_token * block_size
 
     def sequence_query(

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from saguaro.models.config import RopeScaling
+from saguaro.models.parallel import SINGLE, TensorParallel
 
 
 @dataclass
@@ -109,6 +110,9 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class Attention(nn.Module):
+    """Self-attention over this rank's heads (all of them with one rank): QKV column-parallel,
+    the output projection row-parallel and summed over ranks (:mod:`saguaro.models.parallel`)."""
+
     def __init__(
         self,
         hidden: int,
@@ -118,8 +122,14 @@ class Attention(nn.Module):
         bias: bool,
         qk_norm: bool,
         eps: float,
+        tp: TensorParallel = SINGLE,
     ) -> None:
         super().__init__()
+        self.tp = tp
+        # KV heads split first: a rank's query heads must be the ones its KV heads serve (GQA).
+        tp.split(kv_heads, "the number of KV heads")
+        tp.split(heads, "the number of attention heads")
+        heads, kv_heads = heads // tp.size, kv_heads // tp.size
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
         self.q_size, self.kv_size = heads * head_dim, kv_heads * head_dim
         self.qkv_proj = nn.Linear(hidden, self.q_size + 2 * self.kv_size, bias=bias)
@@ -171,16 +181,39 @@ class Attention(nn.Module):
         out = out.transpose(1, 2).reshape(b * n_q, self.q_size)
         if meta.out_index is not None:
             out = out[meta.out_index]
-        return self.o_proj(out)
+        return self.tp.all_reduce(self.o_proj(out))
 
 
 class MLP(nn.Module):
-    def __init__(self, hidden: int, intermediate: int) -> None:
+    """SwiGLU over this rank's intermediate columns; down's partial sums are summed over ranks."""
+
+    def __init__(self, hidden: int, intermediate: int, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
-        self.intermediate = intermediate
-        self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=False)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.tp = tp
+        tp.split(intermediate, "intermediate_size")
+        self.intermediate = intermediate // tp.size
+        self.gate_up_proj = nn.Linear(hidden, 2 * self.intermediate, bias=False)
+        self.down_proj = nn.Linear(self.intermediate, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.tp.all_reduce(self.down_proj(F.silu(gate) * up))
+
+
+class VocabEmbedding(nn.Module):
+    """Token embedding over this rank's vocabulary rows ``[start, start + Vp)``: ids outside
+    them embed to zero here, and the sum over ranks leaves each token its one row."""
+
+    def __init__(self, vocab_size: int, hidden: int, tp: TensorParallel = SINGLE) -> None:
+        super().__init__()
+        self.tp = tp
+        self.start, end = tp.vocab_rows(vocab_size)
+        self.weight = nn.Parameter(torch.empty(end - self.start, hidden))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.tp.size == 1:
+            return F.embedding(ids, self.weight)
+        local = ids - self.start
+        mine = (local >= 0) & (local < self.weight.shape[0])
+        x = F.embedding(local.clamp(0, self.weight.shape[0] - 1), self.weight)
+        return self.tp.all_reduce(x * mine.unsqueeze(-1).to(x.dtype))

@@ -11,11 +11,20 @@ import torch
 from torch import nn
 
 from saguaro.models.config import ModelConfig
-from saguaro.models.layers import MLP, Attention, AttentionMetadata, RMSNorm, RopeAngles, Rotary
+from saguaro.models.layers import (
+    MLP,
+    Attention,
+    AttentionMetadata,
+    RMSNorm,
+    RopeAngles,
+    Rotary,
+    VocabEmbedding,
+)
+from saguaro.models.parallel import SINGLE, TensorParallel
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, tp: TensorParallel) -> None:
         super().__init__()
         self.self_attn = Attention(
             cfg.hidden_size,
@@ -25,8 +34,9 @@ class DecoderLayer(nn.Module):
             cfg.attention_bias,
             cfg.qk_norm,
             cfg.rms_norm_eps,
+            tp,
         )
-        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, tp)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -43,18 +53,23 @@ class DecoderLayer(nn.Module):
 
 class CausalLM(nn.Module):
     """Decoder stack + LM head. Parameter names follow Hugging Face, except the fused
-    ``qkv_proj`` and ``gate_up_proj`` (see :mod:`saguaro.models.loader`)."""
+    ``qkv_proj`` and ``gate_up_proj`` (see :mod:`saguaro.models.loader`). With a tensor-parallel
+    ``tp`` the model holds one rank's slices (:mod:`saguaro.models.parallel`) and every rank
+    returns the full logits."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
         self.config = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.tp = tp
+        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, tp) for _ in range(cfg.num_hidden_layers))
+        # The KV heads this rank caches: its own heads' keys and values only.
+        self.num_kv_heads = cfg.num_key_value_heads // tp.size
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = Rotary(
             cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling
         )
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = nn.Linear(cfg.hidden_size, self.embed_tokens.weight.shape[0], bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
@@ -74,4 +89,5 @@ class CausalLM(nn.Module):
             x = layer(x, angles, meta, kv)
         if logits_index is not None:
             x = x[logits_index]
-        return self.lm_head(self.norm(x)).float()
+        logits = self.tp.all_gather_last(self.lm_head(self.norm(x)))
+        return logits[:, : self.config.vocab_size].float()

@@ -1,14 +1,16 @@
 """Load a Llama-3 / Qwen3 checkpoint from a local Hugging Face directory.
 
 Reads single-file or sharded safetensors, fuses ``q/k/v_proj`` into ``qkv_proj`` and
-``gate/up_proj`` into ``gate_up_proj``, and checks that every parameter was filled.
+``gate/up_proj`` into ``gate_up_proj``, and checks that every parameter was filled. A
+tensor-parallel rank reads only its own slice of each split weight (safetensors slices are read
+from the memory-mapped file), so no rank ever holds the whole model.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -17,6 +19,7 @@ from safetensors import SafetensorError, safe_open
 from saguaro.errors import ModelLoadError
 from saguaro.models.config import ModelConfig
 from saguaro.models.llama import CausalLM
+from saguaro.models.parallel import SINGLE, TensorParallel
 
 DTYPES = {
     "float32": torch.float32,
@@ -65,43 +68,99 @@ def safetensors_files(model_dir: Path) -> list[Path]:
     raise ModelLoadError(f"{model_dir}: no model.safetensors or model.safetensors.index.json")
 
 
-def iter_tensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+# A slice of one tensor: (dimension, start, end). ``end`` may pass the tensor's size: the rows
+# past it read as zeros (the padded vocabulary of the last rank).
+Slice = tuple[int, int, int]
+
+
+def iter_tensors(
+    files: list[Path], pick: Callable[[str], Slice | None] | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor in ``files``; where ``pick(name)`` names a slice, only that slice is read."""
     for f in files:
         try:
             with safe_open(str(f), framework="pt") as st:
                 for name in st.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                    yield name, st.get_tensor(name)
+                    spec = pick(name) if pick is not None else None
+                    yield name, st.get_tensor(name) if spec is None else _read_slice(st, name, spec)
         except (SafetensorError, OSError, RuntimeError) as e:
             raise ModelLoadError(f"{f}: corrupt or truncated safetensors file ({e})") from e
 
 
+def _read_slice(st, name: str, spec: Slice) -> torch.Tensor:
+    dim, start, end = spec
+    handle = st.get_slice(name)
+    size = handle.get_shape()[dim]
+    index = (slice(None),) * dim + (slice(start, min(end, size)),)
+    part = handle[index]
+    if end > size:
+        pad = list(part.shape)
+        pad[dim] = end - max(start, size)
+        part = torch.cat([part, part.new_zeros(pad)], dim=dim)
+    return part
+
+
+def rank_slices(cfg: ModelConfig, tp: TensorParallel) -> Callable[[str], Slice | None]:
+    """Which slice of a Hugging Face tensor rank ``tp.rank`` holds (None: all of it), following
+    :mod:`saguaro.models.parallel`: q/k/v by heads and gate/up by columns (rows of the weight),
+    o/down by their input columns, embedding and LM head by vocabulary rows."""
+    d = cfg.head_dim
+    heads = tp.split(cfg.num_attention_heads, "the number of attention heads")
+    kv_heads = tp.split(cfg.num_key_value_heads, "the number of KV heads")
+    inter = tp.split(cfg.intermediate_size, "intermediate_size")
+    q_rows, kv_rows = (heads[0] * d, heads[1] * d), (kv_heads[0] * d, kv_heads[1] * d)
+    by_suffix: dict[str, Slice] = {
+        "self_attn.q_proj": (0, *q_rows),
+        "self_attn.k_proj": (0, *kv_rows),
+        "self_attn.v_proj": (0, *kv_rows),
+        "self_attn.o_proj": (1, *q_rows),
+        "mlp.gate_proj": (0, *inter),
+        "mlp.up_proj": (0, *inter),
+        "mlp.down_proj": (1, *inter),
+        "embed_tokens": (0, *tp.vocab_rows(cfg.vocab_size)),
+        "lm_head": (0, *tp.vocab_rows(cfg.vocab_size)),
+    }
+
+    def pick(name: str) -> Slice | None:
+        module, _, leaf = name.rpartition(".")
+        for suffix, spec in by_suffix.items():
+            if module.endswith(suffix):
+                # A bias has one dimension: a row-parallel layer's bias is not split.
+                return spec if leaf == "weight" or spec[0] == 0 else None
+        return None
+
+    return pick
+
+
 def load_model(
-    model_dir: str | Path, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu"
+    model_dir: str | Path,
+    dtype: str | torch.dtype = "float32",
+    device: str | torch.device = "cpu",
+    tp: TensorParallel = SINGLE,
 ) -> CausalLM:
+    """The model in ``model_dir``, or rank ``tp.rank``'s slices of it."""
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise ModelLoadError(f"model directory {str(model_dir)!r} does not exist")
     cfg = ModelConfig.from_dir(model_dir)
     files = safetensors_files(model_dir)
     torch_dtype = resolve_dtype(dtype)
+    tp.check(cfg)
     with torch.device("meta"):
-        model = CausalLM(cfg)
+        model = CausalLM(cfg, tp)
     params = dict(model.named_parameters())
     filled: dict[str, torch.Tensor] = {}
-    q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
-    shard_sizes = {
-        "self_attn.qkv_proj": [q, kv, kv],
-        "mlp.gate_up_proj": [cfg.intermediate_size] * 2,
-    }
+    num_parts = {"self_attn.qkv_proj": 3, "mlp.gate_up_proj": 2}
     pieces: dict[str, list[torch.Tensor | None]] = {}
-    for hf_name, tensor in iter_tensors(files):
+    pick = rank_slices(cfg, tp) if tp.size > 1 else None
+    for hf_name, tensor in iter_tensors(files, pick):
         name = hf_name.removeprefix("model.")
         m = _LAYER_RE.match(hf_name)
         if m:
             fused, shard = _FUSED[m.group(2)]
             leaf = hf_name.rsplit(".", 1)[1]
             key = f"layers.{m.group(1)}.{fused}.{leaf}"
-            pieces.setdefault(key, [None] * len(shard_sizes[fused]))[shard] = tensor
+            pieces.setdefault(key, [None] * num_parts[fused])[shard] = tensor
             continue
         if name not in params:
             if "rotary_emb" in name:

@@ -214,12 +214,17 @@ def _event_stream(
 @router.get("/health")
 async def health(request: Request) -> JSONResponse:
     """200 "ok" while serving fully; 503 "degraded" while a speculative mode runs without
-    its draft (restarting it, or for good: still exact, slower); 503 "engine stopped"."""
+    its draft (restarting it, or for good: still exact, slower); 503 "engine failed" once the
+    target cannot compute (a tensor-parallel rank is gone); 503 "engine stopped"."""
     served = _served(request)
-    draft = served.engine.snapshot().draft_state
+    snap = served.engine.snapshot()
+    draft = snap.draft_state
     status = "ok" if draft in ("none", "running") else "degraded"
+    status = "engine failed" if snap.failure is not None else status
     status = status if served.ae.running else "engine stopped"
     body = {"status": status, "mode": served.engine.cfg.mode, "draft": draft}
+    if snap.failure is not None:
+        body["error"] = snap.failure
     return JSONResponse(body, 200 if status == "ok" else 503)
 
 

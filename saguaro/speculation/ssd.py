@@ -25,6 +25,7 @@ from saguaro.config import EngineConfig
 from saguaro.core.proposal import Proposal, Proposer
 from saguaro.core.sequence import Sequence
 from saguaro.distributed.channel import Channel, ChannelError
+from saguaro.distributed.processes import SHUTDOWN_GRACE_S, reap
 from saguaro.errors import DraftWorkerError
 from saguaro.sampling import SparseQ
 from saguaro.speculation import protocol as P
@@ -39,24 +40,12 @@ STARTUP_TIMEOUT_S = 120.0
 # The window offered to the worker is capped at this many verifications: an engine idle between
 # requests is not time the worker can plan a build on.
 WINDOW_CAP_VERIFICATIONS = 3
-SHUTDOWN_GRACE_S = 5.0  # a worker asked to exit (or terminated) gets this long before SIGKILL
 EXIT_CODE_WAIT_S = 1.0  # a dead worker closes its socket before it is reaped: wait this long
 REPLY_TIMES = ("glue_s", "branch_s", "build_s", "backup_s", "handle_s")  # summed per round
 
 
 def _on_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
-
-
-def _reap(proc: subprocess.Popen | None, grace_s: float = SHUTDOWN_GRACE_S) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 class SSDProposer(Proposer):
@@ -102,7 +91,7 @@ class SSDProposer(Proposer):
                 ],
                 env={**os.environ, "OMP_NUM_THREADS": str(cfg.draft_threads or 1)},
             )
-            self._finalizer = weakref.finalize(self, _reap, self.proc)
+            self._finalizer = weakref.finalize(self, reap, self.proc)
             atexit.register(self._finalizer)
         else:
             log.info(
@@ -264,5 +253,5 @@ class SSDProposer(Proposer):
                 pass
         if failed and self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
-        _reap(self.proc)
+        reap(self.proc)
         self.channel.close()

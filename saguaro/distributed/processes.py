@@ -1,0 +1,20 @@
+"""Child processes that must never outlive their purpose."""
+
+from __future__ import annotations
+
+import subprocess
+
+# A child asked to exit (or terminated) gets this long before SIGKILL.
+SHUTDOWN_GRACE_S = 5.0
+
+
+def reap(proc: subprocess.Popen | None, grace_s: float = SHUTDOWN_GRACE_S) -> None:
+    """End ``proc`` if it still runs: SIGTERM, then SIGKILL after ``grace_s``."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
