@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq
+from dataclasses import dataclass
 
 import torch
 
@@ -18,6 +19,20 @@ WARM_UP_TOKENS = 3
 # (about ten) for each model sharing the code (a target and its draft in one process), with room.
 # torch's default (8) is per function, and past it the forward silently runs eagerly.
 COMPILED_VARIANTS_LIMIT = 64
+
+
+@dataclass
+class StepInputs:
+    """One forward's inputs, flat over its queries (see :class:`AttentionMetadata`)."""
+
+    input_ids: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    slot_mapping: torch.Tensor  # [T]
+    key_slots: torch.Tensor  # [b, L]
+    mask: torch.Tensor  # [b, 1, Q, L]
+    query_index: torch.Tensor | None  # [b, Q]
+    out_index: torch.Tensor | None  # [T]
+    logits_index: torch.Tensor  # [m]
 
 
 class ModelRunner:
@@ -94,14 +109,30 @@ class ModelRunner:
     def forward(self, queries: Seq[Query]) -> torch.Tensor:
         """Run all queries in one forward; return float32 logits ``[sum num_logits, V]`` in
         query order."""
-        meta, input_ids, positions, logits_index = self._prepare(queries)
-        with torch.no_grad():
-            return self._forward(input_ids, positions, meta, self.kv_caches, logits_index)
+        return self.run(self.prepare(queries))
 
-    def _prepare(
-        self, queries: Seq[Query]
-    ) -> tuple[AttentionMetadata, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def run(self, inputs: StepInputs) -> torch.Tensor:
+        """One forward over prepared inputs (CPU tensors, moved to the device here)."""
         dev = self.device
+        meta = AttentionMetadata(
+            slot_mapping=inputs.slot_mapping.to(dev),
+            key_slots=inputs.key_slots.to(dev),
+            mask=inputs.mask.to(dev),
+            query_index=_to(inputs.query_index, dev),
+            out_index=_to(inputs.out_index, dev),
+        )
+        with torch.no_grad():
+            return self._forward(
+                inputs.input_ids.to(dev),
+                inputs.positions.to(dev),
+                meta,
+                self.kv_caches,
+                inputs.logits_index.to(dev),
+            )
+
+    def prepare(self, queries: Seq[Query]) -> StepInputs:
+        """The flat tensors of one forward, on the CPU (a tensor-parallel rank 0 sends them to
+        the other ranks as they are)."""
         q_lens = [len(q.token_ids) for q in queries]
         k_lens = [len(q.key_slots) for q in queries]
         b, n_q, n_k = len(queries), max(q_lens), max(k_lens)
@@ -121,9 +152,8 @@ class ModelRunner:
             mask[i, 0, ql:, 0] = True
             logits_index.extend(range(offset + ql - q.num_logits, offset + ql))
             offset += ql
-        uniform = all(ql == n_q for ql in q_lens)
         query_index = out_index = None
-        if not uniform:
+        if any(ql != n_q for ql in q_lens):
             query_index = torch.zeros(b, n_q, dtype=torch.int64)
             out_rows = []
             offset = 0
@@ -131,15 +161,18 @@ class ModelRunner:
                 query_index[i, :ql] = torch.arange(offset, offset + ql)
                 out_rows.append(torch.arange(i * n_q, i * n_q + ql))
                 offset += ql
-            out_index = torch.cat(out_rows).to(dev)
-            query_index = query_index.to(dev)
-        meta = AttentionMetadata(
-            slot_mapping=torch.cat([q.slots for q in queries]).to(dev),
-            key_slots=key_slots.to(dev),
-            mask=mask.to(dev),
+            out_index = torch.cat(out_rows)
+        return StepInputs(
+            input_ids=torch.tensor([t for q in queries for t in q.token_ids]),
+            positions=torch.cat([q.positions for q in queries]),
+            slot_mapping=torch.cat([q.slots for q in queries]),
+            key_slots=key_slots,
+            mask=mask,
             query_index=query_index,
             out_index=out_index,
+            logits_index=torch.tensor(logits_index, dtype=torch.int64),
         )
-        input_ids = torch.tensor([t for q in queries for t in q.token_ids], device=dev)
-        positions = torch.cat([q.positions for q in queries]).to(dev)
-        return meta, input_ids, positions, torch.tensor(logits_index, dtype=torch.int64, device=dev)
+
+
+def _to(t: torch.Tensor | None, dev: torch.device) -> torch.Tensor | None:
+    return None if t is None else t.to(dev)

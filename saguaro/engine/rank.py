@@ -3,10 +3,12 @@
 Rank 0 (:mod:`saguaro.engine.tensor_parallel`) starts each rank as a fresh interpreter running
 :func:`main` (:data:`COMMAND`), so the user's main module is never re-imported.
 A rank loads its own slices of the checkpoint, announces itself ready, and then does what rank 0
-broadcasts: ``RUNNER`` (allocate the KV pool for its heads), ``FORWARD`` (run the step's queries
-on its slice, meeting the other ranks in the model's collectives; its logits are discarded) and
-``EXIT``. On any error it reports the reason through the store and exits, which breaks the
-group's sockets, so rank 0 sees the failure at its next collective.
+broadcasts: ``RUNNER`` (allocate the KV pool for its heads), ``FORWARD`` (run the step on its
+slice, meeting the other ranks in the model's collectives; its logits are discarded) and
+``EXIT``. Rank 0 sends each forward's inputs already flattened
+(:class:`~saguaro.engine.model_runner.StepInputs`), so a rank repeats none of the preparation.
+On any error a rank reports the reason through the store and exits, which breaks the group's
+sockets, so rank 0 sees the failure at its next collective.
 """
 
 from __future__ import annotations
@@ -100,7 +102,7 @@ def rank_main(spec: RankSpec) -> None:
             if kind == RUNNER:
                 runner = ModelRunner(model, device=device, **args)
             elif kind == FORWARD:
-                runner.forward(args)
+                runner.run(args)
     except BaseException as e:
         group.announce("error", f"{type(e).__name__}: {e}")
         traceback.print_exc()

@@ -19,17 +19,15 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Sequence as Seq
 from pathlib import Path
 
 import torch
 
 from saguaro import placement
 from saguaro.config import EngineConfig
-from saguaro.core.query import Query
 from saguaro.distributed.processes import SHUTDOWN_GRACE_S, reap
 from saguaro.distributed.rank_group import RankGroup
-from saguaro.engine.model_runner import ModelRunner
+from saguaro.engine.model_runner import ModelRunner, StepInputs
 from saguaro.engine.rank import (
     COMMAND,
     EXIT,
@@ -210,9 +208,9 @@ class ParallelRunner(ModelRunner):
         super().__init__(model, **kwargs)
         self.target = target
 
-    def forward(self, queries: Seq[Query]) -> torch.Tensor:
-        self.target.command(FORWARD, list(queries))
+    def run(self, inputs: StepInputs) -> torch.Tensor:
+        self.target.command(FORWARD, inputs)
         try:
-            return super().forward(queries)
+            return super().run(inputs)
         except Exception as e:
             raise self.target.fail(e) from e

@@ -22,6 +22,7 @@ import pytest
 from saguaro import LLM, SamplingParams
 from saguaro.distributed.channel import free_port
 from saguaro.server.chat import chat_prompt_ids
+from tests.procs import children
 
 CONTEXT = 128
 REQUESTS = 240
@@ -30,15 +31,6 @@ KILL_AT = (REQUESTS // 3, 2 * REQUESTS // 3)  # SIGKILL the draft worker at thes
 RSS_GROWTH_BOUND_MB = 150  # the server's RSS after the soak vs after its warm-up requests
 PROMPTS = ["def add(a, b):", "import os\n", "hello world", "for i in range(3):", "x = [", "#"]
 POISON = [dict(temperature=1e-38), dict(temperature=1.0, top_p=1e-50), dict(top_k=2**63)]
-
-
-def _children(pid: int) -> list[int]:
-    """Child processes of ``pid``, whichever of its threads started them."""
-    out = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with contextlib.suppress(FileNotFoundError), open(f"/proc/{pid}/task/{task}/children") as f:
-            out += [int(p) for p in f.read().split()]
-    return out
 
 
 def _rss_mb(pid: int) -> float:
@@ -172,8 +164,8 @@ def test_soak_ssd_server(tiny_llama, close_draft):
             futures = {job["i"]: pool.submit(send, url, job) for job in jobs}
             for threshold in KILL_AT:  # the draft worker dies under load, twice
                 _wait(lambda t=threshold: sum(f.done() for f in futures.values()) >= t)
-                _wait(lambda: bool(_children(proc.pid)))  # back from the last kill
-                for w in _children(proc.pid):
+                _wait(lambda: bool(children(proc.pid)))  # back from the last kill
+                for w in children(proc.pid):
                     os.kill(w, signal.SIGKILL)
             for i, f in futures.items():
                 results[i] = f.result()
@@ -196,7 +188,7 @@ def test_soak_ssd_server(tiny_llama, close_draft):
         assert rss_after - rss_before < RSS_GROWTH_BOUND_MB, (rss_before, rss_after)
 
         # SIGTERM with streams in flight: each ends with a final chunk, nothing is left behind
-        worker = _children(proc.pid)
+        worker = children(proc.pid)
         long_job = dict(
             jobs[0], kind="sampled", stream=True, body={"temperature": 0.7, "max_tokens": 100}
         )

@@ -129,8 +129,11 @@ V = SMALL_VOCAB
 SAMPLES = 12_000
 
 
-def first_two_tv(target, draft, temperature: float, top_p: float) -> tuple[float, float, LLM]:
-    """TV distance between SD's first two tokens and the exact law, and its noise floor."""
+def first_two_tv(
+    target, draft, temperature: float, top_p: float, **engine
+) -> tuple[float, float, LLM]:
+    """TV distance between SD's first two tokens and the exact law, and its noise floor.
+    ``engine``: more EngineConfig fields."""
     prompt = [1, 4, 2]
     base = SamplingParams(temperature=temperature, top_p=top_p, max_tokens=4, ignore_eos=True)
     expected = exact_first_two(target, prompt, base)
@@ -144,6 +147,7 @@ def first_two_tv(target, draft, temperature: float, top_p: float) -> tuple[float
         num_kv_blocks=2000,
         block_size=16,
         max_num_batched_tokens=20000,
+        **engine,
     )
     counts = torch.zeros(V, V)
     seeds = itertools.count()
