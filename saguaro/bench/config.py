@@ -150,6 +150,14 @@ class BenchConfig:
         parse=names_of(FORWARDS),
         metavar="F,..",
     )
+    tensor_parallel_sizes: tuple[int, ...] = opt(
+        (1,),
+        "tensor-parallel sizes of saguaro's target, side by side (EngineConfig."
+        "tensor_parallel_size)",
+        flags=("--tensor-parallel-size",),
+        parse=positive_ints,
+        metavar="N,..",
+    )
     one_core_baselines: bool = opt(
         False,
         "also run AR and SD on one core with one thread, labelled '1 core' (by default every "

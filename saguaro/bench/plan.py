@@ -37,6 +37,7 @@ class Variant:
     sampling: str = "auto"  # "auto" | "rejection" | "coupled" (EngineConfig.sampling)
     compiled: bool = False  # saguaro's forwards through torch.compile
     one_core: bool = False  # AR/SD held to one core and one thread (a labelled extra)
+    tensor_parallel_size: int = 1  # ranks of saguaro's target
 
 
 def build_variants(cfg: BenchConfig) -> list[Variant]:
@@ -58,6 +59,7 @@ def build_variants(cfg: BenchConfig) -> list[Variant]:
     many_k, many_f, many_c = len(cfg.ks) > 1, len(cfg.fanouts) > 1, len(cfg.saguaro_cs) > 1
     many_s = len(cfg.samplings) > 1
     many_fw = len(cfg.forwards) > 1
+    many_tp = len(cfg.tensor_parallel_sizes) > 1
 
     def label(
         mode: str, sampling: str, k: int | None = None, f: str | None = None, c: float | None = None
@@ -75,9 +77,14 @@ def build_variants(cfg: BenchConfig) -> list[Variant]:
         # forwards: one variant whatever the method
         own = mode in OWN_SAMPLER_MODES
         for sm in cfg.samplings[:1] if own else cfg.samplings:
-            for fw in cfg.forwards[:1] if own else cfg.forwards:
+            for fw, tp in (
+                [(cfg.forwards[0], 1)]
+                if own
+                else [(fw, tp) for tp in cfg.tensor_parallel_sizes for fw in cfg.forwards]
+            ):
                 compiled = fw == "compiled"
                 tail = f" {fw}" if many_fw and not own else ""
+                tail += f" tp={tp}" if many_tp and not own else ""
                 if mode in ("ar", "llama.cpp"):
                     found = [Variant(mode, label=label(mode, sm) + tail, sampling=sm)]
                 elif mode == "ssd":
@@ -91,7 +98,7 @@ def build_variants(cfg: BenchConfig) -> list[Variant]:
                         Variant(mode, k, label=label(mode, sm, k) + tail, sampling=sm)
                         for k in cfg.ks
                     ]
-                found = [replace(v, compiled=compiled) for v in found]
+                found = [replace(v, compiled=compiled, tensor_parallel_size=tp) for v in found]
                 if cfg.one_core_baselines and mode in ONE_CORE_MODES:
                     found += [replace(v, one_core=True, label=f"{v.label} 1 core") for v in found]
                 variants += found

@@ -45,4 +45,14 @@ def test_forwards_and_one_core_baselines_are_labelled_variants():
         ("hf-assisted", False, False),  # its own forwards: one variant
     ]  # fmt: skip
     plain = [(v.label, v.compiled, v.one_core) for v in build_variants(parse_config([]))]
+    assert all(v.tensor_parallel_size == 1 for v in build_variants(parse_config([])))
     assert all(not c and not o for _, c, o in plain)
+
+
+def test_tensor_parallel_sizes_are_side_by_side_variants_of_saguaro_modes_only():
+    cfg = parse_config(["--modes", "ar,ssd,llama.cpp", "--tensor-parallel-size", "1,2"])
+    got = [(v.label, v.tensor_parallel_size) for v in build_variants(cfg)]
+    assert got == [
+        ("ar tp=1", 1), ("ar tp=2", 2), ("ssd tp=1", 1), ("ssd tp=2", 2),
+        ("llama.cpp", 1),  # its own engine: one variant
+    ]  # fmt: skip

@@ -61,10 +61,10 @@ def _port_free(port: int) -> bool:
 
 
 @contextlib.contextmanager
-def server_process(target, draft, port: int):
-    cmd = [sys.executable, "-m", "saguaro.cli", "serve", "--model", str(target)]
-    cmd += ["--draft", str(draft), "--mode", "ssd", "--k", "3", "--port", str(port)]
-    cmd += ["--max-model-len", str(CONTEXT), "--shutdown-grace-s", "5"]
+def server_process(port: int, *args: str):
+    """``saguaro serve --port port *args``, once its /health answers 200; killed on the way out
+    if still running."""
+    cmd = [sys.executable, "-m", "saguaro.cli", "serve", "--port", str(port), *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -155,7 +155,9 @@ def test_soak_ssd_server(tiny_llama, close_draft):
     offline = LLM(model=str(tiny_llama), max_model_len=CONTEXT)
     tok = offline.engine.tokenizer
     port = free_port()
-    with server_process(tiny_llama, close_draft, port) as (proc, url):
+    args = ["--model", str(tiny_llama), "--draft", str(close_draft), "--mode", "ssd", "--k", "3"]
+    args += ["--max-model-len", str(CONTEXT), "--shutdown-grace-s", "5"]
+    with server_process(port, *args) as (proc, url):
         warm = [send(url, j) for j in jobs[:12]]
         assert all(r["status"] == 200 for r in warm), warm
         rss_before = _rss_mb(proc.pid)
