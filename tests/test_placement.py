@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -80,6 +81,35 @@ def test_an_engine_that_fails_to_start_gives_the_process_back(cores, tmp_path):
     with pytest.raises(ModelLoadError, match="does not exist"):
         LLMEngine(cfg, make_proposer)
     assert placement.current() == before
+
+
+def test_split_cores():
+    assert placement.split_cores([0, 1, 2, 3], 2) == [[0, 1], [2, 3]]
+    assert placement.split_cores([0, 1, 2, 3, 4], 2) == [[0, 1, 2], [3, 4]]
+    assert placement.split_cores([4, 5], 1) == [[4, 5]]
+    assert placement.split_cores([7], 3) == [[7], [7], [7]]  # too few cores: ranks share them
+    assert placement.split_cores([0, 1], 3) == [[0], [1], [0]]
+
+
+def _rank_threads(pid: int) -> tuple[set[frozenset[int]], int]:
+    """The core sets of ``pid``'s threads, and the OMP thread count it was started with."""
+    cores = {frozenset(os.sched_getaffinity(int(t))) for t in os.listdir(f"/proc/{pid}/task")}
+    env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    omp = next(int(e.split(b"=")[1]) for e in env if e.startswith(b"OMP_NUM_THREADS="))
+    return cores, omp
+
+
+def test_tensor_parallel_ranks_each_get_a_share_of_the_cores(cores, tiny_llama):
+    shares = placement.split_cores(cores, 2)
+    llm = LLM(model=str(tiny_llama), max_model_len=64, device="cpu", tensor_parallel_size=2)
+    try:
+        llm.generate("x", SamplingParams(temperature=0, max_tokens=4))
+        assert _all_threads() == {frozenset(shares[0])}  # rank 0: this process
+        assert torch.get_num_threads() == len(shares[0])
+        (pid,) = llm.engine.tensor_parallel.pids()
+        assert _rank_threads(pid) == ({frozenset(shares[1])}, len(shares[1]))
+    finally:
+        llm.close()
 
 
 def test_resolve_device():

@@ -53,6 +53,8 @@ def test_two_ranks_give_the_logits_of_one(tp_pair):
     model_dir, llm = tp_pair
     parallel = llm.engine.runner
     single = ModelRunner(load_model(model_dir), num_blocks=8, block_size=16, device="cpu")
+    kv_heads = single.kv_caches[0][0].shape[1]
+    assert parallel.kv_caches[0][0].shape[1] == kv_heads // 2  # each rank caches its own heads
     ids = torch.randint(0, 256, (40,), generator=torch.Generator().manual_seed(0)).tolist()
     a, b = [0, 1, 2], [3, 4]  # two sequences' block tables
     steps = [

@@ -62,3 +62,40 @@ def test_sizes_that_do_not_split_are_refused(tmp_path, overrides, what):
         TensorParallel(0, 2).check(ModelConfig.from_dir(model_dir))
     with pytest.raises(ValueError, match=what):
         load_model(model_dir, tp=TensorParallel(1, 2))
+
+
+def test_a_rank_reads_only_its_slices_of_the_split_weights(odd_vocab_qwen3, monkeypatch):
+    """No rank holds a whole split weight at any time: those are read through safetensors
+    slices, never as whole tensors (norms, which every rank holds, are)."""
+    import saguaro.models.loader as loader
+
+    whole: list[str] = []
+    real_open = loader.safe_open
+
+    class Recording:
+        def __init__(self, *args, **kwargs) -> None:
+            self.inner = real_open(*args, **kwargs)
+
+        def __enter__(self):
+            st = self.inner.__enter__()
+            get_tensor = st.get_tensor
+
+            class Handle:
+                def keys(self):
+                    return st.keys()
+
+                def get_slice(self, name):
+                    return st.get_slice(name)
+
+                def get_tensor(self, name):
+                    whole.append(name)
+                    return get_tensor(name)
+
+            return Handle()
+
+        def __exit__(self, *exc):
+            return self.inner.__exit__(*exc)
+
+    monkeypatch.setattr(loader, "safe_open", Recording)
+    load_model(odd_vocab_qwen3, tp=TensorParallel(1, 2))
+    assert whole and all("norm" in name for name in whole), whole
