@@ -181,15 +181,20 @@ class EngineConfig:
                     self.draft_cpus or [c for c in cores if c not in self.target_cpus][:1]
                 )
                 self.draft_threads = self.draft_threads or len(self.draft_cpus)
-        if (
-            self.mode == "ssd"
-            and self.draft_device is None
-            and self.tensor_parallel_size > 1
-            and self.device.startswith("cuda")
-        ):
-            # The draft gets the GPU after the target's ranks.
+        if self.tensor_parallel_size > 1 and self.device.startswith("cuda"):
             first = torch.device(self.device).index or 0
-            self.draft_device = f"cuda:{first + self.tensor_parallel_size}"
+            last = first + self.tensor_parallel_size - 1
+            if last >= torch.cuda.device_count():
+                raise ValueError(
+                    f"tensor_parallel_size={self.tensor_parallel_size} on {self.device} needs "
+                    f"GPUs cuda:{first}..cuda:{last}; {torch.cuda.device_count()} are visible"
+                )
+            if (
+                self.mode == "ssd"
+                and self.draft_device is None
+                and last + 1 < torch.cuda.device_count()
+            ):
+                self.draft_device = f"cuda:{last + 1}"  # the draft's own GPU, after the ranks
 
     @property
     def lookahead(self) -> int:

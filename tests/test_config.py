@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
+from saguaro import placement
 from saguaro.config import EngineConfig
 
 
@@ -14,3 +16,29 @@ def test_sampling_auto_is_coupled_for_ssd_and_rejection_otherwise():
     assert EngineConfig(mode="ssd", device="cpu", sampling="rejection").sampling == "rejection"
     with pytest.raises(ValueError, match="sampling"):
         EngineConfig(sampling="gumbel")
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (dict(tensor_parallel_size=0), "tensor_parallel_size must be >= 1"),
+        (dict(tensor_parallel_timeout_s=0), "tensor_parallel_timeout_s > 0"),
+    ],
+)
+def test_bad_tensor_parallel_settings_are_refused(fields, message):
+    with pytest.raises(ValueError, match=message):
+        EngineConfig(**fields)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="needs fewer than two GPUs")
+def test_tensor_parallel_ranks_need_a_gpu_each():
+    with pytest.raises(ValueError, match=r"needs GPUs cuda:0..cuda:1; \d are visible"):
+        EngineConfig(device="cuda", tensor_parallel_size=2)
+
+
+@pytest.mark.skipif(len(placement.process_cpus()) < 2, reason="SSD pins on two cores or more")
+def test_ssd_on_cpu_leaves_the_worker_a_core_after_the_ranks():
+    cfg = EngineConfig(mode="ssd", device="cpu", tensor_parallel_size=4)
+    cores = placement.process_cpus()
+    assert cfg.target_cpus == cores[: min(4, len(cores) - 1)]
+    assert cfg.draft_cpus == [c for c in cores if c not in cfg.target_cpus][:1]

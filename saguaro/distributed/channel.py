@@ -14,6 +14,12 @@ a second small send right behind a first one can wait on the socket for millisec
 round's critical path. Both ends are saguaro processes the user started: pickle is the trust
 boundary, which is why the rendezvous binds to loopback unless told otherwise.
 
+A device lane may ride beside them too (:meth:`open_lane`, both ends): tensors of a message that
+live on the lane's device type then leave the pickle (each becomes a reference to its shape and
+dtype) and travel peer to peer over a process group of their own, NCCL between GPUs, after the
+message that names them; the receiver allocates them on its own device. Between two GPUs that
+is device to device, without passing through either host.
+
 A doorbell rides beside the messages: :meth:`ring` counts, in the rendezvous store, a message
 about to be sent, and :meth:`rings` reads the count. A gloo receive cannot be polled, but the store
 can be read at any time for one small request, so a busy peer can check between steps of work
@@ -23,6 +29,7 @@ it is).
 
 from __future__ import annotations
 
+import io
 import pickle
 import socket
 from datetime import timedelta
@@ -37,6 +44,7 @@ FIRST = 64 * 1024
 _HEADER = 16  # int64 kind, int64 nbytes
 _ROOM = FIRST - _HEADER  # body bytes the first part carries
 _DOORBELL = "saguaro/doorbell"
+_LANE = "saguaro/lane"  # the persistent id tag of a tensor sent over the device lane
 # Joining may wait for a peer that is still importing torch and loading its model.
 CONNECT_TIMEOUT_S = 300.0
 
@@ -65,9 +73,76 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def pack(kind: int, obj: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One message in the wire format above: the first part, and the rest (None: it fit)."""
-    body = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+class _LanePickler(pickle.Pickler):
+    """Pickles a message but for its tensors on ``device_type``, collected in ``tensors``."""
+
+    def __init__(self, file: io.BytesIO, device_type: str) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.device_type = device_type
+        self.tensors: list[torch.Tensor] = []
+
+    def persistent_id(self, obj: Any) -> Any:
+        if isinstance(obj, torch.Tensor) and obj.device.type == self.device_type:
+            self.tensors.append(obj.contiguous())
+            return (_LANE, tuple(obj.shape), obj.dtype)
+        return None
+
+
+class _LaneUnpickler(pickle.Unpickler):
+    """Unpickles a message, allocating its lane tensors on ``device`` (in ``tensors``)."""
+
+    def __init__(self, file: io.BytesIO, device: torch.device) -> None:
+        super().__init__(file)
+        self.device = device
+        self.tensors: list[torch.Tensor] = []
+
+    def persistent_load(self, pid: Any) -> torch.Tensor:
+        tag, shape, dtype = pid
+        if tag != _LANE:
+            raise pickle.UnpicklingError(f"unknown persistent id {tag!r}")
+        t = torch.empty(shape, dtype=dtype, device=self.device)
+        self.tensors.append(t)
+        return t
+
+
+def open_store(
+    addr: str, port: int, world_size: int, is_master: bool, timeout: timedelta
+) -> dist.TCPStore:
+    """A rendezvous store on ``addr:port`` (port 0: a free one, then ``store.port``). The
+    store's own listener would take every interface; the master hands it a socket bound to
+    ``addr`` instead, so a loopback rendezvous is reachable from loopback only."""
+    listener = _listen(addr, port) if is_master else None
+    try:
+        store = dist.TCPStore(
+            addr,
+            port,
+            world_size,
+            is_master,
+            timeout=timeout,
+            wait_for_workers=False,
+            **({"master_listen_fd": listener.fileno()} if listener else {}),
+        )
+    except (RuntimeError, dist.DistStoreError) as e:
+        if listener is not None:
+            listener.close()
+        raise ChannelError(f"rendezvous store on {addr}:{port} failed: {e}") from e
+    if listener is not None:
+        listener.detach()  # the store owns the descriptor from here on
+    return store
+
+
+def pack(
+    kind: int, obj: Any, lane_device: str | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None, list[torch.Tensor]]:
+    """One message in the wire format above: the first part, the rest (None: it fit), and the
+    tensors on ``lane_device`` (a device type) that left the pickle for the lane."""
+    if lane_device is None:
+        body, lane = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), []
+    else:
+        buf = io.BytesIO()
+        pickler = _LanePickler(buf, lane_device)
+        pickler.dump(obj)
+        body, lane = buf.getvalue(), pickler.tensors
     first = torch.zeros(FIRST, dtype=torch.uint8)
     first[:_HEADER] = torch.tensor([kind, len(body)], dtype=torch.int64).view(torch.uint8)
     head = body[:_ROOM]
@@ -76,7 +151,7 @@ def pack(kind: int, obj: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
     rest = None
     if len(body) > _ROOM:
         rest = torch.frombuffer(bytearray(body[_ROOM:]), dtype=torch.uint8)
-    return first, rest
+    return first, rest, lane
 
 
 def rest_buffer(first: torch.Tensor) -> torch.Tensor | None:
@@ -85,13 +160,20 @@ def rest_buffer(first: torch.Tensor) -> torch.Tensor | None:
     return torch.empty(nbytes - _ROOM, dtype=torch.uint8) if nbytes > _ROOM else None
 
 
-def unpack(first: torch.Tensor, rest: torch.Tensor | None) -> tuple[int, Any]:
-    """``(kind, object)`` of a message received as ``first`` and ``rest``."""
+def unpack(
+    first: torch.Tensor, rest: torch.Tensor | None, lane_device: torch.device | None = None
+) -> tuple[int, Any, list[torch.Tensor]]:
+    """``(kind, object, lane tensors)`` of a message received as ``first`` and ``rest``; the
+    lane tensors are allocated on ``lane_device``, still to be received into."""
     kind, nbytes = (int(x) for x in first[:_HEADER].view(torch.int64))
     body = first[_HEADER : _HEADER + min(nbytes, _ROOM)].numpy().tobytes()
     if rest is not None:
         body += rest.numpy().tobytes()
-    return kind, pickle.loads(body)
+    if lane_device is None:
+        return kind, pickle.loads(body), []
+    unpickler = _LaneUnpickler(io.BytesIO(body), lane_device)
+    obj = unpickler.load()
+    return kind, obj, unpickler.tensors
 
 
 class Channel:
@@ -111,29 +193,12 @@ class Channel:
         self.rank = rank
         self.timeout = timedelta(seconds=timeout_s)  # per message, once connected
         self.connect_timeout = timedelta(seconds=connect_timeout_s)
-        # The store's own listener would take every interface; rank 0 hands it a socket bound
-        # to the configured address instead, so a loopback rendezvous is reachable from
-        # loopback only.
-        listener = _listen(addr, port) if rank == 0 else None
-        try:
-            self.store = dist.TCPStore(
-                addr,
-                port,
-                world_size,
-                rank == 0,
-                timeout=self.connect_timeout,
-                wait_for_workers=False,
-                **({"master_listen_fd": listener.fileno()} if listener else {}),
-            )
-            self.port = self.store.port
-        except (RuntimeError, dist.DistStoreError) as e:
-            if listener is not None:
-                listener.close()
-            raise ChannelError(f"rendezvous store on {addr}:{port} failed: {e}") from e
-        if listener is not None:
-            listener.detach()  # the store owns the descriptor from here on
+        self.store = open_store(addr, port, world_size, rank == 0, self.connect_timeout)
+        self.port = self.store.port
         self.addr, self.world_size = addr, world_size
         self.pg: dist.ProcessGroupGloo | None = None
+        self.lane: dist.ProcessGroup | None = None
+        self.lane_device: torch.device | None = None
 
     def connect(self) -> Channel:
         try:
@@ -144,12 +209,33 @@ class Channel:
             raise ChannelError(f"rendezvous on {self.addr}:{self.port} failed: {e}") from e
         return self
 
+    def open_lane(self, device: torch.device) -> None:
+        """Send this end's tensors on ``device``'s type over a lane of their own (NCCL between
+        GPUs, gloo otherwise), and receive the peer's onto ``device``. Both ends call it, at the
+        same point of their conversation; it returns once both have."""
+        store = dist.PrefixStore("saguaro/lane", self.store)
+        try:
+            if device.type == "cuda":
+                options = dist.ProcessGroupNCCL.Options()
+                options._timeout = self.connect_timeout
+                self.lane = dist.ProcessGroupNCCL(store, self.rank, self.world_size, options)
+            else:
+                self.lane = dist.ProcessGroupGloo(
+                    store, self.rank, self.world_size, self.connect_timeout
+                )
+        except (RuntimeError, dist.DistStoreError) as e:
+            raise ChannelError(f"device lane on {device} failed: {e}") from e
+        self.lane_device = device
+
     def send(self, peer: int, kind: int, obj: Any) -> None:
-        first, rest = pack(kind, obj)
+        lane_type = self.lane_device.type if self.lane_device is not None else None
+        first, rest, tensors = pack(kind, obj, lane_type)
         try:
             self.pg.send([first], peer, 0).wait(self.timeout)
             if rest is not None:
                 self.pg.send([rest], peer, 1).wait(self.timeout)
+            for i, t in enumerate(tensors):
+                self.lane.send([t], peer, i).wait(self.timeout)
         except RuntimeError as e:
             raise ChannelError(f"send to rank {peer} failed: {e}") from e
 
@@ -161,9 +247,12 @@ class Channel:
             rest = rest_buffer(first)
             if rest is not None:
                 self.pg.recv([rest], peer, 1).wait(timeout)
+            kind, obj, tensors = unpack(first, rest, self.lane_device)
+            for i, t in enumerate(tensors):
+                self.lane.recv([t], peer, i).wait(timeout)
         except RuntimeError as e:
             raise ChannelError(f"no answer from rank {peer}: {e}") from e
-        return unpack(first, rest)
+        return kind, obj
 
     def ring(self) -> None:
         """Count one message about to be sent (see the module docstring)."""
@@ -181,5 +270,5 @@ class Channel:
 
     def close(self) -> None:
         """Drop the process group and the store; rank 0's listening port closes with it."""
-        self.pg = None
+        self.pg = self.lane = self.lane_device = None
         self.store = None

@@ -1,7 +1,8 @@
 """The processes of one tensor-parallel target: a rendezvous store and two process groups.
 
-Rank 0 hosts the store (on loopback, a free port) and starts ranks 1..N-1. Every rank joins two
-groups of its own (not torch's global default group, so engines can come and go in one process):
+Rank 0 hosts the store (listening on loopback only, a free port) and starts ranks 1..N-1. Every
+rank joins two groups of its own (not torch's global default group, so engines can come and go
+in one process):
 
 - **control** (gloo, CPU): rank 0 broadcasts each step's command in :mod:`channel`'s wire format.
   A rank waiting for its next command may wait as long as the engine idles, so this group's
@@ -22,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from saguaro.distributed.channel import FIRST, pack, rest_buffer, unpack
+from saguaro.distributed.channel import FIRST, open_store, pack, rest_buffer, unpack
 
 # A rank between commands waits as long as the engine is idle; ten years is "forever" that still
 # fits gloo's millisecond timeouts.
@@ -46,14 +47,7 @@ class RankGroup:
     ) -> None:
         self.rank, self.size, self.addr = rank, size, addr
         self.timeout = timedelta(seconds=timeout_s)
-        self.store = dist.TCPStore(
-            addr,
-            port,
-            size,
-            rank == 0,
-            timeout=timedelta(seconds=startup_timeout_s),
-            wait_for_workers=False,
-        )
+        self.store = open_store(addr, port, size, rank == 0, timedelta(seconds=startup_timeout_s))
         self.port = self.store.port
         self.control: dist.ProcessGroupGloo | None = None
         self.compute: dist.ProcessGroup | None = None
@@ -91,7 +85,7 @@ class RankGroup:
     def broadcast(self, kind: int = 0, obj: Any = None) -> tuple[int, Any]:
         """Rank 0 sends ``(kind, obj)`` to every rank; the others receive and return it."""
         if self.rank == 0:
-            first, rest = pack(kind, obj)
+            first, rest, _ = pack(kind, obj)
             self.control.broadcast(first, 0).wait(self.timeout)
             if rest is not None:
                 self.control.broadcast(rest, 0).wait(self.timeout)
@@ -101,7 +95,8 @@ class RankGroup:
         rest = rest_buffer(first)
         if rest is not None:
             self.control.broadcast(rest, 0).wait(self.timeout)
-        return unpack(first, rest)
+        kind, obj, _ = unpack(first, rest)
+        return kind, obj
 
     def close(self) -> None:
         self.control = self.compute = None

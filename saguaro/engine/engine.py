@@ -425,8 +425,9 @@ class LLMEngine:
         q = None
         if proposal is not None and proposal.q is not None and take:
             # Rounds without proposals get point masses: their entries are never read.
-            q = SparseQ.point_mass(draft_tokens, proposal.q.width)
-            dst, src = (torch.tensor(x) for x in zip(*take, strict=True))
+            # Assembled where the proposal's q is (the device, over SSD's lane): no round trip.
+            q = SparseQ.point_mass(draft_tokens, proposal.q.width).to(proposal.q.ids.device)
+            dst, src = (torch.tensor(x, device=q.ids.device) for x in zip(*take, strict=True))
             q.ids[dst], q.probs[dst] = proposal.q.ids[src, :k_max], proposal.q.probs[src, :k_max]
         seqs = [s.seq for s in rounds]
         verify_start = time.perf_counter()

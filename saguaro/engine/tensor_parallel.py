@@ -19,6 +19,7 @@ import os
 import signal
 import subprocess
 import time
+import weakref
 from pathlib import Path
 
 import torch
@@ -79,6 +80,8 @@ class TensorParallelTarget:
                 spec = self._spec(r)
                 env = {**os.environ, "OMP_NUM_THREADS": str(spec.threads or 1)}
                 self.procs.append(subprocess.Popen([*COMMAND, spec.to_json()], env=env))
+            # An engine never closed still stops its ranks, when collected or at exit.
+            weakref.finalize(self, _reap_all, list(self.procs))
             self._wait_for("joining")
             self.group.join(self.device)
         except BaseException:
@@ -101,11 +104,6 @@ class TensorParallelTarget:
             timeout_s=cfg.tensor_parallel_timeout_s,
             parent_pid=os.getpid(),
         )
-
-    @property
-    def placement(self) -> placement.Placement | None:
-        """Rank 0's own cores and threads (None on GPUs)."""
-        return self.placements[0] if self.placements else None
 
     def pids(self) -> list[int]:
         """Process ids of ranks 1..N-1."""
@@ -193,6 +191,11 @@ class TensorParallelTarget:
                     pass
             reap(p)
         self.group.close()
+
+
+def _reap_all(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        reap(p)
 
 
 def _exit_reason(code: int) -> str:

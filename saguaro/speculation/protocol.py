@@ -3,7 +3,9 @@
 ::
 
     target (rank 0)                               draft worker (rank 1)
-    HELLO(WorkerConfig)           ───────────────>  load draft, allocate KV
+    HELLO(WorkerConfig)           ───────────────>
+    (both, if WorkerConfig.lane: open the device lane)
+                                                    load draft, allocate KV
                                   <───────────────  READY(vocab_size)
     ROUND(RoundRequest)           ───────────────>  apply outcomes; per sequence: cache hit,
                                                     or backup (neural: decode now; fast: n-gram)
@@ -28,12 +30,21 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import torch
+
 from saguaro.sampling import SparseQ
 
 if TYPE_CHECKING:
     from saguaro.config import EngineConfig
 
 HELLO, READY, ROUND, SPEC, SHUTDOWN, ERROR = range(6)
+
+
+def lane_between(target_device: str, worker_device: str) -> bool:
+    """Whether target and worker exchange tensors over a device lane: both on GPUs, different
+    ones (NCCL cannot connect two processes on one GPU)."""
+    t, w = torch.device(target_device), torch.device(worker_device)
+    return t.type == w.type == "cuda" and (t.index or 0) != (w.index or 0)
 
 
 @dataclass
@@ -55,6 +66,9 @@ class WorkerConfig:
     num_threads: int | None
     seed: int
     compile: bool  # torch.compile the draft's forward
+    # The replies' tensors go GPU to GPU over the channel's device lane (both ends on GPUs, not
+    # the same one); otherwise the worker sends them from its host memory.
+    lane: bool = False
 
     @classmethod
     def from_engine(
@@ -78,6 +92,7 @@ class WorkerConfig:
             num_threads=cfg.draft_threads,
             seed=cfg.seed,
             compile=cfg.compile,
+            lane=lane_between(cfg.device, cfg.draft_device or cfg.device),
         )
 
 

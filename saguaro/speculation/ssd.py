@@ -99,7 +99,10 @@ class SSDProposer(Proposer):
             )
         try:
             self.channel.connect()
-            self.channel.send(1, P.HELLO, P.WorkerConfig.from_engine(cfg, draft_dir, max_model_len))
+            hello = P.WorkerConfig.from_engine(cfg, draft_dir, max_model_len)
+            self.channel.send(1, P.HELLO, hello)
+            if hello.lane:
+                self.channel.open_lane(torch.device(cfg.device))
             kind, msg = self.channel.recv(1, timeout_s=max(self.timeout_s, STARTUP_TIMEOUT_S))
         except ChannelError as e:
             self.close()
@@ -171,8 +174,9 @@ class SSDProposer(Proposer):
             num_draft[i] = m
             tokens[i, :m] = torch.tensor(spec.tokens[:m], dtype=torch.int64)
         q = None
-        if sampled:  # point masses (greedy, n-gram) for the rest
-            q = SparseQ.point_mass(tokens, max(sq.width for _, sq in sampled))
+        if sampled:  # point masses (greedy, n-gram) for the rest, where the replies' q are
+            width, device = max(sq.width for _, sq in sampled), sampled[0][1].ids.device
+            q = SparseQ.point_mass(tokens, width).to(device)
             for i, sq in sampled:
                 m, padded = int(num_draft[i]), sq.pad_to(q.width)
                 q.ids[i, :m], q.probs[i, :m] = padded.ids[:m], padded.probs[:m]

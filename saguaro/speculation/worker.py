@@ -95,6 +95,11 @@ class DraftWorker:
         if misses and req.backup == "neural":
             self.builder.observe_backup(backup_s)
         self.pending = order
+        if not self.cfg.lane:
+            # Sent from host memory: a GPU tensor in the pickle would be recreated on this
+            # worker's GPU inside the target's process.
+            for spec in specs.values():
+                spec.q = spec.q.to("cpu") if spec.q is not None else None
         b = self.builder
         return P.RoundReply(
             specs=[specs[s.seq_id] for s in order],
@@ -136,6 +141,8 @@ def serve(channel: Channel) -> None:
     kind, cfg = channel.recv(0, timeout_s=HELLO_TIMEOUT_S)
     if kind != P.HELLO:
         raise ChannelError(f"expected HELLO, got message kind {kind}")
+    if cfg.lane:  # before anything can fail: the target is opening it too
+        channel.open_lane(torch.device(cfg.device))
     try:
         worker = DraftWorker(cfg)
     except Exception as e:

@@ -7,7 +7,7 @@ import threading
 
 import torch
 
-from saguaro.distributed.channel import FIRST, Channel, free_port
+from saguaro.distributed.channel import FIRST, Channel, free_port, pack
 
 
 def test_small_and_large_messages_round_trip():
@@ -78,3 +78,35 @@ def test_rendezvous_listens_on_the_configured_address_only():
     finally:
         target.close()
     assert _listening_addresses(target.port) == set()
+
+
+def test_device_lane_carries_tensors_beside_the_pickle():
+    """With a lane open, the message's tensors (on the lane's device type) travel over it: the
+    pickle names them only, and they arrive intact on the receiver's device."""
+    port = free_port()
+    target = Channel(0, "127.0.0.1", port, timeout_s=30)
+    big = torch.arange(4 * FIRST, dtype=torch.float32)  # 16x FIRST bytes
+    message = {"q": big, "ids": [torch.tensor([[1, 2], [3, 4]]), torch.zeros(0)], "n": 3}
+    got = {}
+
+    def worker() -> None:
+        ch = Channel(1, "127.0.0.1", port, timeout_s=30).connect()
+        ch.open_lane(torch.device("cpu"))
+        got["message"] = ch.recv(0)
+        ch.send(0, 9, got["message"][1])
+        ch.close()
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    target.connect()
+    target.open_lane(torch.device("cpu"))
+    target.send(1, 7, message)
+    kind, echoed = target.recv(1)
+    thread.join(timeout=30)
+    target.close()
+    first, rest, lane = pack(7, message, "cpu")
+    assert rest is None and len(lane) == 3  # the pickle fits one part: the tensors left it
+    for kind_got, obj in [got["message"], (kind, echoed)]:
+        assert kind_got in (7, 9)
+        assert torch.equal(obj["q"], big) and obj["n"] == 3
+        assert torch.equal(obj["ids"][0], message["ids"][0]) and obj["ids"][1].shape == (0,)

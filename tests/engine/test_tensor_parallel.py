@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -152,3 +154,23 @@ def test_closing_stops_every_rank(tiny_llama):
     assert all(running(p) for p in pids)
     llm.close()
     assert not any(running(p) for p in pids)
+
+
+def test_ranks_do_not_outlive_a_killed_rank_0(tiny_llama):
+    """SIGKILL leaves rank 0 no chance to stop its ranks: they notice and exit by themselves."""
+    script = (
+        "import sys; from saguaro import LLM; "
+        f"llm = LLM({str(tiny_llama)!r}, tensor_parallel_size=2); "
+        "print(*llm.engine.tensor_parallel.pids(), flush=True); sys.stdin.read()"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    (rank,) = (int(p) for p in proc.stdout.readline().split())
+    assert running(rank)
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while running(rank):
+        assert time.monotonic() < deadline, "a rank outlived its killed rank 0"
+        time.sleep(0.05)

@@ -17,6 +17,7 @@ import torch
 
 from saguaro import LLM, SamplingParams
 from saguaro.distributed.channel import free_port
+from saguaro.speculation import protocol
 from tests.conftest import PROMPTS, SMALL_VOCAB, exact_first_two
 from tests.stats import tv_noise_floor
 
@@ -292,6 +293,33 @@ def test_seeded_text_is_the_same_alone_in_a_batch_and_in_sd(tiny_llama, close_dr
         alone = [llm.generate(p, q)[0].token_ids for p, q in zip(PROMPTS[:4], params, strict=True)]
     assert batched == expected
     assert alone == expected
+
+
+def test_replies_over_the_device_lane_give_the_same_text(tiny_llama, close_draft, monkeypatch):
+    """Between a target and a worker on two GPUs the replies' q travel over the channel's
+    device lane (NCCL). Forced here on CPU (gloo), the same path must commit SD's text."""
+    monkeypatch.setattr(protocol, "lane_between", lambda target, worker: True)
+    params = [
+        SamplingParams(temperature=0.8, top_p=0.95, seed=20 + i, max_tokens=16, ignore_eos=True)
+        for i in range(3)
+    ]
+    sd = LLM(
+        model=str(tiny_llama),
+        draft=str(close_draft),
+        mode="sd",
+        num_speculative_tokens=3,
+        max_model_len=256,
+        sampling="rejection",
+    )
+    expected = [o.token_ids for o in sd.generate(PROMPTS[:3], params)]
+    sd.close()
+    with ssd(
+        tiny_llama, close_draft, num_speculative_tokens=3, backup="neural", sampling="rejection"
+    ) as llm:
+        assert llm.engine.proposer.channel.lane is not None
+        got = [o.token_ids for o in llm.generate(PROMPTS[:3], params)]
+        assert llm.last_run["drafted"] > 0
+    assert got == expected
 
 
 def test_requests_that_reach_the_end_of_the_context_keep_the_worker(tiny_llama, close_draft):
