@@ -43,6 +43,7 @@ def test_worker_config_from_engine_maps_every_field():
         num_threads=2,
         seed=7,
         compile=True,
+        lane=False,  # the target is on the CPU
     )
 
 
@@ -50,3 +51,9 @@ def test_the_worker_runs_on_the_engines_device_unless_told_otherwise():
     engine = EngineConfig(device="cpu", pin_cpus=False)
     cfg = P.WorkerConfig.from_engine(engine, "d", max_model_len=64)
     assert cfg.device == "cpu" and cfg.fanout == "auto" and cfg.budget is None
+
+
+def test_a_device_lane_joins_two_different_gpus_only():
+    assert P.lane_between("cuda:0", "cuda:1") and P.lane_between("cuda", "cuda:2")
+    assert not P.lane_between("cuda", "cuda:0")  # one GPU: NCCL cannot pair it with itself
+    assert not P.lane_between("cpu", "cuda:1") and not P.lane_between("cpu", "cpu")

@@ -314,7 +314,12 @@ def test_replies_over_the_device_lane_give_the_same_text(tiny_llama, close_draft
     expected = [o.token_ids for o in sd.generate(PROMPTS[:3], params)]
     sd.close()
     with ssd(
-        tiny_llama, close_draft, num_speculative_tokens=3, backup="neural", sampling="rejection"
+        tiny_llama,
+        close_draft,
+        num_speculative_tokens=3,
+        fanout=[2, 1, 1, 2],
+        backup="neural",
+        sampling="rejection",
     ) as llm:
         assert llm.engine.proposer.channel.lane is not None
         got = [o.token_ids for o in llm.generate(PROMPTS[:3], params)]
