@@ -102,9 +102,25 @@ def verify(
     Nothing is drawn from a stream: the uniforms are functions of (seed, position, purpose), so
     a sequence's outcome is the same in any batch.
     """
+    rows = round_rows(logits, draft_tokens, num_draft, rows)
+    if bool(st.greedy.all()):
+        return verify_greedy(logits, draft_tokens, num_draft, rows)
+    return verify_general(logits, st, draft_tokens, num_draft, seeds, positions, draft_q, rows)
+
+
+def verify_general(
+    logits: torch.Tensor,
+    st: SamplingTensors,
+    draft_tokens: torch.Tensor,
+    num_draft: torch.Tensor,
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+    draft_q: SparseQ | None,
+    rows: torch.Tensor,
+) -> VerifyResult:
+    """:func:`verify` for any mix of rows (greedy and sampled), ``rows`` checked."""
     n, k_max = draft_tokens.shape
     device = logits.device
-    rows = round_rows(logits, draft_tokens, num_draft, rows)
     if draft_q is not None and draft_q.ids.shape[:2] != (n, k_max):
         raise ValueError(f"draft_q must be [{n}, {k_max}, M], got {list(draft_q.ids.shape)}")
     seq = torch.arange(n, device=device)
@@ -159,3 +175,28 @@ def verify(
     mass = target.sum(dim=-1)
     invalid = ~dist.valid | ~mass.isfinite() | (mass <= 0)
     return VerifyResult(num_accepted, torch.where(invalid, 0, sampled), invalid)
+
+
+def verify_greedy(
+    logits: torch.Tensor, draft_tokens: torch.Tensor, num_draft: torch.Tensor, rows: torch.Tensor
+) -> VerifyResult:
+    """:func:`verify` when every sequence is at temperature 0, in one pass over the logits.
+
+    Each ``p_j`` is the point mass at ``a_j = argmax_j``, so ``log p_j(s_j)`` is 0 or ``-inf``
+    and the test ``log u + log q(s_j) < log p_j(s_j)`` passes exactly when ``s_j == a_j``
+    (whatever ``q``: ``log u < 0``). A sequence accepts the longest prefix with
+    ``s_j == a_j`` and commits ``a`` at its stop position: nothing is random, and the rows after
+    a rejection, which :func:`verify` never reads, change nothing here either. A row whose max
+    is not finite counts as :func:`~saguaro.sampling.probs.process` counts it: argmax 0, and
+    the sequence is invalid if it is its stop row.
+    """
+    n, k_max = draft_tokens.shape
+    seq = torch.arange(n, device=logits.device)
+    top, best = logits.max(dim=-1)  # the first index among tied maxima, as process() takes it
+    finite = top.isfinite()
+    best = torch.where(finite, best, 0)
+    valid = torch.arange(k_max, device=logits.device) < num_draft[:, None]  # [n, K]
+    match = (draft_tokens == best[rows[:, :k_max]]) & valid
+    num_accepted = match.long().cumprod(dim=1).sum(dim=1)
+    stop_rows = rows[seq, num_accepted]
+    return VerifyResult(num_accepted, best[stop_rows], ~finite[stop_rows])

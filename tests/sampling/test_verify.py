@@ -21,6 +21,7 @@ from saguaro.sampling import (
     verify,
 )
 from saguaro.sampling.noise import seed_tensor
+from saguaro.sampling.verify import verify_general, verify_greedy
 from tests.stats import assert_samples_follow, tv_distance, tv_noise_floor
 
 V = 8
@@ -279,6 +280,37 @@ def test_greedy_target_accepts_while_equal_to_argmax():
         assert res.num_accepted.tolist() == [3, 0, 1, 1, 0]
         stop = res.num_accepted.tolist()
         assert res.next_token.tolist() == [int(a[i, j]) for i, j in enumerate(stop)]
+
+
+@pytest.mark.parametrize("with_q", [False, True])
+def test_the_greedy_fast_path_decides_as_the_general_path(with_q):
+    """verify_greedy (every row at T = 0) against verify_general on the same rounds: planted
+    prefixes of matches, tied maxima, NaN / inf / all -inf rows at every position, padding, a
+    non-greedy draft's q, uneven num_draft and a shuffled row layout."""
+    gen = seeded(11)
+    n, k, vocab = 400, 4, 16
+    logits = torch.randn(n * (k + 1), vocab, generator=gen)
+    logits[::7, 3] = logits.max(-1).values[::7]  # ties: the first index wins in both
+    logits[5::11] = torch.nan
+    logits[6::13, 2] = torch.inf
+    logits[8::17] = -torch.inf
+    rows = torch.randperm(n * (k + 1), generator=gen).view(n, k + 1)
+    best = logits.max(-1).indices
+    planted = torch.randint(0, k + 1, (n,), generator=gen)  # matches before a random token
+    s = torch.randint(0, vocab, (n, k), generator=gen)
+    for i in range(n):
+        s[i, : planted[i]] = best[rows[i, : planted[i]]]
+    num = torch.randint(0, k + 1, (n,), generator=gen)
+    s[torch.arange(k) >= num[:, None]] = -1
+    q = dense_q(torch.softmax(torch.randn(n, k, vocab, generator=gen), -1)) if with_q else None
+    st = SamplingTensors.from_params([SamplingParams(temperature=0)] * n)
+    seeds, pos = seed_tensor(list(range(n))), torch.zeros(n, dtype=torch.long)
+    fast = verify_greedy(logits, s, num, rows)
+    general = verify_general(logits, st, s, num, seeds, pos, q, rows)
+    assert fast.num_accepted.tolist() == general.num_accepted.tolist()
+    assert fast.invalid.tolist() == general.invalid.tolist()
+    assert fast.next_token.tolist() == general.next_token.tolist()
+    assert bool(fast.invalid.any()) and bool((fast.num_accepted == k).any())  # both kinds ran
 
 
 def test_rejected_token_is_never_the_recovery_token():
