@@ -86,8 +86,8 @@ class ModelRunner:
 
     def warm_up(self) -> None:
         """Run each kind of forward once, so that a compiled runner compiles now rather than
-        inside a request or a timed build: prefill from an empty cache, decode, verification,
-        a batch of mixed lengths, masked branches. A compiled graph specialises on dimensions
+        inside a request or a timed build: prefill from an empty cache (logits at every token,
+        the last one or none), decode, verification, a batch of mixed lengths, masked branches. A compiled graph specialises on dimensions
         of size 1 and on equal sizes, so each kind runs with one and with two sequences, and
         with keys before its tokens. Writes KV only into the first two blocks, which no
         sequence holds yet: call it before serving."""
@@ -102,7 +102,10 @@ class ModelRunner:
         branches = Query(tokens, positions, slots, torch.cat([prefix, slots]), width, mask)
         for n in (1, 2):
             for start, length in ((0, width), (width, 1), (width, width)):
-                self.forward([q(table, start, tokens[:length], length)] * n)
+                # Logits at every token (verification), the last only (a prompt's final chunk)
+                # or none (an earlier chunk): a count of 0 or 1 is its own graph.
+                for num_logits in sorted({length, 1, 0}):
+                    self.forward([q(table, start, tokens[:length], num_logits)] * n)
             self.forward([branches] * n)
         self.forward([q(table, width, tokens, width), q(table, width, tokens[:1], 1)])
 
