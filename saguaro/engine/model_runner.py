@@ -87,10 +87,10 @@ class ModelRunner:
     def warm_up(self) -> None:
         """Run each kind of forward once, so that a compiled runner compiles now rather than
         inside a request or a timed build: prefill from an empty cache (logits at every token,
-        the last one or none), decode, verification, a batch of mixed lengths, masked branches. A compiled graph specialises on dimensions
-        of size 1 and on equal sizes, so each kind runs with one and with two sequences, and
-        with keys before its tokens. Writes KV only into the first two blocks, which no
-        sequence holds yet: call it before serving."""
+        the last one or none), decode, verification, a batch of mixed lengths, masked branches.
+        A compiled graph specialises on dimensions of size 0 and 1 and on equal sizes, so each
+        kind runs with one and with two sequences, and with keys before its tokens. Writes KV
+        only into the first two blocks, which no sequence holds yet: call it before serving."""
         table = [0, 1]
         width = min(WARM_UP_TOKENS, self.block_size)
         tokens = [0] * width

@@ -13,6 +13,7 @@ sockets, so rank 0 sees the failure at its next collective.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -104,7 +105,8 @@ def rank_main(spec: RankSpec) -> None:
             elif kind == FORWARD:
                 runner.run(args)
     except BaseException as e:
-        group.announce("error", f"{type(e).__name__}: {e}")
+        with contextlib.suppress(Exception):  # the store may be gone with rank 0
+            group.announce("error", f"{type(e).__name__}: {e}")
         traceback.print_exc()
         sys.stderr.flush()
         os._exit(1)
