@@ -119,7 +119,6 @@ class LLMEngine:
         self._make_proposer = make_proposer
         self.proposer: Proposer | None = None
         self.tensor_parallel: TensorParallelTarget | None = None
-        self.failure: str | None = None  # why the engine cannot step any more (its target failed)
         self.placement = engine_placement(cfg)
         if self.placement is not None:
             placement.place(self, self.placement)
@@ -257,6 +256,11 @@ class LLMEngine:
         placement.release(self)
 
     @property
+    def failure(self) -> str | None:
+        """Why the engine cannot step any more (a rank of its tensor-parallel target failed)."""
+        return self.tensor_parallel.failure if self.tensor_parallel is not None else None
+
+    @property
     def draft_state(self) -> str:
         """ "none" (AR), "running", "restarting" (a failed SSD worker will be restarted) or
         "failed" (speculation is off for good; decoding stays exact)."""
@@ -377,11 +381,7 @@ class LLMEngine:
                     s.seq.block_table, start, tokens, s.k + 1 if s.decode else 0
                 )
             )
-        try:
-            logits = self.runner.forward(queries)
-        except TensorParallelError as e:
-            self.failure = str(e)
-            raise
+        logits = self.runner.forward(queries)
         t2 = time.perf_counter()
         for s in batch:
             if not s.decode:

@@ -133,6 +133,9 @@ class TensorParallelTarget:
             self.group.broadcast(kind, args)
         except Exception as e:
             raise self.fail(e) from e
+        except BaseException as e:  # interrupted mid-message: the ranks are out of step for good
+            self.fail(e)
+            raise
 
     def fail(self, cause: BaseException) -> TensorParallelError:
         """The group is broken: stop every rank, remember why and return the error to raise."""
@@ -217,3 +220,6 @@ class ParallelRunner(ModelRunner):
             return super().run(inputs)
         except Exception as e:
             raise self.target.fail(e) from e
+        except BaseException as e:  # interrupted mid-collective (Ctrl-C): out of step for good
+            self.target.fail(e)
+            raise

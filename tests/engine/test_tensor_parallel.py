@@ -174,3 +174,20 @@ def test_ranks_do_not_outlive_a_killed_rank_0(tiny_llama):
     while running(rank):
         assert time.monotonic() < deadline, "a rank outlived its killed rank 0"
         time.sleep(0.05)
+
+
+def test_an_interrupted_forward_stops_the_ranks_and_the_engine(tiny_llama, monkeypatch):
+    """Ctrl-C inside rank 0's part of a forward leaves the ranks mid-collective, out of step
+    for good: the interrupt propagates, the ranks are stopped, and the engine says why."""
+    llm = LLM(str(tiny_llama), tensor_parallel_size=2)
+    (pid,) = llm.engine.tensor_parallel.pids()
+
+    def interrupted(self, inputs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ModelRunner, "run", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        llm.generate(["x"], GREEDY)
+    assert "KeyboardInterrupt" in llm.snapshot().failure
+    assert not running(pid)
+    llm.close()
