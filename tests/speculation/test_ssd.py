@@ -269,6 +269,22 @@ def test_external_worker_via_env_rendezvous(tiny_llama, close_draft, ar_referenc
 # ---- reproducibility ---------------------------------------------------------------------------
 
 
+def sd_tokens(target, draft, prompts, params, **engine) -> list[list[int]]:
+    """SD's tokens (K = 3) for ``prompts``: what SSD with a neural backup and C = 1 commits."""
+    sd = LLM(
+        model=str(target),
+        draft=str(draft),
+        mode="sd",
+        num_speculative_tokens=3,
+        max_model_len=256,
+        **engine,
+    )
+    try:
+        return [o.token_ids for o in sd.generate(prompts, params)]
+    finally:
+        sd.close()
+
+
 def test_seeded_text_is_the_same_alone_in_a_batch_and_in_sd(tiny_llama, close_draft):
     """Counter-based noise: a seeded request's draft tokens depend on (seed, position) only, so
     SSD with a neural backup and C = 1 proposes what SD proposes, hit or miss, and commits the
@@ -277,14 +293,7 @@ def test_seeded_text_is_the_same_alone_in_a_batch_and_in_sd(tiny_llama, close_dr
         SamplingParams(temperature=0.8, top_p=0.95, seed=10 + i, max_tokens=24, ignore_eos=True)
         for i in range(4)
     ]
-    sd = LLM(
-        model=str(tiny_llama),
-        draft=str(close_draft),
-        mode="sd",
-        num_speculative_tokens=3,
-        max_model_len=256,
-    )
-    expected = [o.token_ids for o in sd.generate(PROMPTS[:4], params)]
+    expected = sd_tokens(tiny_llama, close_draft, PROMPTS[:4], params)
     with ssd(
         tiny_llama, close_draft, num_speculative_tokens=3, fanout=[2, 1, 1, 2], backup="neural"
     ) as llm:
@@ -303,16 +312,7 @@ def test_replies_over_the_device_lane_give_the_same_text(tiny_llama, close_draft
         SamplingParams(temperature=0.8, top_p=0.95, seed=20 + i, max_tokens=16, ignore_eos=True)
         for i in range(3)
     ]
-    sd = LLM(
-        model=str(tiny_llama),
-        draft=str(close_draft),
-        mode="sd",
-        num_speculative_tokens=3,
-        max_model_len=256,
-        sampling="rejection",
-    )
-    expected = [o.token_ids for o in sd.generate(PROMPTS[:3], params)]
-    sd.close()
+    expected = sd_tokens(tiny_llama, close_draft, PROMPTS[:3], params, sampling="rejection")
     with ssd(
         tiny_llama,
         close_draft,
