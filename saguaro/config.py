@@ -52,6 +52,7 @@ DraftWorker = Literal["spawn", "external"]
 MODES: tuple[str, ...] = typing.get_args(Mode)
 SAMPLING_METHODS: tuple[str, ...] = typing.get_args(SamplingMethod)
 BACKUPS: tuple[str, ...] = typing.get_args(Backup)
+DTYPES: tuple[str, ...] = typing.get_args(Dtype)
 
 
 @dataclass

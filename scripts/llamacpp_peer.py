@@ -1,9 +1,17 @@
-"""llama.cpp's own throughput on saguaro's models, outside the bench: write the target (and draft)
-as GGUF, then run llama.cpp's ``llama-bench`` (AR decode speed, tg N) on them, printing every
-command it runs so that it can be repeated by hand. ``saguaro bench --modes ar,llama.cpp`` is
-the side-by-side measurement on the same prompts; this is llama.cpp measuring itself.
+"""Per-forward times of saguaro and llama.cpp on the same models and threads, side by side.
 
-    python scripts/llamacpp_peer.py --bin /work/llamacpp/build/bin [--tokens 128] [--threads 2]
+For each thread count, the forwards a speculative round is made of, after ``--context`` cached
+tokens: the target at 1 position (decode) and K + 1 (verification), the draft at 1 position (a
+draft step) and B branches (a branch depth of the SSD cache, B from ``--branches``). llama.cpp
+runs them through ``llama-bench`` on the models written as GGUF (``pp n @ d context``: n tokens
+in one batch after ``context`` cached ones; its K + 1 and B-token batches are causal and ask for
+the last token's logits only, where saguaro's verification and branches ask for every row's, so
+the comparison favours llama.cpp there). saguaro times its model runner, eager and compiled.
+Rounds interleave the two engines so that a noisy machine slows both alike; the figures are the
+medians over rounds, and each round's figure is itself a median of many forwards.
+
+    python scripts/llamacpp_peer.py --bin /work/llamacpp/build/bin [--threads 1,2] \\
+        [--rounds 3] [--out docs/bench-forwards]
 """
 
 from __future__ import annotations
@@ -11,47 +19,122 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import shlex
+import statistics
 import subprocess
+import sys
+import time
 from pathlib import Path
+
+import torch
 
 from saguaro import bundled
 from saguaro.bench.backends import cached_gguf
+from saguaro.train.costs import ForwardTimer
+
+FORWARDS = ("eager", "compiled")
 
 
-def run(cmd: list[str]) -> str:
+def kinds(model: str, k: int, branches: list[int]) -> list[tuple[str, int]]:
+    """(label, tokens) of each timed forward of ``model`` ("target" or "draft")."""
+    if model == "target":
+        return [("1 position", 1), (f"{k + 1} positions", k + 1)]
+    return [("1 position", 1)] + [(f"{b} branches", b) for b in branches]
+
+
+def llama_bench(binary: Path, gguf: Path, sizes: list[int], context: int, threads: int, reps: int):
+    """Milliseconds of one batch of n tokens after ``context`` cached ones, for each n."""
+    cmd = [
+        str(binary), "-m", str(gguf), "-p", ",".join(map(str, sizes)), "-n", "0",
+        "-d", str(context), "-t", str(threads), "-r", str(reps), "-o", "json",
+    ]  # fmt: skip
     print("$", shlex.join(cmd), flush=True)
-    return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return {r["n_prompt"]: r["avg_ns"] / 1e6 for r in json.loads(out)}
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--bin", required=True, help="directory of llama.cpp's binaries")
+    p.add_argument("--bin", required=True, help="directory of llama.cpp's binaries (llama-bench)")
     p.add_argument("--model", default=str(bundled.TARGET_DIR))
     p.add_argument("--draft", default=str(bundled.DRAFT_DIR))
-    p.add_argument("--cache", default="~/.cache/saguaro/gguf")
-    p.add_argument("--dtype", default="f32", choices=("f32", "f16"))
-    p.add_argument("--tokens", type=int, default=128, help="tokens generated per repetition")
-    p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
-    p.add_argument("--repetitions", type=int, default=5)
+    p.add_argument("--cache", default="~/.cache/saguaro/gguf", help="where GGUF files are kept")
+    p.add_argument("--threads", default="1,2", help="thread counts, comma-separated")
+    p.add_argument("--k", type=int, default=4)
+    p.add_argument("--branches", default="8,16", help="branch counts, comma-separated")
+    p.add_argument("--context", type=int, default=200)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--repetitions", type=int, default=10, help="llama-bench -r per round")
+    p.add_argument("--out", help="directory for results.json and results.md")
     a = p.parse_args()
+    threads = [int(t) for t in a.threads.split(",")]
+    branches = [int(b) for b in a.branches.split(",")]
+    cpus = sorted(os.sched_getaffinity(0))
+    if max(threads) > len(cpus):
+        p.error(f"--threads {a.threads}: this process has {len(cpus)} cores")
+    binary = Path(a.bin) / "llama-bench"
+    models = {"target": a.model, "draft": a.draft}
+    ggufs = {m: cached_gguf(Path(d), a.cache, "f32") for m, d in models.items()}
+    timers = {
+        (m, fw): ForwardTimer(d, a.context, compile=fw == "compiled")
+        for m, d in models.items()
+        for fw in FORWARDS
+    }
+    # samples[(model, kind, threads, engine)] = one figure per round
+    samples: dict[tuple[str, str, int, str], list[float]] = {}
+    for r in range(a.rounds):
+        for t in threads:
+            os.sched_setaffinity(0, cpus[:t])  # llama-bench inherits the cores
+            torch.set_num_threads(t)
+            for m in models:
+                ks = kinds(m, a.k, branches)
+                sizes = [n for _, n in ks]
+                peer = llama_bench(binary, ggufs[m], sizes, a.context, t, a.repetitions)
+                for label, n in ks:
+                    samples.setdefault((m, label, t, "llama.cpp"), []).append(peer[n])
+                    for fw in FORWARDS:
+                        timer = timers[(m, fw)]
+                        ms = timer.positions_ms(n) if "position" in label else timer.branches_ms(n)
+                        samples.setdefault((m, label, t, fw), []).append(ms)
+        print(f"round {r + 1}/{a.rounds} done", flush=True)
+    os.sched_setaffinity(0, cpus)
 
     rows = []
-    for name, model_dir in (("target", a.model), ("draft", a.draft)):
-        gguf = cached_gguf(Path(model_dir), a.cache, a.dtype)
-        out = run(
-            [
-                str(Path(a.bin) / "llama-bench"),
-                "-m", str(gguf), "-p", "0", "-n", str(a.tokens), "-t", str(a.threads),
-                "-r", str(a.repetitions), "-o", "json",
-            ]
-        )  # fmt: skip
-        for r in json.loads(out):
-            rows.append((name, r["n_threads"], r["n_gen"], r["avg_ts"], r["stddev_ts"]))
-    print("| model | threads | tokens | tok/s | sd |")
-    print("|---|---:|---:|---:|---:|")
-    for name, threads, n, ts, sd in rows:
-        print(f"| {name} | {threads} | {n} | {ts:.1f} | {sd:.1f} |")
+    for (m, label, t, engine), values in samples.items():
+        if engine == "llama.cpp":
+            peer = statistics.median(values)
+            row = {"model": m, "forward": label, "threads": t, "llama.cpp_ms": peer}
+            for fw in FORWARDS:
+                ms = statistics.median(samples[(m, label, t, fw)])
+                row[f"{fw}_ms"], row[f"{fw}_x"] = ms, ms / peer
+            rows.append(row)
+    header = "| model | forward | threads | llama.cpp ms | " + " | ".join(
+        f"saguaro {fw} ms | × llama.cpp" for fw in FORWARDS
+    )
+    lines = [header + " |", "|---|---|---:|---:|" + "---:|---:|" * len(FORWARDS)]
+    for row in rows:
+        cells = [row["model"], row["forward"], str(row["threads"]), f"{row['llama.cpp_ms']:.2f}"]
+        cells += [f"{row[f'{fw}_ms']:.2f} | {row[f'{fw}_x']:.2f}×" for fw in FORWARDS]
+        lines.append("| " + " | ".join(cells) + " |")
+    table = "\n".join(lines)
+    print(table)
+    if a.out:
+        out = Path(a.out)
+        out.mkdir(parents=True, exist_ok=True)
+        meta = {
+            "command": shlex.join([sys.executable, *sys.argv]),
+            "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "machine": f"{platform.processor() or platform.machine()}, {len(cpus)} cores",
+            "torch": torch.__version__,
+            "context": a.context,
+            "rounds": a.rounds,
+        }
+        (out / "results.json").write_text(json.dumps({**meta, "rows": rows}, indent=2) + "\n")
+        (out / "results.md").write_text(
+            f"`{meta['command']}`\n\n{meta['date']} · {meta['machine']} · torch {meta['torch']} · "
+            f"context {a.context} · medians of {a.rounds} interleaved rounds\n\n{table}\n"
+        )
     return 0
 
 

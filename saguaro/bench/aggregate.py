@@ -206,7 +206,8 @@ def _row(key: tuple[str, float, int, str], v: Variant, group: list[Run]) -> Row:
 def aggregate(runs: list[Run], variants: list[Variant]) -> list[Row]:
     """One row per (dataset, temperature, batch size, variant), in the order the runs first
     reached each; then each row's speedups over AR and over SD with the same K (and the same
-    sampling method) in its cell."""
+    sampling method) in its cell, under the same setup (:attr:`Variant.setup`: forwards, dtype,
+    tensor-parallel size, core budget)."""
     by_label = {v.label: v for v in variants}
     cells: dict[tuple[str, float, int, str], list[Run]] = {}
     for run in runs:
@@ -214,9 +215,20 @@ def aggregate(runs: list[Run], variants: list[Variant]) -> list[Row]:
             run
         )
     rows = [_row(key, by_label[key[3]], group) for key, group in cells.items()]
-    index = {(r.dataset, r.temperature, r.batch_size, r.mode, r.k, r.sampling): r for r in rows}
+    index = {
+        (
+            r.dataset,
+            r.temperature,
+            r.batch_size,
+            by_label[r.variant].setup,
+            r.mode,
+            r.k,
+            r.sampling,
+        ): r
+        for r in rows
+    }
     for row in rows:
-        cell = (row.dataset, row.temperature, row.batch_size)
+        cell = (row.dataset, row.temperature, row.batch_size, by_label[row.variant].setup)
         ar = index.get((*cell, "ar", None, row.sampling))
         sd = index.get((*cell, "sd", row.k, row.sampling))
         row.speedup_vs_ar = _ratio(row.tokens_per_s, ar.tokens_per_s if ar else None)

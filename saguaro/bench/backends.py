@@ -103,6 +103,7 @@ class SaguaroBackend:
             enable_prefix_caching=False,
             seed=cfg.seed,
             compile=variant.compiled,
+            dtype=variant.dtype,
             tensor_parallel_size=variant.tensor_parallel_size,
             # Equal hardware by default: the engine's placement (AR/SD: every core; SSD: target
             # and worker on their own). One core, one thread only where asked for.

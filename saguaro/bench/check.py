@@ -24,33 +24,40 @@ def first_difference(want: list[int], got: list[int]) -> int:
 
 
 def check_greedy(runs: list[Run], variants: list[Variant]) -> dict[str, Any]:
-    """At temperature 0 every variant must produce AR's tokens for every request (AR under the
-    first sampling method is the reference; temperature 0 is the same under every method).
-    ``ok`` is None where there is nothing to compare (no AR, or no temperature-0 run). Peer
-    variants (llama.cpp) are left out of ``ok`` and summarised under ``peers`` instead
-    (:func:`peer_agreement`)."""
-    reference = next((v.label for v in variants if v.mode == "ar"), None)
-    if reference is None:
+    """At temperature 0 every variant must produce AR's tokens for every request: AR's first
+    variant of the same dtype (a bfloat16 target is another model than its float32 weights;
+    AR's other variants of that dtype, e.g. compiled, are checked against it; temperature 0 is
+    the same under every sampling method). ``ok`` is None where there is nothing to compare (no
+    AR, or no temperature-0 run). Peer variants (llama.cpp) are left out of ``ok`` and
+    summarised under ``peers`` instead (:func:`peer_agreement`), against AR's first variant."""
+    references: dict[str, str] = {}
+    for v in variants:
+        if v.mode == "ar":
+            references.setdefault(v.dtype, v.label)
+    if not references:
         return {"ok": None, "checked": 0, "mismatches": [], "note": "ar not run: not checked"}
     if not any(r.temperature == 0 for r in runs):
         return {"ok": None, "checked": 0, "mismatches": [], "note": "no temperature-0 run"}
+    first = next(iter(references.values()))
+    by_label = {v.label: v for v in variants}
     ar = {
-        (r.dataset, r.batch_size, r.repeat, r.batch_index): r
+        (r.variant, r.dataset, r.batch_size, r.repeat, r.batch_index): r
         for r in runs
-        if r.variant == reference and r.temperature == 0
+        if r.variant in references.values() and r.temperature == 0
     }
     peers = {v.label for v in variants if v.mode in PEER_MODES}
     checked, mismatches = 0, []
     prefixes: dict[str, list[tuple[int, int]]] = {label: [] for label in peers}
     for run in runs:
+        variant = by_label[run.variant]
+        reference = first if run.variant in peers else references.get(variant.dtype, first)
         if run.temperature != 0 or run.variant == reference:
             continue
+        ref = ar[(reference, run.dataset, run.batch_size, run.repeat, run.batch_index)]
         if run.variant in peers:
-            ref = ar[(run.dataset, run.batch_size, run.repeat, run.batch_index)]
             pairs = zip(ref.gen.requests, run.gen.requests, strict=True)
             prefixes[run.variant] += [peer_prefix(want, got) for want, got in pairs]
             continue
-        ref = ar[(run.dataset, run.batch_size, run.repeat, run.batch_index)]
         for want, got in zip(ref.gen.requests, run.gen.requests, strict=True):
             checked += 1
             if want.token_ids != got.token_ids:

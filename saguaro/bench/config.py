@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from saguaro.bench.datasets import DATASETS
-from saguaro.config import MODES, SAMPLING_METHODS
+from saguaro.config import DTYPES, MODES, SAMPLING_METHODS
 from saguaro.options import add_options, flag, from_args, opt, show
 
 # SSD's Saguaro sampling constant C lies in (0, 1] (docs/design.md §6).
@@ -149,6 +149,13 @@ class BenchConfig:
         "saguaro's forwards, side by side: eager, compiled (EngineConfig.compile)",
         parse=names_of(FORWARDS),
         metavar="F,..",
+    )
+    dtypes: tuple[str, ...] = opt(
+        ("float32",),
+        "saguaro's weights and activations, side by side (EngineConfig.dtype); each dtype's "
+        "modes are checked against its own AR and compared with it",
+        parse=names_of(DTYPES),
+        metavar="D,..",
     )
     tensor_parallel_sizes: tuple[int, ...] = opt(
         (1,),

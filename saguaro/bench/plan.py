@@ -38,6 +38,13 @@ class Variant:
     compiled: bool = False  # saguaro's forwards through torch.compile
     one_core: bool = False  # AR/SD held to one core and one thread (a labelled extra)
     tensor_parallel_size: int = 1  # ranks of saguaro's target
+    dtype: str = "float32"  # saguaro's weights and activations (EngineConfig.dtype)
+
+    @property
+    def setup(self) -> tuple[bool, str, int, bool]:
+        """What a mode's speedup is measured under: a mode is compared with AR (and SD) of the
+        same forwards, dtype, tensor-parallel size and core budget."""
+        return self.compiled, self.dtype, self.tensor_parallel_size, self.one_core
 
 
 def build_variants(cfg: BenchConfig) -> list[Variant]:
@@ -60,6 +67,7 @@ def build_variants(cfg: BenchConfig) -> list[Variant]:
     many_s = len(cfg.samplings) > 1
     many_fw = len(cfg.forwards) > 1
     many_tp = len(cfg.tensor_parallel_sizes) > 1
+    many_dt = len(cfg.dtypes) > 1
 
     def label(
         mode: str, sampling: str, k: int | None = None, f: str | None = None, c: float | None = None
@@ -77,14 +85,20 @@ def build_variants(cfg: BenchConfig) -> list[Variant]:
         # forwards: one variant whatever the method
         own = mode in OWN_SAMPLER_MODES
         for sm in cfg.samplings[:1] if own else cfg.samplings:
-            for fw, tp in (
-                [(cfg.forwards[0], 1)]
+            for fw, tp, dt in (
+                [(cfg.forwards[0], 1, "float32")]
                 if own
-                else [(fw, tp) for tp in cfg.tensor_parallel_sizes for fw in cfg.forwards]
+                else [
+                    (fw, tp, dt)
+                    for dt in cfg.dtypes
+                    for tp in cfg.tensor_parallel_sizes
+                    for fw in cfg.forwards
+                ]
             ):
                 compiled = fw == "compiled"
                 tail = f" {fw}" if many_fw and not own else ""
                 tail += f" tp={tp}" if many_tp and not own else ""
+                tail += f" {dt}" if many_dt and not own else ""
                 if mode in ("ar", "llama.cpp"):
                     found = [Variant(mode, label=label(mode, sm) + tail, sampling=sm)]
                 elif mode == "ssd":
@@ -98,7 +112,9 @@ def build_variants(cfg: BenchConfig) -> list[Variant]:
                         Variant(mode, k, label=label(mode, sm, k) + tail, sampling=sm)
                         for k in cfg.ks
                     ]
-                found = [replace(v, compiled=compiled, tensor_parallel_size=tp) for v in found]
+                found = [
+                    replace(v, compiled=compiled, tensor_parallel_size=tp, dtype=dt) for v in found
+                ]
                 if cfg.one_core_baselines and mode in ONE_CORE_MODES:
                     found += [replace(v, one_core=True, label=f"{v.label} 1 core") for v in found]
                 variants += found

@@ -46,32 +46,51 @@ def median_ms(fn, repeats: int = REPEATS) -> float:
     return 1000 * statistics.median(times)
 
 
+class ForwardTimer:
+    """One model's runner after ``context`` cached tokens, timing the forwards a speculative
+    round is made of: 1 position (decode, a draft step), n positions (verification of K + 1,
+    the draft's glue) and B single-token branches in one masked forward (a branch depth)."""
+
+    def __init__(
+        self, model_dir: str | Path, context: int, compile: bool = False, dtype: str = "float32"
+    ) -> None:
+        model = load_model(str(model_dir), dtype)
+        bs = BLOCK_SIZE
+        blocks = -(-(context + SCRATCH_SLOTS) // bs) + SPARE_BLOCKS
+        self.runner = ModelRunner(model, blocks, bs, "cpu", compile)
+        if compile:
+            self.runner.warm_up()
+        self.table = list(range(blocks))
+        self.context = context
+        vocab = model.config.vocab_size
+        prompt = torch.randint(0, vocab, (context,), generator=torch.Generator().manual_seed(0))
+        self.prompt = prompt.tolist()
+        self.runner.forward([self.runner.sequence_query(self.table, 0, self.prompt, 1)])
+
+    def positions_ms(self, n: int, repeats: int = REPEATS) -> float:
+        """n positions after the context, logits at each (as verification asks)."""
+        query = self.runner.sequence_query(self.table, self.context, self.prompt[:n], n)
+        return median_ms(lambda: self.runner.forward([query]), repeats)
+
+    def branches_ms(self, b: int, repeats: int = REPEATS) -> float:
+        """b branches forked at the context's end, each seeing the context and itself."""
+        ctx = self.context
+        keys = token_slots(self.table, 0, ctx + b, BLOCK_SIZE)
+        mask = torch.zeros(b, ctx + b, dtype=torch.bool)
+        mask[:, :ctx] = True
+        mask[torch.arange(b), ctx + torch.arange(b)] = True
+        query = Query(self.prompt[:b], torch.full((b,), ctx), keys[ctx:], keys, b, mask)
+        return median_ms(lambda: self.runner.forward([query]), repeats)
+
+
 def forward_costs(model_dir: str | Path, k: int, context: int) -> dict[str, float]:
     """Milliseconds of one forward after ``context`` cached tokens: 1 position, K+1 positions,
     and ``BRANCHES`` single-token branches in one masked forward."""
-    model = load_model(str(model_dir))
-    bs = BLOCK_SIZE
-    blocks = -(-(context + SCRATCH_SLOTS) // bs) + SPARE_BLOCKS
-    runner = ModelRunner(model, blocks, bs, "cpu")
-    table = list(range(blocks))
-    vocab = model.config.vocab_size
-    prompt = torch.randint(0, vocab, (context,), generator=torch.Generator().manual_seed(0))
-    prompt = prompt.tolist()
-    runner.forward([runner.sequence_query(table, 0, prompt, 1)])  # fill the KV cache
-
-    def step(n: int):
-        return lambda: runner.forward([runner.sequence_query(table, context, prompt[:n], 1)])
-
-    b = BRANCHES
-    keys = token_slots(table, 0, context + b, bs)
-    mask = torch.zeros(b, context + b, dtype=torch.bool)
-    mask[:, :context] = True
-    mask[torch.arange(b), context + torch.arange(b)] = True
-    branches = Query(prompt[:b], torch.full((b,), context), keys[context:], keys, b, mask)
+    timer = ForwardTimer(model_dir, context)
     return {
-        "t1": median_ms(step(1)),
-        "t_k1": median_ms(step(k + 1)),
-        "branch8": median_ms(lambda: runner.forward([branches])),
+        "t1": timer.positions_ms(1),
+        "t_k1": timer.positions_ms(k + 1),
+        "branch8": timer.branches_ms(BRANCHES),
     }
 
 

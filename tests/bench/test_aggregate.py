@@ -6,6 +6,10 @@ from __future__ import annotations
 import pytest
 
 from saguaro.bench import aggregate
+from saguaro.bench.backends import Generation, RequestResult
+from saguaro.bench.config import parse_config
+from saguaro.bench.measure import Run
+from saguaro.bench.plan import build_variants
 from saguaro.core.records import RoundRecord
 
 
@@ -45,3 +49,25 @@ def test_percentile_interpolates_between_ranks():
     assert aggregate.percentile([], 50) is None
     assert aggregate.percentile([3.0, 1.0, 2.0], 50) == 2.0
     assert aggregate.percentile([1.0, 2.0], 90) == pytest.approx(1.9)
+
+
+def test_speedups_compare_each_mode_with_ar_of_the_same_setup():
+    """Eager SD against eager AR, compiled SD against compiled AR; the one-core baseline against
+    AR on one core."""
+    cfg = parse_config(["--modes", "ar,sd", "--forwards", "eager,compiled", "--one-core-baselines"])
+    variants = build_variants(cfg)
+    elapsed = {
+        "ar eager": 4.0, "ar eager 1 core": 8.0, "ar compiled": 2.0, "ar compiled 1 core": 6.0,
+        "sd eager": 2.0, "sd eager 1 core": 4.0, "sd compiled": 1.0, "sd compiled 1 core": 2.0,
+    }  # fmt: skip
+    runs = [
+        Run("d", 0.0, 1, v.label, 0, 0, Generation(elapsed[v.label], [
+            RequestResult("p", [1] * 8, latency_s=elapsed[v.label], ttft_s=None, tpot_s=None)
+        ]))
+        for v in variants
+    ]  # fmt: skip
+    rows = {r.variant: r for r in aggregate.aggregate(runs, variants)}
+    assert rows["sd eager"].speedup_vs_ar == pytest.approx(2.0)
+    assert rows["sd compiled"].speedup_vs_ar == pytest.approx(2.0)
+    assert rows["sd compiled 1 core"].speedup_vs_ar == pytest.approx(3.0)
+    assert rows["ar compiled"].speedup_vs_ar == pytest.approx(1.0)

@@ -5,7 +5,11 @@ from __future__ import annotations
 import json
 
 from saguaro.bench import backends, bench_main
-from saguaro.bench.check import first_difference
+from saguaro.bench.backends import Generation, RequestResult
+from saguaro.bench.check import check_greedy, first_difference
+from saguaro.bench.config import parse_config
+from saguaro.bench.measure import Run
+from saguaro.bench.plan import build_variants
 from tests.bench.conftest import args
 
 
@@ -40,3 +44,29 @@ def test_guard_flags_a_wrong_mode(
 def test_first_difference():
     assert first_difference([1, 2, 3], [1, 5, 3]) == 1
     assert first_difference([1, 2], [1, 2, 3]) == 2  # a prefix: differs where it ends
+
+
+def _run(variant: str, tokens: list[int]) -> Run:
+    request = RequestResult("p", tokens, latency_s=1.0, ttft_s=None, tpot_s=None)
+    return Run("d", 0.0, 1, variant, repeat=0, batch_index=0, gen=Generation(1.0, [request]))
+
+
+def test_each_dtype_is_checked_against_its_own_ar():
+    """A bfloat16 target is another model than its float32 weights: bfloat16 modes must match
+    AR in bfloat16, and may differ from AR in float32."""
+    cfg = parse_config(["--modes", "ar,sd", "--dtypes", "float32,bfloat16"])
+    variants = build_variants(cfg)
+    f32, bf16 = [1, 2, 3, 4], [1, 2, 9, 9]
+    runs = [
+        _run("ar float32", f32),
+        _run("ar bfloat16", bf16),
+        _run("sd float32", f32),
+        _run("sd bfloat16", bf16),
+    ]
+    result = check_greedy(runs, variants)
+    assert result["ok"] is True and result["checked"] == 2
+    runs[3] = _run("sd bfloat16", f32)  # float32's tokens from the bfloat16 engine: wrong
+    result = check_greedy(runs, variants)
+    assert result["ok"] is False
+    (mismatch,) = result["mismatches"]
+    assert mismatch["variant"] == "sd bfloat16" and mismatch["first_difference"] == 2

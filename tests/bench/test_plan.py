@@ -56,3 +56,17 @@ def test_tensor_parallel_sizes_are_side_by_side_variants_of_saguaro_modes_only()
         ("ar tp=1", 1), ("ar tp=2", 2), ("ssd tp=1", 1), ("ssd tp=2", 2),
         ("llama.cpp", 1),  # its own engine: one variant
     ]  # fmt: skip
+
+
+def test_dtypes_are_side_by_side_variants_with_their_own_setup():
+    cfg = parse_config(["--modes", "ar,sd,llama.cpp", "--dtypes", "float32,bfloat16"])
+    variants = build_variants(cfg)
+    got = [(v.label, v.dtype) for v in variants]
+    assert got == [
+        ("ar float32", "float32"), ("ar bfloat16", "bfloat16"),
+        ("sd float32", "float32"), ("sd bfloat16", "bfloat16"),
+        ("llama.cpp", "float32"),  # its own weights (--llama-cpp-dtype): one variant
+    ]  # fmt: skip
+    setups = {v.label: v.setup for v in variants}
+    assert setups["sd bfloat16"] == setups["ar bfloat16"] != setups["ar float32"]
+    assert all(v.dtype == "float32" for v in build_variants(parse_config([])))
