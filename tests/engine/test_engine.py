@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 
 import pytest
@@ -181,3 +182,16 @@ def test_finished_requests_leave_no_state(tiny_llama, tiny_draft, mode):
     assert eng.seqs == {} and eng.detok.states == {}
     assert not eng.has_unfinished()
     assert eng.block_manager.num_free_blocks == eng.block_manager.num_blocks
+
+
+@pytest.mark.parametrize("dtype, warned", [("bfloat16", True), ("float32", False)])
+def test_speculation_below_float32_says_it_can_part_from_ar(
+    tiny_llama, tiny_draft, caplog, dtype, warned
+):
+    """At 16-bit precision a verification forward's logits differ from AR's by rounding, enough
+    to flip near-ties: the engine says so rather than promise AR's greedy tokens."""
+    with caplog.at_level(logging.WARNING, logger="saguaro"):
+        LLM(model=str(tiny_llama), draft=str(tiny_draft), mode="sd", dtype=dtype)
+        LLM(model=str(tiny_llama), dtype=dtype)  # AR: nothing to part from
+    said = [r.getMessage() for r in caplog.records if "near-ties" in r.getMessage()]
+    assert len(said) == (1 if warned else 0)
