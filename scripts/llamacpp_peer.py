@@ -123,7 +123,7 @@ def main() -> int:
         out = Path(a.out)
         out.mkdir(parents=True, exist_ok=True)
         meta = {
-            "command": shlex.join([sys.executable, *sys.argv]),
+            "command": shlex.join(["python", *sys.argv]),
             "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "machine": f"{platform.processor() or platform.machine()}, {len(cpus)} cores",
             "torch": torch.__version__,

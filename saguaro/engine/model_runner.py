@@ -43,6 +43,7 @@ class ModelRunner:
         block_size: int,
         device: str | torch.device,
         compile: bool = False,
+        compile_options: dict | None = None,
     ) -> None:
         self.model = model
         # Compiled: one graph per kind of forward, with symbolic token and key counts, so a new
@@ -52,7 +53,9 @@ class ModelRunner:
         if compile:
             dynamo = torch._dynamo.config
             dynamo.recompile_limit = max(dynamo.recompile_limit, COMPILED_VARIANTS_LIMIT)
-            self._forward = torch.compile(model, dynamic=True)
+            # compile_options: torch.compile's keywords in place of these (the experiments of
+            # scripts/compile_variants.py; the engine passes none).
+            self._forward = torch.compile(model, **(compile_options or {"dynamic": True}))
         self.config = model.config
         self.device = torch.device(device)
         self.block_size = block_size

@@ -52,12 +52,17 @@ class ForwardTimer:
     the draft's glue) and B single-token branches in one masked forward (a branch depth)."""
 
     def __init__(
-        self, model_dir: str | Path, context: int, compile: bool = False, dtype: str = "float32"
+        self,
+        model_dir: str | Path,
+        context: int,
+        compile: bool = False,
+        dtype: str = "float32",
+        compile_options: dict | None = None,
     ) -> None:
         model = load_model(str(model_dir), dtype)
         bs = BLOCK_SIZE
         blocks = -(-(context + SCRATCH_SLOTS) // bs) + SPARE_BLOCKS
-        self.runner = ModelRunner(model, blocks, bs, "cpu", compile)
+        self.runner = ModelRunner(model, blocks, bs, "cpu", compile, compile_options)
         if compile:
             self.runner.warm_up()
         self.table = list(range(blocks))
