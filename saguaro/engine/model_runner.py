@@ -19,6 +19,7 @@ WARM_UP_TOKENS = 3
 # (about ten) for each model sharing the code (a target and its draft in one process), with room.
 # torch's default (8) is per function, and past it the forward silently runs eagerly.
 COMPILED_VARIANTS_LIMIT = 64
+COMPILE_OPTIONS = {"dynamic": True, "options": {"cpp_wrapper": True}}
 
 
 @dataclass
@@ -47,15 +48,18 @@ class ModelRunner:
     ) -> None:
         self.model = model
         # Compiled: one graph per kind of forward, with symbolic token and key counts, so a new
-        # batch size or context length does not recompile. inference_mode tensors cannot enter
-        # a compiled graph that writes the KV cache; no_grad serves both paths.
+        # batch size or context length does not recompile; the kernels are called from C++
+        # (inductor's cpp_wrapper) rather than from Python, which is most of what a small
+        # forward costs beyond its matrix products (scripts/compile_variants.py).
+        # inference_mode tensors cannot enter a compiled graph that writes the KV cache;
+        # no_grad serves both paths.
         self._forward = model
         if compile:
             dynamo = torch._dynamo.config
             dynamo.recompile_limit = max(dynamo.recompile_limit, COMPILED_VARIANTS_LIMIT)
             # compile_options: torch.compile's keywords in place of these (the experiments of
             # scripts/compile_variants.py; the engine passes none).
-            self._forward = torch.compile(model, **(compile_options or {"dynamic": True}))
+            self._forward = torch.compile(model, **(compile_options or COMPILE_OPTIONS))
         self.config = model.config
         self.device = torch.device(device)
         self.block_size = block_size
