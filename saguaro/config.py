@@ -83,8 +83,9 @@ class EngineConfig:
     )
     compile: bool = opt(
         False,
-        "compile the models' forwards with torch.compile (inductor): fewer, fused kernels per "
-        "step; the first forwards of each kind (decode, verify, prefill, branches) compile",
+        "compile the models' forwards with torch.compile (inductor, kernels called from C++): "
+        "fewer, fused kernels per step; every kind of forward compiles at start (minutes the "
+        "first time, then read from inductor's disk cache)",
     )
     tensor_parallel_size: int = opt(
         1,

@@ -37,6 +37,10 @@ OVERRUN_IDLE_S = 5e-4  # a worker idle for less than this before a request was s
 # The worker's READY comes after it has imported torch and loaded the draft, which can take
 # longer than a round: wait at least this long for it.
 STARTUP_TIMEOUT_S = 120.0
+# With compile=True the worker also compiles every kind of forward before READY: without
+# inductor's disk cache that takes minutes on a few cores (about six for the bundled target's
+# size on two), so its start gets this long.
+COMPILED_STARTUP_TIMEOUT_S = 1800.0
 # The window offered to the worker is capped at this many verifications: an engine idle between
 # requests is not time the worker can plan a build on.
 WINDOW_CAP_VERIFICATIONS = 3
@@ -103,7 +107,8 @@ class SSDProposer(Proposer):
             self.channel.send(1, P.HELLO, hello)
             if hello.lane:
                 self.channel.open_lane(torch.device(cfg.device))
-            kind, msg = self.channel.recv(1, timeout_s=max(self.timeout_s, STARTUP_TIMEOUT_S))
+            startup_s = COMPILED_STARTUP_TIMEOUT_S if cfg.compile else STARTUP_TIMEOUT_S
+            kind, msg = self.channel.recv(1, timeout_s=max(self.timeout_s, startup_s))
         except ChannelError as e:
             self.close()
             raise DraftWorkerError(f"draft worker did not start: {e}") from e
