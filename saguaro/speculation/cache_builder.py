@@ -193,78 +193,6 @@ class CacheBuilder:
             self.budget, self.depth = plan.budget, plan.depth
             self._fanouts = {}
 
-    def _draw(
-        self,
-        seqs: list[DraftSeq],
-        branches: list[list[tuple[int, int]]],
-        forks: dict[int, torch.Tensor],
-        logits: torch.Tensor,
-        depth: int,
-        fanout: int,
-        out_q: dict[int, SparseQ],
-    ) -> dict[int, torch.Tensor]:
-        """Each sequence's next branch tokens from one depth's logits (rows in the order of
-        ``forks``' sequences, ``len(branches[i])`` each); a rejection-sampled sequence's q goes
-        into ``out_q`` at this depth.
-
-        The rows of every sequence of one kind (greedy, coupled, rejection-sampled) are drawn in
-        one call. Each rule works row by row: a row's token (and q) depends only on its logits,
-        its request's settings and seed, and its position, never on the other rows, so drawing
-        them together gives every sequence exactly the tokens it would get alone."""
-        spans, offset = {}, 0
-        for i in forks:
-            spans[i] = (offset, offset + len(branches[i]))
-            offset += len(branches[i])
-
-        def kind(seq: DraftSeq) -> str:
-            return "greedy" if seq.params.greedy else "coupled" if seq.coupled else "sampled"
-
-        out: dict[int, torch.Tensor] = {}
-        for group in ("greedy", "coupled", "sampled"):
-            members = [i for i in forks if kind(seqs[i]) == group]
-            if not members:
-                continue
-            if len(members) == len(forks):
-                rows = logits
-            else:
-                rows = logits[torch.tensor([r for i in members for r in range(*spans[i])])]
-            q = None
-            if group == "greedy":
-                drawn = rows.argmax(dim=-1)
-            else:
-                params, seeds, positions = [], [], []
-                for i in members:
-                    seq, nb = seqs[i], len(branches[i])
-                    params += [seq.params] * nb
-                    seeds += [seq.seed] * nb
-                    # the token drawn here lands right after the branch's input token
-                    positions.append(len(seq.token_ids) + forks[i] + depth + 1)
-                st = SamplingTensors.from_params(params)
-                at = torch.cat(positions)
-                if group == "coupled":
-                    drawn, _ = propose_coupled(rows, st, seed_tensor(seeds), at, self.cfg.top_m)
-                else:
-                    drawn, q = propose(
-                        rows,
-                        st,
-                        seed_tensor(seeds),
-                        at,
-                        self.cfg.top_m,
-                        fanout,
-                        self.cfg.saguaro_c,
-                    )
-            start = 0
-            for i in members:
-                end = start + len(branches[i])
-                out[i] = drawn[start:end]
-                if q is not None:
-                    out_q[i].ids[:, depth], out_q[i].probs[:, depth] = (
-                        q.ids[start:end],
-                        q.probs[start:end],
-                    )
-                start = end
-        return out
-
     # ---- reading an outcome back ------------------------------------------------------------
 
     def match_outcome(self, seq: DraftSeq, new_tokens: list[int]) -> Branch | None:
@@ -439,3 +367,75 @@ class CacheBuilder:
                     None if q is None else q[j, :done].clone(),
                 )
         return depths_s
+
+    def _draw(
+        self,
+        seqs: list[DraftSeq],
+        branches: list[list[tuple[int, int]]],
+        forks: dict[int, torch.Tensor],
+        logits: torch.Tensor,
+        depth: int,
+        fanout: int,
+        out_q: dict[int, SparseQ],
+    ) -> dict[int, torch.Tensor]:
+        """Each sequence's next branch tokens from one depth's logits (rows in the order of
+        ``forks``' sequences, ``len(branches[i])`` each); a rejection-sampled sequence's q goes
+        into ``out_q`` at this depth.
+
+        The rows of every sequence of one kind (greedy, coupled, rejection-sampled) are drawn in
+        one call. Each rule works row by row: a row's token (and q) depends only on its logits,
+        its request's settings and seed, and its position, never on the other rows, so drawing
+        them together gives every sequence exactly the tokens it would get alone."""
+        spans, offset = {}, 0
+        for i in forks:
+            spans[i] = (offset, offset + len(branches[i]))
+            offset += len(branches[i])
+
+        def kind(seq: DraftSeq) -> str:
+            return "greedy" if seq.params.greedy else "coupled" if seq.coupled else "sampled"
+
+        out: dict[int, torch.Tensor] = {}
+        for group in ("greedy", "coupled", "sampled"):
+            members = [i for i in forks if kind(seqs[i]) == group]
+            if not members:
+                continue
+            if len(members) == len(forks):
+                rows = logits
+            else:
+                rows = logits[torch.tensor([r for i in members for r in range(*spans[i])])]
+            q = None
+            if group == "greedy":
+                drawn = rows.argmax(dim=-1)
+            else:
+                params, seeds, positions = [], [], []
+                for i in members:
+                    seq, nb = seqs[i], len(branches[i])
+                    params += [seq.params] * nb
+                    seeds += [seq.seed] * nb
+                    # the token drawn here lands right after the branch's input token
+                    positions.append(len(seq.token_ids) + forks[i] + depth + 1)
+                st = SamplingTensors.from_params(params)
+                at = torch.cat(positions)
+                if group == "coupled":
+                    drawn, _ = propose_coupled(rows, st, seed_tensor(seeds), at, self.cfg.top_m)
+                else:
+                    drawn, q = propose(
+                        rows,
+                        st,
+                        seed_tensor(seeds),
+                        at,
+                        self.cfg.top_m,
+                        fanout,
+                        self.cfg.saguaro_c,
+                    )
+            start = 0
+            for i in members:
+                end = start + len(branches[i])
+                out[i] = drawn[start:end]
+                if q is not None:
+                    out_q[i].ids[:, depth], out_q[i].probs[:, depth] = (
+                        q.ids[start:end],
+                        q.probs[start:end],
+                    )
+                start = end
+        return out

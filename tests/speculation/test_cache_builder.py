@@ -4,6 +4,7 @@ outcome's prefix (in full, shallow or cut short), and outcomes are matched again
 from __future__ import annotations
 
 import pytest
+import torch
 
 from saguaro import LLM, SamplingParams
 from saguaro.engine.block_manager import BlockManager
@@ -212,3 +213,34 @@ def test_a_build_cut_short_keeps_the_depths_decoded(tiny_draft):
         assert reply.cut and reply.specs[0].hit and reply.specs[0].tokens == branch
     fixed = built([2, 1, 1, 2], stop_after=0)
     assert not fixed.builder.cut and {len(b) for b, _ in fixed.seqs[0].cache.values()} == {k}
+
+
+def test_sequences_of_every_kind_built_together_get_what_they_get_alone(tiny_draft):
+    """A depth draws the rows of all greedy, all coupled and all rejection-sampled sequences in
+    one call per kind: each sequence's branches (tokens and q) are those it gets built alone."""
+    k, fanout = 3, [2, 1, 1, 2]
+    kinds = [
+        dict(temperature=0.0),
+        dict(temperature=0.9, top_p=0.8),
+        dict(temperature=0.8, coupled=True),
+        dict(temperature=1.0, top_k=5),
+    ]
+    prompts = [[5, 17, 99, 3], [200, 1, 2, 3, 4], [7, 7, 8], [42, 8, 61]]
+
+    def build(ids):
+        worker = make_worker(tiny_draft, k, fanout)
+        updates = [P.SeqUpdate(i, prompts[i], new=True, seed=100 + i, **kinds[i]) for i in ids]
+        worker.handle(P.RoundRequest(updates, backup="neural"))
+        worker.build_pending()
+        return {i: worker.seqs[i] for i in ids}
+
+    together = build(range(len(kinds)))
+    for i in range(len(kinds)):
+        alone = build([i])[i]
+        assert together[i].cache.keys() == alone.cache.keys() and alone.cache, kinds[i]
+        for key, (tokens, q) in alone.cache.items():
+            got_tokens, got_q = together[i].cache[key]
+            assert got_tokens == tokens, (kinds[i], key)
+            assert (q is None) == (got_q is None)
+            if q is not None:
+                assert torch.equal(got_q.ids, q.ids) and torch.equal(got_q.probs, q.probs)
