@@ -326,6 +326,7 @@ class CacheBuilder:
             if not seqs[i].params.greedy and not seqs[i].coupled
         }
         num_branches = sum(len(branches[i]) for i in live)
+        forks = {i: layout[i][3] for i in live}
         depths_s, done = 0.0, k
         for depth in range(k):
             if depth and stop is not None and stop():
@@ -351,7 +352,6 @@ class CacheBuilder:
                     )
                 )
             logits = self.runner.forward(queries)
-            forks = {i: layout[i][3] for i in live}
             drawn = self._draw(seqs, branches, forks, logits, depth, fanout[depth], out_q)
             for i in live:
                 out_tokens[i][:, depth] = drawn[i]
