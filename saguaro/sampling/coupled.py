@@ -32,6 +32,7 @@ import torch
 
 from saguaro.sampling.noise import GUMBEL_MAX, gumbels
 from saguaro.sampling.probs import Dist, SamplingTensors, process
+from saguaro.sampling.reduce import argmax_rows
 from saguaro.sampling.sampler import draft_support
 from saguaro.sampling.verify import VerifyResult, round_rows
 
@@ -59,7 +60,7 @@ def perturbed_argmax(dist: Dist, seeds: torch.Tensor, positions: torch.Tensor) -
         columns = torch.arange(vocab, device=z.device)[None]
         full = z.double() + gumbels(seeds[r, None], positions[r, None], columns)
         full.masked_fill_(z < dist.thr[r, None], -torch.inf)
-        tokens[r] = full.argmax(dim=-1)
+        tokens[r] = argmax_rows(full)
     return tokens
 
 

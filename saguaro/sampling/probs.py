@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from saguaro.sampling.params import SamplingParams
+from saguaro.sampling.reduce import max_rows
 
 CANDIDATES = 64  # leading values per row searched for a top-p cut-off before bucketing
 NUCLEUS_BUCKETS = 4096  # value buckets of a wide nucleus: few values share the one crossing top_p
@@ -146,10 +147,10 @@ def process(logits: torch.Tensor, st: SamplingTensors, candidates: int = CANDIDA
     device = logits.device
     greedy = st.greedy.to(device)
     x = logits.float()
-    top, argmax = x.max(dim=-1)  # the first index among tied maxima
+    top, argmax = max_rows(x)  # the first index among tied maxima
     x, valid = finite_rows(x, top)
     if not bool(valid.all()):
-        top, argmax = x.max(dim=-1)
+        top, argmax = max_rows(x)
     if bool(greedy.all()):  # nothing to temper or filter
         inf = torch.full((rows,), -torch.inf, device=device)
         zero = torch.zeros(rows, device=device)

@@ -12,6 +12,7 @@ import torch
 
 from saguaro.sampling.noise import Purpose, uniforms
 from saguaro.sampling.probs import SamplingTensors, cutoffs, finite_rows
+from saguaro.sampling.reduce import argmax_rows
 from saguaro.sampling.saguaro import saguaro_weights
 from saguaro.sampling.sparse import SparseQ
 
@@ -45,7 +46,7 @@ def draft_support(
     device = logits.device
     greedy = st.greedy.to(device)
     logits = finite_rows(logits, logits.amax(dim=-1))[0]
-    argmax = logits.argmax(dim=-1)
+    argmax = argmax_rows(logits)
     if bool(greedy.all()):
         return greedy, argmax, argmax[:, None], None, greedy[:, None]
     x = logits.float()

@@ -41,6 +41,7 @@ import torch
 
 from saguaro.sampling.noise import Purpose, uniforms
 from saguaro.sampling.probs import SamplingTensors, process
+from saguaro.sampling.reduce import max_rows
 from saguaro.sampling.sampler import inverse_cdf
 from saguaro.sampling.sparse import SparseQ
 
@@ -192,7 +193,7 @@ def verify_greedy(
     """
     n, k_max = draft_tokens.shape
     seq = torch.arange(n, device=logits.device)
-    top, best = logits.max(dim=-1)  # the first index among tied maxima, as process() takes it
+    top, best = max_rows(logits)  # the first index among tied maxima, as process() takes it
     finite = top.isfinite()
     best = torch.where(finite, best, 0)
     valid = torch.arange(k_max, device=logits.device) < num_draft[:, None]  # [n, K]

@@ -50,6 +50,7 @@ from saguaro.engine.block_manager import BlockManager
 from saguaro.engine.model_runner import ModelRunner
 from saguaro.sampling import SamplingParams, SamplingTensors, SparseQ, propose, seed_tensor
 from saguaro.sampling.coupled import propose_coupled, ranked_proposals
+from saguaro.sampling.reduce import argmax_rows
 from saguaro.speculation import protocol as P
 from saguaro.speculation.fanout import FanoutEstimator
 from saguaro.speculation.planner import BuildCosts, plan_build
@@ -405,7 +406,7 @@ class CacheBuilder:
                 rows = logits[torch.tensor([r for i in members for r in range(*spans[i])])]
             q = None
             if group == "greedy":
-                drawn = rows.argmax(dim=-1)
+                drawn = argmax_rows(rows)
             else:
                 params, seeds, positions = [], [], []
                 for i in members:

@@ -21,6 +21,7 @@ from saguaro.core.sequence import Sequence
 from saguaro.engine.model_runner import ModelRunner
 from saguaro.sampling import SamplingParams, SamplingTensors, SparseQ, propose, seed_tensor
 from saguaro.sampling.coupled import propose_coupled
+from saguaro.sampling.reduce import argmax_rows
 
 # (draft logits [m, V], chain indices of the m rows, depth, positions [m]) -> tokens, q (None:
 # the proposals need no q, as under coupled sampling)
@@ -108,7 +109,7 @@ def decode_chains(
         logits = runner.forward(queries)
         idx = torch.tensor(active)
         if greedy:
-            tokens[idx, depth] = logits.argmax(dim=-1).cpu()
+            tokens[idx, depth] = argmax_rows(logits).cpu()
         else:
             positions = torch.tensor([len(chains[i].token_ids) + depth for i in active])
             drawn, q_rows = propose_fn(logits, active, depth, positions)
