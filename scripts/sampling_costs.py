@@ -1,5 +1,6 @@
-"""Time the sampling core's per-step work at real vocabulary sizes: the row-wise argmax / max of
-:mod:`saguaro.sampling.reduce` against PyTorch's own CPU kernels, in one process, interleaved.
+"""Time the sampling core's per-step work at real vocabulary sizes: the row-wise argmax / max /
+top-k of :mod:`saguaro.sampling.reduce` against PyTorch's own CPU kernels, in one process,
+interleaved.
 
     python scripts/sampling_costs.py [--threads 1] [--rounds 5] [--out DIR]
 
@@ -34,11 +35,14 @@ REPEATS = 30
 
 @contextmanager
 def torch_kernels(on: bool):
-    """PyTorch's own argmax / max(dim) everywhere ``reduce`` is used, when ``on``."""
+    """PyTorch's own argmax / max(dim) / topk everywhere ``reduce`` is used, when ``on``."""
     if not on:
         yield
         return
-    with mock.patch.object(reduce, "_numpy_view", lambda x: None):
+    with (
+        mock.patch.object(reduce, "_numpy_view", lambda x: None),
+        mock.patch.object(reduce, "TOPK_MIN_BLOCKS_PER_K", float("inf")),
+    ):
         yield
 
 
@@ -95,7 +99,7 @@ def main() -> None:
         f"{stamp} · {platform.machine()}, {torch.get_num_threads()} thread(s) · "
         f"torch {torch.__version__} · medians of {args.rounds} interleaved rounds",
         "",
-        "| vocab | step | torch argmax/max ms | saguaro.sampling.reduce ms | speedup |",
+        "| vocab | step | torch argmax/max/topk ms | saguaro.sampling.reduce ms | speedup |",
         "|---:|---|---:|---:|---:|",
     ]
     rows = []

@@ -32,7 +32,7 @@ import torch
 
 from saguaro.sampling.noise import GUMBEL_MAX, gumbels
 from saguaro.sampling.probs import Dist, SamplingTensors, process
-from saguaro.sampling.reduce import argmax_rows
+from saguaro.sampling.reduce import argmax_rows, topk_rows
 from saguaro.sampling.sampler import draft_support
 from saguaro.sampling.verify import VerifyResult, round_rows
 
@@ -46,7 +46,7 @@ def perturbed_argmax(dist: Dist, seeds: torch.Tensor, positions: torch.Tensor) -
         return dist.argmax
     rows, vocab = dist.z.shape
     width = min(CANDIDATES, vocab)
-    values, ids = dist.z.topk(width, dim=-1, sorted=True)
+    values, ids = topk_rows(dist.z, width)
     noisy = values.double() + gumbels(seeds[:, None], positions[:, None], ids)
     noisy.masked_fill_(values < dist.thr[:, None], -torch.inf)
     best, col = noisy.max(dim=-1)

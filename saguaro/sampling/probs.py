@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from saguaro.sampling.params import SamplingParams
-from saguaro.sampling.reduce import max_rows
+from saguaro.sampling.reduce import max_rows, topk_rows
 
 CANDIDATES = 64  # leading values per row searched for a top-p cut-off before bucketing
 NUCLEUS_BUCKETS = 4096  # value buckets of a wide nucleus: few values share the one crossing top_p
@@ -188,7 +188,7 @@ def cutoffs(
             thr[need] = _wide_nucleus(z, torch.full_like(lse_k, -torch.inf), lse_k, top_p)
             return thr
     width = min(vocab, max(candidates, int(k.max())))
-    values = z.topk(width, dim=-1, sorted=True).values
+    values = topk_rows(z, width)[0]
     k_thr = torch.where(use_k, values.gather(1, (k - 1).clamp(min=0)[:, None])[:, 0], -torch.inf)
     if not bool(use_p.any()):
         thr[need] = k_thr

@@ -1,4 +1,4 @@
-"""Row-wise argmax and max of logits, vectorised on the CPU.
+"""Row-wise argmax, max and top-k of logits, fast on the CPU.
 
 Greedy decoding, greedy verification and every draft proposal reduce a ``[rows, vocab]`` block
 to each row's largest value and the index of its first occurrence. PyTorch's CPU kernels for
@@ -14,6 +14,15 @@ by tolerance:
 
 Tensors on other devices, in 16-bit formats, or that need gradients take PyTorch's
 own kernels.
+
+:func:`topk_rows` finds a row's k largest values among a few of its blocks instead of the whole
+row. Cut a row into blocks of ``TOPK_BLOCK`` tokens; a block holding one of the k largest values
+has its own maximum at or above the k-th largest value, and at most k blocks can hold them, so
+the k blocks with the largest maxima hold all k (ties between block maxima cannot drop one: a
+tied block at the k-th value adds only values equal to it). ``topk`` over those ``k *
+TOPK_BLOCK`` values returns the row's exact top-k values, in the same descending order. Among
+values tied at the k-th, which index is returned is, as with ``torch.topk``, unspecified;
+every caller takes what it returns as the row's support, on both sides of a verification.
 """
 
 from __future__ import annotations
@@ -21,6 +30,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+TOPK_BLOCK = 128  # tokens per block of the block-max filter (real vocabularies are multiples)
+# The filter pays only when the k candidate blocks are a small part of the row.
+TOPK_MIN_BLOCKS_PER_K = 4
 # The CPU formats NumPy reduces with SIMD (it has no bfloat16, and reduces float16 slowly).
 _NUMPY_FLOATS = (torch.float32, torch.float64)
 
@@ -45,3 +57,24 @@ def max_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         values, indices = x.max(dim=-1)
         return values, indices
     return x.amax(dim=-1), argmax_rows(x)
+
+
+def topk_rows(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(values, indices)`` [R, k] of each row's k largest values of ``x`` [R, V], descending:
+    ``torch.topk(x, k, dim=-1, sorted=True)`` (see the module docstring for ties)."""
+    rows, vocab = x.shape
+    blocks = vocab // TOPK_BLOCK
+    if (
+        x.device.type != "cpu"
+        or vocab % TOPK_BLOCK
+        or blocks < TOPK_MIN_BLOCKS_PER_K * k
+        or x.requires_grad
+    ):
+        values, indices = x.topk(k, dim=-1, sorted=True)
+        return values, indices
+    tiles = x.reshape(rows, blocks, TOPK_BLOCK)
+    chosen = tiles.amax(dim=-1).topk(k, dim=-1, sorted=False).indices  # [R, k]
+    candidates = tiles.gather(1, chosen[:, :, None].expand(rows, k, TOPK_BLOCK))
+    values, col = candidates.view(rows, k * TOPK_BLOCK).topk(k, dim=-1, sorted=True)
+    indices = chosen.gather(1, col // TOPK_BLOCK) * TOPK_BLOCK + col % TOPK_BLOCK
+    return values, indices

@@ -12,7 +12,7 @@ import torch
 
 from saguaro.sampling.noise import Purpose, uniforms
 from saguaro.sampling.probs import SamplingTensors, cutoffs, finite_rows
-from saguaro.sampling.reduce import argmax_rows
+from saguaro.sampling.reduce import argmax_rows, topk_rows
 from saguaro.sampling.saguaro import saguaro_weights
 from saguaro.sampling.sparse import SparseQ
 
@@ -50,7 +50,7 @@ def draft_support(
     if bool(greedy.all()):
         return greedy, argmax, argmax[:, None], None, greedy[:, None]
     x = logits.float()
-    values, ids = x.topk(min(top_m, vocab), dim=-1, sorted=True)
+    values, ids = topk_rows(x, min(top_m, vocab))
     t = torch.where(greedy, 1.0, st.temperature.to(device))[:, None]
     z = (values - values[:, :1]) / t
     top_k, top_p = st.top_k.to(device), st.top_p.to(device)

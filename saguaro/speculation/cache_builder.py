@@ -50,7 +50,7 @@ from saguaro.engine.block_manager import BlockManager
 from saguaro.engine.model_runner import ModelRunner
 from saguaro.sampling import SamplingParams, SamplingTensors, SparseQ, propose, seed_tensor
 from saguaro.sampling.coupled import propose_coupled, ranked_proposals
-from saguaro.sampling.reduce import argmax_rows
+from saguaro.sampling.reduce import argmax_rows, topk_rows
 from saguaro.speculation import protocol as P
 from saguaro.speculation.fanout import FanoutEstimator
 from saguaro.speculation.planner import BuildCosts, plan_build
@@ -272,7 +272,7 @@ class CacheBuilder:
             seeds = seed_tensor([seq.seed] * m)
             top = ranked_proposals(rows, st, seeds, positions, width)[:, :width].tolist()
         else:
-            top = torch.topk(rows, width, dim=-1).indices.tolist()
+            top = topk_rows(rows, width)[1].tolist()
         fanout = self.fanout(m - 1)
         seq.ranked, branches = [], []
         for k in range(m):

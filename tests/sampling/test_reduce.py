@@ -1,10 +1,19 @@
-"""Row-wise argmax / max: the same values and indices as PyTorch's own kernels, on every row a
-logits block can hold (ties, NaN, infinities, all -inf), at tiny and 150k vocabularies."""
+"""Row-wise argmax / max / top-k: the same values (and argmax indices) as PyTorch's own kernels,
+on every row a logits block can hold (ties, NaN, infinities, all -inf), at tiny and 150k
+vocabularies."""
+
+from unittest import mock
 
 import pytest
 import torch
 
-from saguaro.sampling.reduce import argmax_rows, max_rows
+from saguaro.sampling.reduce import (
+    TOPK_BLOCK,
+    TOPK_MIN_BLOCKS_PER_K,
+    argmax_rows,
+    max_rows,
+    topk_rows,
+)
 
 INF, NAN = float("inf"), float("nan")
 
@@ -62,3 +71,65 @@ def test_tensors_that_need_gradients_take_torch_kernels():
     x = random_rows(2, 50, seed=2).clamp(min=-100).requires_grad_()
     assert torch.equal(argmax_rows(x), x.argmax(dim=-1))
     assert torch.equal(max_rows(x)[1], x.max(dim=-1).indices)
+
+
+def assert_topk_like_torch(x: torch.Tensor, k: int) -> None:
+    values, indices = topk_rows(x, k)
+    ref = x.topk(k, dim=-1, sorted=True).values
+    assert torch.allclose(values, ref, equal_nan=True, rtol=0, atol=0)  # same values, same order
+    assert indices.dtype == torch.int64 and indices.shape == (x.shape[0], k)
+    assert bool(((indices >= 0) & (indices < x.shape[1])).all())
+    assert torch.allclose(x.gather(1, indices), values, equal_nan=True, rtol=0, atol=0)
+    for row in indices:  # k distinct tokens
+        assert len(set(row.tolist())) == k
+
+
+def test_topk_block_filter_is_taken_at_real_vocabularies():
+    vocab, k = 128_256, 64
+    assert vocab % TOPK_BLOCK == 0 and vocab // TOPK_BLOCK >= TOPK_MIN_BLOCKS_PER_K * k
+    x = random_rows(3, vocab, seed=3)
+    searched = []
+    original = torch.Tensor.topk
+
+    def spy(self, *args, **kwargs):
+        searched.append(self.shape[-1])
+        return original(self, *args, **kwargs)
+
+    with mock.patch.object(torch.Tensor, "topk", spy):
+        values, _ = topk_rows(x, k)
+    # the block maxima and the k candidate blocks are searched, never the whole row
+    assert searched == [vocab // TOPK_BLOCK, k * TOPK_BLOCK]
+    assert torch.equal(values, x.topk(k, dim=-1).values)
+
+
+@pytest.mark.parametrize("vocab", [128_256, 151_936])
+@pytest.mark.parametrize("k", [1, 64, 65])
+def test_topk_random_rows_match_torch(vocab, k):
+    assert_topk_like_torch(random_rows(4, vocab, seed=k), k)
+
+
+def test_topk_ties_spread_over_blocks():
+    vocab, k = 128 * 600, 64
+    x = torch.full((4, vocab), -5.0)
+    # row 0: k - 2 large values in one block, the k-th value tied in many other blocks
+    x[0, :62] = torch.arange(62.0) + 10
+    x[0, 128::256] = 3.0
+    # row 1: every block's maximum tied, the top-k made only of ties
+    x[1, ::128] = 1.0
+    # row 2: top-k masked to -inf except a few values; row 3: NaN and +inf among the values
+    x[2] = -INF
+    x[2, [5, 70_000, 76_799]] = torch.tensor([1.0, 2.0, 0.5])
+    x[3, [0, 300, 60_000]] = torch.tensor([NAN, INF, NAN])
+    assert_topk_like_torch(x, k)
+    top = topk_rows(x, k)[1]
+    assert set(top[0, :62].tolist()) == set(range(62))
+    assert top[2, :3].tolist() == [70_000, 5, 76_799]
+
+
+@pytest.mark.parametrize("vocab", [8_192, 32_000, 128_001, 2])
+def test_topk_small_or_unaligned_vocabularies_take_torch(vocab):
+    x = random_rows(2, vocab, seed=vocab)
+    k = min(64, vocab)
+    values, indices = topk_rows(x, k)
+    ref_values, ref_indices = x.topk(k, dim=-1, sorted=True)
+    assert torch.equal(values, ref_values) and torch.equal(indices, ref_indices)
