@@ -59,6 +59,10 @@ MAX_BUDGET = 64  # the planner's largest B: branches per sequence the KV pool is
 MAX_RANK = 64  # candidates ranked per position for the fan-out statistics
 FIT = 0.9  # plan the cache build against this fraction of the target's window (timing noise)
 INITIAL_BUDGET = 8  # B until the planner has the timings to choose one
+# The plan's inputs (online timings, hit statistics) move little from one round to the next,
+# while planning costs a sizeable part of a draft forward inside the build's window: plan on
+# every REPLAN_EVERY-th build, and at once whenever the number of sequences changes.
+REPLAN_EVERY = 4
 # K-token runs of draft KV a sequence may hold past its context: the glue's speculation, d <= K
 # scratch slots for each of up to MAX_BUDGET branches, and one spare.
 SCRATCH_RUNS = MAX_BUDGET + 2
@@ -141,6 +145,8 @@ class CacheBuilder:
         self.cut = False  # the last build stopped before its planned depth
         self.backup_kind = "neural"  # the target's choice for the last round's misses
         self.verify_s: float | None = None  # the target's last verification forward
+        self._since_plan = 0  # builds since (B, d) were last planned
+        self._plan_seqs = 0  # the number of sequences they were planned for
 
     # ---- fan-out and plan -------------------------------------------------------------------
 
@@ -167,12 +173,19 @@ class CacheBuilder:
         self.costs.backup.update(seconds)
 
     def _plan(self, num_seqs: int) -> None:
-        """Choose B and d for the next build from the online costs and statistics."""
+        """Choose B and d for the next build from the online costs and statistics (on every
+        ``REPLAN_EVERY``-th build, or when ``num_seqs`` changed)."""
+        if not self.planned:
+            return
+        self._since_plan += 1
+        if num_seqs == self._plan_seqs and self._since_plan < REPLAN_EVERY:
+            return
         window = self.costs.window.value or self.verify_s
         fixed = self.costs.fixed.value
         depth_s = self.costs.depth_s
-        if not self.planned or not window or fixed is None or depth_s(1) is None:
+        if not window or fixed is None or depth_s(1) is None:
             return
+        self._since_plan, self._plan_seqs = 0, num_seqs
         backup_s = 0.0
         miss_tokens = 1.0  # a fast backup: the round commits the target's token, rarely more
         if self.backup_kind == "neural":

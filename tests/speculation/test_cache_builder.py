@@ -9,9 +9,11 @@ import torch
 from saguaro import LLM, SamplingParams
 from saguaro.engine.block_manager import BlockManager
 from saguaro.sampling import SamplingParams as Params
+from saguaro.speculation import cache_builder
 from saguaro.speculation import protocol as P
 from saguaro.speculation.cache_builder import (
     MAX_BUDGET,
+    REPLAN_EVERY,
     SCRATCH_RUNS,
     CacheBuilder,
     DraftSeq,
@@ -20,6 +22,7 @@ from saguaro.speculation.cache_builder import (
     kv_blocks,
     room,
 )
+from saguaro.speculation.planner import Plan
 from tests.speculation.workers import make_worker
 
 K = 3
@@ -123,6 +126,33 @@ def test_a_fixed_fanout_serves_shorter_rounds_with_its_bonus_entry_last(builder)
     assert builder.fanout(K) == [2, 1, 1, 2]
     assert builder.fanout(1) == [2, 2] and builder.fanout(0) == [2]
     assert not builder.planned and builder.budget == 6
+
+
+def test_the_plan_is_remade_every_few_builds_and_when_the_batch_changes(monkeypatch):
+    cfg = worker_config(fanout="auto")
+    bm = BlockManager(kv_blocks(cfg), BLOCK, enable_prefix_caching=False)
+    planner = CacheBuilder(cfg, runner=None, bm=bm, vocab_size=50)
+    assert planner.planned
+    planned_for: list[int] = []
+
+    def plan_build(**kw):
+        planned_for.append(kw["num_seqs"])
+        return Plan(budget=3, depth=2, rate=1.0)
+
+    monkeypatch.setattr(cache_builder, "plan_build", plan_build)
+    planner._plan(1)
+    assert planned_for == []  # no timings yet: nothing to plan from, and it keeps trying
+    planner.costs.window.update(0.010)
+    planner.costs.fixed.update(0.002)
+    planner.costs.observe_depth(3, 0.003)
+    planner._plan(1)
+    assert planned_for == [1] and (planner.budget, planner.depth) == (3, 2)
+    for _ in range(2 * REPLAN_EVERY):
+        planner._plan(1)
+    assert planned_for == [1, 1, 1]
+    planner._plan(2)  # a sequence joined: planned at once
+    planner._plan(2)
+    assert planned_for == [1, 1, 1, 2]
 
 
 @pytest.mark.parametrize("k, fanout", [(3, [2, 2, 1, 3]), (2, [1, 0, 4])])
