@@ -34,7 +34,7 @@ from saguaro.sampling.noise import GUMBEL_MAX, gumbels
 from saguaro.sampling.probs import Dist, SamplingTensors, process
 from saguaro.sampling.reduce import argmax_rows, topk_rows
 from saguaro.sampling.sampler import draft_support
-from saguaro.sampling.verify import VerifyResult, round_rows
+from saguaro.sampling.verify import VerifyResult, round_rows, verify_greedy
 
 CANDIDATES = 64  # largest logits per row given noise first
 
@@ -112,6 +112,8 @@ def verify_coupled(
     n, k_max = draft_tokens.shape
     device = logits.device
     rows = round_rows(logits, draft_tokens, num_draft, rows)
+    if bool(st.greedy.all()):  # no noise: the target's token is each row's argmax
+        return verify_greedy(logits, draft_tokens, num_draft, rows, stop_at_non_finite=True)
     seq = torch.arange(n, device=device)
     valid = torch.arange(k_max, device=device) < num_draft[:, None]
     s = torch.where(valid, draft_tokens, -1)

@@ -179,7 +179,11 @@ def verify_general(
 
 
 def verify_greedy(
-    logits: torch.Tensor, draft_tokens: torch.Tensor, num_draft: torch.Tensor, rows: torch.Tensor
+    logits: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    num_draft: torch.Tensor,
+    rows: torch.Tensor,
+    stop_at_non_finite: bool = False,
 ) -> VerifyResult:
     """:func:`verify` when every sequence is at temperature 0, in one pass over the logits.
 
@@ -189,7 +193,8 @@ def verify_greedy(
     ``s_j == a_j`` and commits ``a`` at its stop position: nothing is random, and the rows after
     a rejection, which :func:`verify` never reads, change nothing here either. A row whose max
     is not finite counts as :func:`~saguaro.sampling.probs.process` counts it: argmax 0, and
-    the sequence is invalid if it is its stop row.
+    the sequence is invalid if it is its stop row. With ``stop_at_non_finite`` such a row never
+    accepts, so it is always the stop row (coupled verification's rule).
     """
     n, k_max = draft_tokens.shape
     seq = torch.arange(n, device=logits.device)
@@ -198,6 +203,8 @@ def verify_greedy(
     best = torch.where(finite, best, 0)
     valid = torch.arange(k_max, device=logits.device) < num_draft[:, None]  # [n, K]
     match = (draft_tokens == best[rows[:, :k_max]]) & valid
+    if stop_at_non_finite:
+        match &= finite[rows[:, :k_max]]
     num_accepted = match.long().cumprod(dim=1).sum(dim=1)
     stop_rows = rows[seq, num_accepted]
     return VerifyResult(num_accepted, best[stop_rows], ~finite[stop_rows])

@@ -89,6 +89,48 @@ def test_verification_commits_the_targets_tokens_whatever_is_proposed():
     assert 0 < float((res.num_accepted == num).float().mean()) < 1
 
 
+def test_greedy_rounds_take_one_pass_and_decide_as_the_position_loop():
+    """A greedy batch verifies in one pass; a greedy sequence batched with one sequence at T > 0
+    goes through the per-position loop instead. Its outcome must not depend on which: planted
+    matches, tied maxima, NaN / inf / all -inf rows at every position (never accepted: the
+    sequence stops there, invalid), uneven num_draft and a shuffled row layout."""
+    gen = seeded(12)
+    n, k, vocab = 300, 4, 16
+    logits = torch.randn((n + 1) * (k + 1), vocab, generator=gen)
+    logits[::7, 3] = logits.max(-1).values[::7]
+    logits[5::11] = torch.nan
+    logits[6::13, 2] = torch.inf
+    logits[8::17] = -torch.inf
+    logits[-(k + 1) :] = torch.randn(k + 1, vocab, generator=gen)  # the T > 0 sequence: finite
+    rows = torch.randperm((n + 1) * (k + 1), generator=gen).view(n + 1, k + 1)
+    best = torch.where(logits.max(-1).values.isfinite(), logits.max(-1).indices, 0)
+    planted = torch.randint(0, k + 1, (n + 1,), generator=gen)
+    s = torch.randint(0, vocab, (n + 1, k), generator=gen)
+    for i in range(n + 1):
+        s[i, : planted[i]] = best[rows[i, : planted[i]]]
+    num = torch.randint(0, k + 1, (n + 1,), generator=gen)
+    s[torch.arange(k) >= num[:, None]] = -1
+    params = [SamplingParams(temperature=0)] * n + [SamplingParams(temperature=0.8)]
+    st = SamplingTensors.from_params(params)
+    seeds, pos = seed_tensor(list(range(n + 1))), torch.zeros(n + 1, dtype=torch.long)
+    calls = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(coupled, "process", lambda *a: calls.append(1) or process(*a))
+        alone = verify_coupled(
+            logits, st.index(torch.arange(n)), s[:n], num[:n], seeds[:n], pos[:n], rows[:n]
+        )
+        assert calls == []  # one pass, no distribution per position
+        looped = verify_coupled(logits, st, s, num, seeds, pos, rows)
+        assert calls  # the T > 0 sequence sends the batch through the loop
+    assert alone.num_accepted.tolist() == looped.num_accepted[:n].tolist()
+    assert alone.next_token.tolist() == looped.next_token[:n].tolist()
+    assert alone.invalid.tolist() == looped.invalid[:n].tolist()
+    assert bool(alone.invalid.any()) and bool((alone.num_accepted == k).any())
+    # a non-finite row never accepts, even a proposal equal to its stand-in argmax 0
+    nan_first = [i for i in range(n) if not logits[rows[i, 0]].max().isfinite() and num[i] > 0]
+    assert nan_first and all(alone.num_accepted[i] == 0 and alone.invalid[i] for i in nan_first)
+
+
 def test_a_coupled_proposal_matches_at_least_the_bound():
     """P(draft's perturbed argmax == target's) >= (1 - TV) / (1 + TV) on random pairs (three
     standard errors of slack for the estimate)."""
