@@ -16,13 +16,16 @@ Tensors on other devices, in 16-bit formats, or that need gradients take PyTorch
 own kernels.
 
 :func:`topk_rows` finds a row's k largest values among a few of its blocks instead of the whole
-row. Cut a row into blocks of ``TOPK_BLOCK`` tokens; a block holding one of the k largest values
-has its own maximum at or above the k-th largest value, and at most k blocks can hold them, so
-the k blocks with the largest maxima hold all k (ties between block maxima cannot drop one: a
-tied block at the k-th value adds only values equal to it). ``topk`` over those ``k *
-TOPK_BLOCK`` values returns the row's exact top-k values, in the same descending order. Among
-values tied at the k-th, which index is returned is, as with ``torch.topk``, unspecified;
-every caller takes what it returns as the row's support, on both sides of a verification.
+row. Cut a row into blocks of ``TOPK_BLOCK`` tokens and let ``v`` be the row's k-th largest
+value, and choose the k blocks with the largest maxima. The b blocks whose maximum exceeds ``v``
+are all chosen (b < k: each holds its own value above ``v``, and fewer than k values exceed it),
+with every value above ``v``, at least b of them. If k - b further blocks with maximum ``v`` are
+chosen, each adds a copy of ``v``: at least k values at or above ``v`` in all. Otherwise every
+block with maximum ``v`` or more is chosen, and with them every value at or above ``v``: at least
+k by the definition of ``v``. ``topk`` over the chosen ``k * TOPK_BLOCK`` values therefore returns
+the row's exact top-k values, in the same descending order. Among values tied at the k-th,
+which index is returned is, as with ``torch.topk``, unspecified; every caller takes what it
+returns as the row's support, on both sides of a verification.
 """
 
 from __future__ import annotations
