@@ -15,7 +15,6 @@ import argparse
 import json
 import platform
 import statistics
-import time
 from collections.abc import Callable
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -26,11 +25,11 @@ import torch
 
 from saguaro.sampling import SamplingParams, SamplingTensors, process, propose, reduce, seed_tensor
 from saguaro.sampling.verify import verify_greedy
+from saguaro.train.costs import median_ms
 
 VOCABS = (8_192, 32_000, 128_256, 151_936)
 K = 4  # speculation length: verification scores K + 1 rows
 TOP_M = 64
-REPEATS = 30
 
 
 @contextmanager
@@ -44,16 +43,6 @@ def torch_kernels(on: bool):
         mock.patch.object(reduce, "TOPK_MIN_BLOCKS_PER_K", float("inf")),
     ):
         yield
-
-
-def median_ms(fn: Callable[[], object], repeats: int = REPEATS) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
 
 
 def cases(vocab: int) -> dict[str, Callable[[], object]]:

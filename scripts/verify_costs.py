@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 from functools import partial
 
 import torch
 
 from saguaro.sampling import SamplingParams, SamplingTensors, seed_tensor, verify
 from saguaro.sampling.coupled import verify_coupled
+from saguaro.train.costs import median_ms
 
 K = 4
 ACCEPTED = 3
@@ -49,12 +48,7 @@ def main() -> None:
             }
             for method, fn in rounds.items():
                 assert fn().num_accepted.tolist() == [ACCEPTED] * n
-                times = []
-                for _ in range(args.repeats):
-                    start = time.perf_counter()
-                    fn()
-                    times.append(time.perf_counter() - start)
-                out[f"{method} vocab={vocab} seqs={n}"] = round(1e3 * statistics.median(times), 3)
+                out[f"{method} vocab={vocab} seqs={n}"] = round(median_ms(fn, args.repeats), 3)
     print(json.dumps(out, indent=1))
 
 

@@ -46,20 +46,23 @@ def _numpy_view(x: torch.Tensor) -> np.ndarray | None:
     return x.numpy()
 
 
+def _first_max_index(arr: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(arr.argmax(axis=-1).astype(np.int64, copy=False))
+
+
 def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     """[R] int64: the index of each row's maximum of ``x`` [R, V], the first among ties."""
     arr = _numpy_view(x)
-    if arr is None:
-        return x.argmax(dim=-1)
-    return torch.from_numpy(arr.argmax(axis=-1).astype(np.int64, copy=False))
+    return x.argmax(dim=-1) if arr is None else _first_max_index(arr)
 
 
 def max_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(values, indices)`` of each row's maximum of ``x`` [R, V]: ``torch.max(x, dim=-1)``."""
-    if _numpy_view(x) is None:
+    arr = _numpy_view(x)
+    if arr is None:
         values, indices = x.max(dim=-1)
         return values, indices
-    return x.amax(dim=-1), argmax_rows(x)
+    return x.amax(dim=-1), _first_max_index(arr)
 
 
 def topk_rows(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
