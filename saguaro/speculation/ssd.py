@@ -38,8 +38,7 @@ OVERRUN_IDLE_S = 5e-4  # a worker idle for less than this before a request was s
 # longer than a round: wait at least this long for it.
 STARTUP_TIMEOUT_S = 120.0
 # With compile=True the worker also compiles every kind of forward before READY: without
-# inductor's disk cache that takes minutes on a few cores (about six for the bundled target's
-# size on two), so its start gets this long.
+# inductor's disk cache that takes minutes on a few cores, so its start gets this long.
 COMPILED_STARTUP_TIMEOUT_S = 1800.0
 # The window offered to the worker is capped at this many verifications: an engine idle between
 # requests is not time the worker can plan a build on.
