@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -25,6 +26,6 @@ class Query:
 
 def token_slots(block_table: list[int], start: int, end: int, block_size: int) -> torch.Tensor:
     """KV slots of token indices ``[start, end)`` of a sequence."""
-    idx = torch.arange(start, end)
-    table = torch.tensor(block_table, dtype=torch.int64)
-    return table[idx // block_size] * block_size + idx % block_size
+    idx = np.arange(start, end, dtype=np.int64)  # NumPy: per step, a few small operations
+    table = np.asarray(block_table, dtype=np.int64)
+    return torch.from_numpy(table[idx // block_size] * block_size + idx % block_size)

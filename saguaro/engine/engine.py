@@ -421,18 +421,25 @@ class LLMEngine:
         n = len(rounds)
         k_max = max(s.k for s in rounds)
         device = logits.device
-        # rows[i, j]: the logits row scoring position j of round i (padding repeats the last).
-        rows = torch.empty(n, k_max + 1, dtype=torch.int64)
-        draft_tokens = torch.zeros(n, k_max, dtype=torch.int64)
+        # Built as lists and made tensors once: a few small ints per round, where a tensor
+        # operator each would cost more than the verification itself.
+        # rows[i][j]: the logits row scoring position j of round i (padding repeats the last).
+        rows_list: list[list[int]] = []
+        tokens_list: list[list[int]] = []
+        proposed = proposal.tokens.tolist() if proposal is not None else []
         take = []  # proposal row of each round (rounds without proposals: none)
         offset = 0
         for i, s in enumerate(rounds):
-            rows[i] = offset + torch.arange(k_max + 1).clamp(max=s.k)
+            rows_list.append([offset + min(j, s.k) for j in range(k_max + 1)])
             offset += s.k + 1
+            tokens = [0] * k_max
             if s.k:
                 j = row[s.seq.seq_id]
-                draft_tokens[i, : s.k] = proposal.tokens[j, : s.k]
+                tokens[: s.k] = proposed[j][: s.k]
                 take.append((i, j))
+            tokens_list.append(tokens)
+        rows = torch.tensor(rows_list, dtype=torch.int64)
+        draft_tokens = torch.tensor(tokens_list, dtype=torch.int64).view(n, k_max)
         q = None
         if proposal is not None and proposal.q is not None and take:
             # Rounds without proposals get point masses: their entries are never read.
@@ -461,7 +468,7 @@ class LLMEngine:
                 self._fail(seq, errors[i], now)
                 continue
             k = num_accepted[i]
-            new = draft_tokens[i, :k].tolist() + [next_token[i]]
+            new = tokens_list[i][:k] + [next_token[i]]
             written = len(seq) + s.k  # target KV now covers r, s_1..s_k
             committed = 0
             for tok in new:
@@ -525,10 +532,12 @@ class LLMEngine:
             if isinstance(result, Exception):
                 errors[idx[0]] = f"sampling failed ({type(result).__name__})"
                 continue
+            accepted = result.num_accepted.tolist()
+            tokens = result.next_token.tolist()
+            invalid = result.invalid.tolist()
             for j, i in enumerate(idx):
-                num_accepted[i] = int(result.num_accepted[j])
-                next_token[i] = int(result.next_token[j])
-                if bool(result.invalid[j]):
+                num_accepted[i], next_token[i] = accepted[j], tokens[j]
+                if invalid[j]:
                     errors[i] = NON_FINITE_LOGITS
         return num_accepted, next_token, errors
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from saguaro.core.query import Query, token_slots
@@ -142,42 +143,44 @@ class ModelRunner:
 
     def prepare(self, queries: Seq[Query]) -> StepInputs:
         """The flat tensors of one forward, on the CPU (a tensor-parallel rank 0 sends them to
-        the other ranks as they are)."""
+        the other ranks as they are). Built as NumPy arrays and handed to torch without a copy:
+        a step's metadata is a few small arrays, and NumPy's cost per operation on them is a
+        fraction of torch's."""
         q_lens = [len(q.token_ids) for q in queries]
         k_lens = [len(q.key_slots) for q in queries]
         b, n_q, n_k = len(queries), max(q_lens), max(k_lens)
-        mask = torch.zeros(b, 1, n_q, n_k, dtype=torch.bool)
-        key_slots = torch.zeros(b, n_k, dtype=torch.int64)
+        mask = np.zeros((b, 1, n_q, n_k), dtype=bool)
+        key_slots = np.zeros((b, n_k), dtype=np.int64)
         logits_index: list[int] = []
         offset = 0
         for i, q in enumerate(queries):
             ql, kl = q_lens[i], k_lens[i]
-            key_slots[i, :kl] = q.key_slots
-            if q.mask is None:
-                rows = torch.arange(ql).unsqueeze(1) + (kl - ql)
-                mask[i, 0, :ql, :kl] = torch.arange(kl).unsqueeze(0) <= rows
+            key_slots[i, :kl] = q.key_slots.numpy()
+            if q.mask is None:  # query j sees keys 0 .. kl - ql + j
+                mask[i, 0, :ql, :kl] = np.arange(kl) <= np.arange(kl - ql, kl)[:, None]
             else:
-                mask[i, 0, :ql, :kl] = q.mask
+                mask[i, 0, :ql, :kl] = q.mask.numpy()
             # Padded query rows attend to one key so softmax stays finite; their output is dropped.
             mask[i, 0, ql:, 0] = True
             logits_index.extend(range(offset + ql - q.num_logits, offset + ql))
             offset += ql
         query_index = out_index = None
         if any(ql != n_q for ql in q_lens):
-            query_index = torch.zeros(b, n_q, dtype=torch.int64)
+            query_index = np.zeros((b, n_q), dtype=np.int64)
             out_rows = []
             offset = 0
             for i, ql in enumerate(q_lens):
-                query_index[i, :ql] = torch.arange(offset, offset + ql)
-                out_rows.append(torch.arange(i * n_q, i * n_q + ql))
+                query_index[i, :ql] = np.arange(offset, offset + ql)
+                out_rows.append(np.arange(i * n_q, i * n_q + ql))
                 offset += ql
-            out_index = torch.cat(out_rows)
+            out_index = torch.from_numpy(np.concatenate(out_rows))
+            query_index = torch.from_numpy(query_index)
         return StepInputs(
-            input_ids=torch.tensor([t for q in queries for t in q.token_ids]),
-            positions=torch.cat([q.positions for q in queries]),
-            slot_mapping=torch.cat([q.slots for q in queries]),
-            key_slots=key_slots,
-            mask=mask,
+            input_ids=torch.tensor([t for q in queries for t in q.token_ids], dtype=torch.int64),
+            positions=torch.from_numpy(np.concatenate([q.positions.numpy() for q in queries])),
+            slot_mapping=torch.from_numpy(np.concatenate([q.slots.numpy() for q in queries])),
+            key_slots=torch.from_numpy(key_slots),
+            mask=torch.from_numpy(mask),
             query_index=query_index,
             out_index=out_index,
             logits_index=torch.tensor(logits_index, dtype=torch.int64),

@@ -112,7 +112,7 @@ def verify_coupled(
     n, k_max = draft_tokens.shape
     device = logits.device
     rows = round_rows(logits, draft_tokens, num_draft, rows)
-    if bool(st.greedy.all()):  # no noise: the target's token is each row's argmax
+    if st.all_greedy():  # no noise: the target's token is each row's argmax
         return verify_greedy(logits, draft_tokens, num_draft, rows, stop_at_non_finite=True)
     seq = torch.arange(n, device=device)
     valid = torch.arange(k_max, device=device) < num_draft[:, None]

@@ -84,6 +84,11 @@ class SamplingTensors:
     def greedy(self) -> torch.Tensor:
         return self.temperature == 0
 
+    def all_greedy(self) -> bool:
+        """Every row at temperature 0, decided on the host: a per-step check costs a list of a
+        few floats, not a tensor reduction."""
+        return not any(self.temperature.tolist())
+
 
 @dataclass
 class Dist:

@@ -46,23 +46,28 @@ def _numpy_view(x: torch.Tensor) -> np.ndarray | None:
     return x.numpy()
 
 
-def _first_max_index(arr: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(arr.argmax(axis=-1).astype(np.int64, copy=False))
+def _first_max_index(arr: np.ndarray) -> np.ndarray:
+    return arr.argmax(axis=-1).astype(np.int64, copy=False)
 
 
 def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     """[R] int64: the index of each row's maximum of ``x`` [R, V], the first among ties."""
     arr = _numpy_view(x)
-    return x.argmax(dim=-1) if arr is None else _first_max_index(arr)
+    return x.argmax(dim=-1) if arr is None else torch.from_numpy(_first_max_index(arr))
 
 
 def max_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(values, indices)`` of each row's maximum of ``x`` [R, V]: ``torch.max(x, dim=-1)``."""
+    """``(values, indices)`` of each row's maximum of ``x`` [R, V]: ``torch.max(x, dim=-1)``.
+
+    On the CPU the value is read at the index (a NaN row's first NaN, an all ``-inf`` row's
+    ``-inf``): one pass over the row instead of two."""
     arr = _numpy_view(x)
     if arr is None:
         values, indices = x.max(dim=-1)
         return values, indices
-    return x.amax(dim=-1), _first_max_index(arr)
+    idx = _first_max_index(arr)
+    top = np.take_along_axis(arr, idx[..., None], axis=-1)[..., 0]
+    return torch.from_numpy(top), torch.from_numpy(idx)
 
 
 def topk_rows(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

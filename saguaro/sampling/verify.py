@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from saguaro.sampling.noise import Purpose, uniforms
@@ -69,8 +70,9 @@ def round_rows(
         rows = torch.arange(n * (k_max + 1), device=logits.device).view(n, k_max + 1)
     if rows.shape != (n, k_max + 1):
         raise ValueError(f"rows must be [{n}, {k_max + 1}], got {list(rows.shape)}")
-    if num_draft.shape != (n,) or bool(((num_draft < 0) | (num_draft > k_max)).any()):
-        raise ValueError(f"num_draft must be [{n}] in 0..{k_max}, got {num_draft.tolist()}")
+    counts = num_draft.tolist()  # a few ints: checked on the host, not by tensor reductions
+    if num_draft.shape != (n,) or any(c < 0 or c > k_max for c in counts):
+        raise ValueError(f"num_draft must be [{n}] in 0..{k_max}, got {counts}")
     return rows
 
 
@@ -104,7 +106,7 @@ def verify(
     a sequence's outcome is the same in any batch.
     """
     rows = round_rows(logits, draft_tokens, num_draft, rows)
-    if bool(st.greedy.all()):
+    if st.all_greedy():
         return verify_greedy(logits, draft_tokens, num_draft, rows)
     return verify_general(logits, st, draft_tokens, num_draft, seeds, positions, draft_q, rows)
 
@@ -195,16 +197,22 @@ def verify_greedy(
     is not finite counts as :func:`~saguaro.sampling.probs.process` counts it: argmax 0, and
     the sequence is invalid if it is its stop row. With ``stop_at_non_finite`` such a row never
     accepts, so it is always the stop row (coupled verification's rule).
+
+    After the row reduction everything is a handful of ``[n, K]`` integers, decided in NumPy
+    on the host: a round's worth of PyTorch operators on tensors this small costs more than the
+    reduction (each pays its dispatch, and right after a forward, cold caches). The results
+    return on the logits' device.
     """
     n, k_max = draft_tokens.shape
-    seq = torch.arange(n, device=logits.device)
     top, best = max_rows(logits)  # the first index among tied maxima, as process() takes it
-    finite = top.isfinite()
-    best = torch.where(finite, best, 0)
-    valid = torch.arange(k_max, device=logits.device) < num_draft[:, None]  # [n, K]
-    match = (draft_tokens == best[rows[:, :k_max]]) & valid
+    finite = np.isfinite(top.float().cpu().numpy())  # NumPy has no bfloat16
+    best = np.where(finite, best.cpu().numpy(), 0)
+    row = rows.cpu().numpy()
+    valid = np.arange(k_max) < num_draft.cpu().numpy()[:, None]  # [n, K]
+    match = (draft_tokens.cpu().numpy() == best[row[:, :k_max]]) & valid
     if stop_at_non_finite:
-        match &= finite[rows[:, :k_max]]
-    num_accepted = match.long().cumprod(dim=1).sum(dim=1)
-    stop_rows = rows[seq, num_accepted]
-    return VerifyResult(num_accepted, best[stop_rows], ~finite[stop_rows])
+        match &= finite[row[:, :k_max]]
+    num_accepted = np.cumprod(match, axis=1).sum(axis=1, dtype=np.int64)
+    stop_rows = row[np.arange(n), num_accepted]
+    out = (num_accepted, best[stop_rows], ~finite[stop_rows])
+    return VerifyResult(*(torch.from_numpy(x).to(logits.device) for x in out))

@@ -95,7 +95,9 @@ def decode_chains(
     Draft KV is written for indices ``[start, len + k - 1)``: the last proposal is never fed.
     """
     n, k_max = len(chains), max(c.k for c in chains)
-    tokens = torch.zeros(n, k_max, dtype=torch.int64)
+    # Tokens as lists: each depth's queries need them as ints, and a few list writes cost less
+    # than the tensor operators they replace.
+    tokens = [[0] * k_max for _ in range(n)]
     greedy = all(c.params.greedy for c in chains)
     q: SparseQ | None = None
     active = [i for i, c in enumerate(chains) if c.k > 0]
@@ -107,25 +109,27 @@ def decode_chains(
     ]
     for depth in range(k_max):
         logits = runner.forward(queries)
-        idx = torch.tensor(active)
         if greedy:
-            tokens[idx, depth] = argmax_rows(logits).cpu()
+            drawn = argmax_rows(logits).tolist()
         else:
             positions = torch.tensor([len(chains[i].token_ids) + depth for i in active])
-            drawn, q_rows = propose_fn(logits, active, depth, positions)
-            tokens[idx, depth] = drawn.cpu()
+            drawn_rows, q_rows = propose_fn(logits, active, depth, positions)
+            drawn = drawn_rows.tolist()
             if q_rows is not None:
                 if q is None:
                     q = SparseQ.point_mass(torch.zeros(n, k_max, dtype=torch.int64), q_rows.width)
+                idx = torch.tensor(active)
                 q.ids[idx, depth], q.probs[idx, depth] = q_rows.ids.cpu(), q_rows.probs.cpu()
+        for i, t in zip(active, drawn, strict=True):
+            tokens[i][depth] = t
         active = [i for i in active if chains[i].k > depth + 1]
         queries = [
             runner.sequence_query(
-                chains[i].block_table, len(chains[i].token_ids) + depth, [int(tokens[i, depth])], 1
+                chains[i].block_table, len(chains[i].token_ids) + depth, [tokens[i][depth]], 1
             )
             for i in active
         ]
-    return tokens, q
+    return torch.tensor(tokens, dtype=torch.int64).view(n, k_max), q
 
 
 class DraftProposer(Proposer):

@@ -170,19 +170,20 @@ class SSDProposer(Proposer):
         self.totals["overran"] += reply.idle_s < OVERRUN_IDLE_S
         self.totals["cut"] += reply.cut
         n = len(seqs)
-        tokens = torch.zeros(n, self.k, dtype=torch.int64)
-        num_draft = torch.zeros(n, dtype=torch.int64)
+        # Lists made tensors once: a tensor operator per sequence would cost more than the
+        # copying it does.
+        counts = [min(len(spec.tokens), k) for spec, k in zip(reply.specs, ks, strict=True)]
+        pairs = zip(reply.specs, counts, strict=True)
+        rows = [spec.tokens[:m] + [0] * (self.k - m) for spec, m in pairs]
+        tokens = torch.tensor(rows, dtype=torch.int64).view(n, self.k)
+        num_draft = torch.tensor(counts, dtype=torch.int64)
         sampled = [(i, spec.q) for i, spec in enumerate(reply.specs) if spec.q is not None]
-        for i, (spec, k) in enumerate(zip(reply.specs, ks, strict=True)):
-            m = min(len(spec.tokens), k)
-            num_draft[i] = m
-            tokens[i, :m] = torch.tensor(spec.tokens[:m], dtype=torch.int64)
         q = None
         if sampled:  # point masses (greedy, n-gram) for the rest, where the replies' q are
             width, device = max(sq.width for _, sq in sampled), sampled[0][1].ids.device
             q = SparseQ.point_mass(tokens, width).to(device)
             for i, sq in sampled:
-                m, padded = int(num_draft[i]), sq.pad_to(q.width)
+                m, padded = counts[i], sq.pad_to(q.width)
                 q.ids[i, :m], q.probs[i, :m] = padded.ids[:m], padded.probs[:m]
         if reply.backup_s:
             self.policy.observe_times(self.verify_s or wait_s, backup_s={backup: reply.backup_s})

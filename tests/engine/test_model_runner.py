@@ -61,3 +61,26 @@ def test_compiled_qwen3_with_qk_norm_matches_eager(tiny_qwen3):
     compiled = ModelRunner(load_model(tiny_qwen3), 8, 16, "cpu", compile=True)
     for kind, queries in _batches(eager)[:3]:  # prefill, decode, verify
         assert (compiled.forward(queries) - eager.forward(queries)).abs().max() <= TOLERANCE, kind
+
+
+def test_prepare_lays_out_masks_padding_and_rows(tiny_llama):
+    """One causal query of 2 tokens after 3 cached, one masked branch query of 1: the flat
+    inputs, each query's mask in its corner, padded rows attending to key 0 only, and the maps
+    between the flat tokens and the padded [b, Q] layout."""
+    runner = ModelRunner(load_model(tiny_llama), 8, 4, "cpu")
+    causal = runner.sequence_query([2, 5], 3, [11, 12], 2)
+    keys = token_slots([6], 0, 2, 4)
+    branch = Query([13], torch.tensor([1]), keys[1:], keys, 1, torch.tensor([[False, True]]))
+    inputs = runner.prepare([causal, branch])
+    assert inputs.input_ids.tolist() == [11, 12, 13]
+    assert inputs.positions.tolist() == [3, 4, 1]
+    assert inputs.slot_mapping.tolist() == [11, 20, 25]  # block 2 slot 3, block 5 slot 0, 6·4+1
+    assert inputs.key_slots.tolist() == [[8, 9, 10, 11, 20], [24, 25, 0, 0, 0]]
+    assert inputs.mask[0, 0].int().tolist() == [[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]
+    assert inputs.mask[1, 0].int().tolist() == [[0, 1, 0, 0, 0], [1, 0, 0, 0, 0]]
+    assert inputs.query_index.tolist() == [[0, 1], [2, 0]]
+    assert inputs.out_index.tolist() == [0, 1, 2]
+    assert inputs.logits_index.tolist() == [0, 1, 2]
+    for t in (inputs.input_ids, inputs.positions, inputs.slot_mapping, inputs.key_slots):
+        assert t.dtype == torch.int64
+    assert inputs.mask.dtype == torch.bool

@@ -22,6 +22,9 @@ def test_sampling_tensors_from_params_and_repeat():
     assert st.temperature.dtype == torch.float32 and st.top_p.dtype == torch.float64
     assert st.top_k.dtype == torch.int64 and st.top_k.tolist() == [0, 0]
     assert st.greedy.tolist() == [False, True]
+    assert not st.all_greedy() and st.index(torch.tensor([1])).all_greedy()
+    assert st_of(temperature=1e-30).greedy.tolist() == [False]  # tiny, still sampled
+    assert not st_of(temperature=1e-30).all_greedy()
     rep = st.repeat_interleave(3)
     assert rep.temperature.tolist() == [0.5] * 3 + [0.0] * 3
     assert rep.greedy.tolist() == [False] * 3 + [True] * 3
