@@ -282,14 +282,16 @@ def test_greedy_target_accepts_while_equal_to_argmax():
         assert res.next_token.tolist() == [int(a[i, j]) for i, j in enumerate(stop)]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("with_q", [False, True])
-def test_the_greedy_fast_path_decides_as_the_general_path(with_q):
+def test_the_greedy_fast_path_decides_as_the_general_path(with_q, dtype):
     """verify_greedy (every row at T = 0) against verify_general on the same rounds: planted
     prefixes of matches, tied maxima, NaN / inf / all -inf rows at every position, padding, a
-    non-greedy draft's q, uneven num_draft and a shuffled row layout."""
+    non-greedy draft's q, uneven num_draft and a shuffled row layout; in float32 and in
+    bfloat16 (which NumPy, where the fast path decides, does not have)."""
     gen = seeded(11)
     n, k, vocab = 400, 4, 16
-    logits = torch.randn(n * (k + 1), vocab, generator=gen)
+    logits = torch.randn(n * (k + 1), vocab, generator=gen).to(dtype)
     logits[::7, 3] = logits.max(-1).values[::7]  # ties: the first index wins in both
     logits[5::11] = torch.nan
     logits[6::13, 2] = torch.inf
