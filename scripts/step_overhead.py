@@ -15,21 +15,9 @@ import json
 import time
 
 from saguaro import LLM, SamplingParams
+from saguaro.train.costs import time_forwards
 
 PROMPT = "def fibonacci(n):\n    "
-
-
-def timed(runner, totals: dict[str, float], name: str) -> None:
-    """Add the seconds of ``runner``'s forwards to ``totals[name]``."""
-    run = runner.run
-
-    def timed_run(inputs):
-        start = time.perf_counter()
-        out = run(inputs)
-        totals[name] += time.perf_counter() - start
-        return out
-
-    runner.run = timed_run
 
 
 def main() -> None:
@@ -42,10 +30,10 @@ def main() -> None:
     args = parser.parse_args()
     llm = LLM(mode=args.mode, compile=args.compile, num_threads=args.threads)
     totals = {"target": 0.0, "draft": 0.0}
-    timed(llm.engine.runner, totals, "target")
+    time_forwards(llm.engine.runner, totals, "target")
     draft = getattr(llm.engine.proposer, "runner", None)
     if draft is not None:
-        timed(draft, totals, "draft")
+        time_forwards(draft, totals, "draft")
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
     llm.generate([PROMPT], params)  # warm-up
     for _ in range(args.runs):

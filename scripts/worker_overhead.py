@@ -22,6 +22,7 @@ from saguaro.bundled import DRAFT_DIR
 from saguaro.config import EngineConfig
 from saguaro.speculation import protocol as P
 from saguaro.speculation.worker import DraftWorker
+from saguaro.train.costs import time_forwards
 
 PROMPT_LEN = 200
 WARM_UP_BUILDS = 40  # the planner's timings and hit statistics settle first
@@ -38,16 +39,8 @@ def main() -> None:
         device="cpu", dtype="float32", compile=args.compile, pin_cpus=False, max_num_seqs=1
     )
     worker = DraftWorker(P.WorkerConfig.from_engine(engine, str(DRAFT_DIR), max_model_len=2048))
-    inside = [0.0]
-    run = worker.runner.run
-
-    def timed_run(inputs):
-        start = time.perf_counter()
-        out = run(inputs)
-        inside[0] += time.perf_counter() - start
-        return out
-
-    worker.runner.run = timed_run
+    inside = {"forwards": 0.0}
+    time_forwards(worker.runner, inside, "forwards")
     prompt = [(i * 37) % 500 + 10 for i in range(PROMPT_LEN)]
     worker.handle(P.RoundRequest([P.SeqUpdate(0, prompt, new=True)]))
     worker.build_pending()
@@ -58,10 +51,10 @@ def main() -> None:
         bonus = seq.ranked[len(seq.spec)][0]
         update = P.SeqUpdate(0, seq.spec + [bonus])
         worker.handle(P.RoundRequest([update], window_s=window, verify_s=window))
-        inside[0] = 0.0
+        inside["forwards"] = 0.0
         start = time.perf_counter()
         worker.build_pending()
-        return time.perf_counter() - start, inside[0]
+        return time.perf_counter() - start, inside["forwards"]
 
     for _ in range(WARM_UP_BUILDS):
         one_build()

@@ -439,7 +439,7 @@ class LLMEngine:
                 take.append((i, j))
             tokens_list.append(tokens)
         rows = torch.tensor(rows_list, dtype=torch.int64)
-        draft_tokens = torch.tensor(tokens_list, dtype=torch.int64).view(n, k_max)
+        draft_tokens = torch.tensor(tokens_list, dtype=torch.int64)  # [n, K], K may be 0
         q = None
         if proposal is not None and proposal.q is not None and take:
             # Rounds without proposals get point masses: their entries are never read.

@@ -156,7 +156,7 @@ def process(logits: torch.Tensor, st: SamplingTensors, candidates: int = CANDIDA
     x, valid = finite_rows(x, top)
     if not bool(valid.all()):
         top, argmax = max_rows(x)
-    if bool(greedy.all()):  # nothing to temper or filter
+    if st.all_greedy():  # nothing to temper or filter
         inf = torch.full((rows,), -torch.inf, device=device)
         zero = torch.zeros(rows, device=device)
         return Dist(None, inf, zero, greedy, argmax, vocab, valid)

@@ -47,7 +47,7 @@ def draft_support(
     greedy = st.greedy.to(device)
     logits = finite_rows(logits, logits.amax(dim=-1))[0]
     argmax = argmax_rows(logits)
-    if bool(greedy.all()):
+    if st.all_greedy():
         return greedy, argmax, argmax[:, None], None, greedy[:, None]
     x = logits.float()
     values, ids = topk_rows(x, min(top_m, vocab))

@@ -129,7 +129,7 @@ def decode_chains(
             )
             for i in active
         ]
-    return torch.tensor(tokens, dtype=torch.int64).view(n, k_max), q
+    return torch.tensor(tokens, dtype=torch.int64), q
 
 
 class DraftProposer(Proposer):

@@ -169,13 +169,12 @@ class SSDProposer(Proposer):
         # The request found the worker still building: the build overran the target's window.
         self.totals["overran"] += reply.idle_s < OVERRUN_IDLE_S
         self.totals["cut"] += reply.cut
-        n = len(seqs)
         # Lists made tensors once: a tensor operator per sequence would cost more than the
         # copying it does.
         counts = [min(len(spec.tokens), k) for spec, k in zip(reply.specs, ks, strict=True)]
         pairs = zip(reply.specs, counts, strict=True)
         rows = [spec.tokens[:m] + [0] * (self.k - m) for spec, m in pairs]
-        tokens = torch.tensor(rows, dtype=torch.int64).view(n, self.k)
+        tokens = torch.tensor(rows, dtype=torch.int64)
         num_draft = torch.tensor(counts, dtype=torch.int64)
         sampled = [(i, spec.q) for i, spec in enumerate(reply.specs) if spec.q is not None]
         q = None

@@ -46,6 +46,20 @@ def median_ms(fn, repeats: int = REPEATS) -> float:
     return 1000 * statistics.median(times)
 
 
+def time_forwards(runner: ModelRunner, totals: dict[str, float], key: str) -> None:
+    """Wrap ``runner.run`` so that every forward adds its seconds to ``totals[key]`` (the
+    overhead scripts split a step or a build into its forwards and the rest)."""
+    run = runner.run
+
+    def timed_run(inputs):
+        start = time.perf_counter()
+        out = run(inputs)
+        totals[key] += time.perf_counter() - start
+        return out
+
+    runner.run = timed_run
+
+
 class ForwardTimer:
     """One model's runner after ``context`` cached tokens, timing the forwards a speculative
     round is made of: 1 position (decode, a draft step), n positions (verification of K + 1,
