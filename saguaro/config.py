@@ -67,6 +67,11 @@ class EngineConfig:
     mode: Mode = opt("ar", "decoding: autoregressive, speculative (sd) or SSD")
     num_speculative_tokens: int = opt(4, "speculation length K", flags=("--k",))
     dtype: Dtype = opt("float32", "weights and activations")
+    draft_dtype: Dtype | None = opt(
+        None,
+        "sd/ssd: the draft's weights and activations (default: dtype); any precision keeps the "
+        "output exact, since the target verifies against the q the draft actually sampled from",
+    )
     device: str = opt("auto", "auto | cpu | cuda[:N] (auto: cuda if available, else cpu)")
     max_model_len: int | None = opt(None, "context length (default: the model's)")
     max_num_seqs: int = opt(16, "sequences in one batch")
@@ -156,6 +161,7 @@ class EngineConfig:
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
         self.device = resolve_device(self.device)
+        self.draft_dtype = self.draft_dtype or self.dtype
         if not 0 < self.saguaro_c <= 1:
             raise ValueError(f"saguaro_c must be in (0, 1], got {self.saguaro_c}")
         if self.sampling == "auto":

@@ -157,6 +157,14 @@ class BenchConfig:
         parse=names_of(DTYPES),
         metavar="D,..",
     )
+    draft_dtypes: tuple[str, ...] = opt(
+        (),
+        "the draft's weights and activations in sd and ssd, side by side (EngineConfig."
+        "draft_dtype; default: the variant's dtype); the output stays the target's, so these "
+        "are checked against AR of the target's dtype",
+        parse=names_of(DTYPES),
+        metavar="D,..",
+    )
     tensor_parallel_sizes: tuple[int, ...] = opt(
         (1,),
         "tensor-parallel sizes of saguaro's target, side by side (EngineConfig."

@@ -20,6 +20,8 @@ SEED_STRIDE = 1_000_003
 
 # Modes that also run held to one core with --one-core-baselines (the pre-equal-hardware view).
 ONE_CORE_MODES = ("ar", "sd")
+# saguaro's modes with a draft model, whose precision --draft-dtypes varies
+DRAFT_MODES = ("sd", "ssd")
 
 # Modes that sample with their own sampler, not saguaro's (one variant whatever --sampling says).
 OWN_SAMPLER_MODES = ("hf-assisted", *PEER_MODES)
@@ -39,6 +41,7 @@ class Variant:
     one_core: bool = False  # AR/SD held to one core and one thread (a labelled extra)
     tensor_parallel_size: int = 1  # ranks of saguaro's target
     dtype: str = "float32"  # saguaro's weights and activations (EngineConfig.dtype)
+    draft_dtype: str | None = None  # the draft's (EngineConfig.draft_dtype); None: dtype
 
     @property
     def setup(self) -> tuple[bool, str, int, bool]:
@@ -115,6 +118,12 @@ def build_variants(cfg: BenchConfig) -> list[Variant]:
                 found = [
                     replace(v, compiled=compiled, tensor_parallel_size=tp, dtype=dt) for v in found
                 ]
+                if cfg.draft_dtypes and mode in DRAFT_MODES:
+                    found = [
+                        replace(v, draft_dtype=d, label=f"{v.label} draft {d}")
+                        for v in found
+                        for d in cfg.draft_dtypes
+                    ]
                 if cfg.one_core_baselines and mode in ONE_CORE_MODES:
                     found += [replace(v, one_core=True, label=f"{v.label} 1 core") for v in found]
                 variants += found

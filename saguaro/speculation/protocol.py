@@ -60,7 +60,7 @@ class WorkerConfig:
     max_model_len: int
     max_num_seqs: int
     block_size: int
-    dtype: str
+    dtype: str  # the draft's (EngineConfig.draft_dtype)
     device: str
     cpus: list[int] | None  # CPU affinity of the worker process
     num_threads: int | None
@@ -86,7 +86,7 @@ class WorkerConfig:
             max_model_len=max_model_len,
             max_num_seqs=cfg.max_num_seqs,
             block_size=cfg.block_size,
-            dtype=cfg.dtype,
+            dtype=cfg.draft_dtype,
             device=cfg.draft_device or cfg.device,
             cpus=cfg.draft_cpus,
             num_threads=cfg.draft_threads,

@@ -70,3 +70,17 @@ def test_dtypes_are_side_by_side_variants_with_their_own_setup():
     setups = {v.label: v.setup for v in variants}
     assert setups["sd bfloat16"] == setups["ar bfloat16"] != setups["ar float32"]
     assert all(v.dtype == "float32" for v in build_variants(parse_config([])))
+
+
+def test_draft_dtypes_vary_the_speculative_modes_only_within_their_targets_setup():
+    cfg = parse_config(["--modes", "ar,sd,ssd", "--draft-dtypes", "float32,bfloat16"])
+    variants = build_variants(cfg)
+    got = [(v.label, v.dtype, v.draft_dtype) for v in variants]
+    assert got == [
+        ("ar", "float32", None),
+        ("sd draft float32", "float32", "float32"), ("sd draft bfloat16", "float32", "bfloat16"),
+        ("ssd draft float32", "float32", "float32"), ("ssd draft bfloat16", "float32", "bfloat16"),
+    ]  # fmt: skip
+    # the output is the target's: a bfloat16 draft is compared with (and checked against) AR
+    assert len({v.setup for v in variants}) == 1
+    assert all(v.draft_dtype is None for v in build_variants(parse_config(["--modes", "sd"])))

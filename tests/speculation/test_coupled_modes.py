@@ -61,6 +61,7 @@ def test_sd_gives_ars_tokens(tiny_llama, close_draft, reference, k):
         ("misses, neural backup", 5, dict(fanout="0", backup="neural")),
         ("misses, fast backup", 2, dict(fanout="0", backup="fast")),
         ("planned", 5, dict()),
+        ("hits, bfloat16 draft", 2, dict(fanout=[3, 2, 3], draft_dtype="bfloat16")),
     ],
 )
 def test_ssd_gives_ars_tokens(tiny_llama, close_draft, reference, name, k, overrides):

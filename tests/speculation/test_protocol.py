@@ -17,7 +17,8 @@ def test_worker_config_from_engine_maps_every_field():
         draft_top_m=32,
         max_num_seqs=5,
         block_size=8,
-        dtype="bfloat16",
+        dtype="float32",
+        draft_dtype="bfloat16",
         device="cpu",
         draft_device="cuda:1",
         draft_cpus=[2, 3],
@@ -51,6 +52,14 @@ def test_the_worker_runs_on_the_engines_device_unless_told_otherwise():
     engine = EngineConfig(device="cpu", pin_cpus=False)
     cfg = P.WorkerConfig.from_engine(engine, "d", max_model_len=64)
     assert cfg.device == "cpu" and cfg.fanout == "auto" and cfg.budget is None
+
+
+def test_the_draft_runs_in_the_engines_dtype_unless_told_otherwise():
+    engine = EngineConfig(device="cpu", pin_cpus=False, dtype="bfloat16")
+    assert P.WorkerConfig.from_engine(engine, "d", max_model_len=64).dtype == "bfloat16"
+    engine = EngineConfig(device="cpu", pin_cpus=False, draft_dtype="float16")
+    assert engine.dtype == "float32"
+    assert P.WorkerConfig.from_engine(engine, "d", max_model_len=64).dtype == "float16"
 
 
 def test_a_device_lane_joins_two_different_gpus_only():

@@ -41,6 +41,24 @@ def test_greedy_sd_equals_ar(tiny_llama, tiny_draft, close_draft, ar_reference, 
         assert llm.last_run["mean_accepted_length"] > 1.3
 
 
+def test_greedy_sd_with_a_bfloat16_draft_equals_ar(tiny_llama, close_draft, ar_reference):
+    """The draft's precision changes what it proposes, never what the target commits."""
+    llm = LLM(
+        model=str(tiny_llama),
+        draft=str(close_draft),
+        mode="sd",
+        num_speculative_tokens=3,
+        max_model_len=256,
+        max_num_seqs=8,
+        draft_dtype="bfloat16",
+    )
+    assert llm.engine.proposer.runner.model.lm_head.weight.dtype == torch.bfloat16
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    outs = llm.generate(PROMPTS, params)
+    assert [o.token_ids for o in outs] == [ar_reference[p].token_ids for p in PROMPTS]
+    assert llm.last_run["mean_accepted_length"] > 1.3
+
+
 def test_greedy_sd_stops_like_ar(tiny_llama, close_draft, ar_reference, tmp_path):
     """Stop strings, stop ids and EOS inside an accepted run end the request at that token."""
     ref = ar_reference[PROMPTS[0]]
@@ -177,6 +195,16 @@ def test_sd_first_two_tokens_follow_target(small_vocab_pair, temperature, top_p,
     tv, floor, llm = first_two_tv(target, draft, temperature, top_p)
     assert tv < floor, f"TV {tv:.4f} >= noise floor {floor:.4f}"
     assert llm.last_run["drafted"] > 0
+
+
+@pytest.mark.slow
+def test_sd_with_a_bfloat16_draft_first_two_tokens_follow_target(small_vocab_pair):
+    """The target verifies against the q the bfloat16 draft sampled from (float32 rows of its
+    bfloat16 logits): exact, with a draft that is a different model from its float32 self."""
+    target, close, _ = small_vocab_pair
+    tv, floor, llm = first_two_tv(target, close, 1.0, 0.8, draft_dtype="bfloat16")
+    assert tv < floor, f"TV {tv:.4f} >= noise floor {floor:.4f}"
+    assert 0 < llm.last_run["accepted"] < llm.last_run["drafted"]
 
 
 @pytest.mark.slow
