@@ -1,12 +1,13 @@
 """The SSD draft worker's time outside its forwards, per cache build.
 
-    python scripts/worker_overhead.py [--builds 300] [--window-ms 13] [--compile]
+    python scripts/worker_overhead.py [--builds 300] [--window-ms 13] [--compile] [--fanout F]
 
 Runs a worker in this process on the bundled draft (one thread, greedy), feeds it rounds whose
 outcome is always a cache hit (every proposal accepted, the draft's top candidate as the bonus
 token) with a fixed target window, and reports per planned build: its duration, the part spent
 inside the draft's forwards and the rest (planning, candidate ranking, queries, sampling). Run it
-from two checkouts in turn to compare them.
+from two checkouts in turn to compare them; a fixed ``--fanout`` (F_0..F_K) builds the same
+cache every time, where the planner's choice of B and d may differ between runs.
 """
 
 from __future__ import annotations
@@ -33,10 +34,16 @@ def main() -> None:
     parser.add_argument("--builds", type=int, default=300)
     parser.add_argument("--window-ms", type=float, default=13.0, help="the target's window")
     parser.add_argument("--compile", action="store_true", help="compiled draft forwards")
+    parser.add_argument("--fanout", default="auto", help="EngineConfig.fanout (default: planned)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     engine = EngineConfig(
-        device="cpu", dtype="float32", compile=args.compile, pin_cpus=False, max_num_seqs=1
+        device="cpu",
+        dtype="float32",
+        compile=args.compile,
+        pin_cpus=False,
+        max_num_seqs=1,
+        fanout=args.fanout,
     )
     worker = DraftWorker(P.WorkerConfig.from_engine(engine, str(DRAFT_DIR), max_model_len=2048))
     inside = {"forwards": 0.0}

@@ -43,6 +43,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from saguaro.core.query import Query, token_slots
@@ -318,24 +319,26 @@ class CacheBuilder:
         if not live:
             return 0.0
         bs = self.cfg.block_size
-        layout = {}  # seq index -> (base index of scratch, key slots, static mask part, forks)
+        # The per-depth layout is a few small integer arrays: NumPy, handed to torch without a
+        # copy (docs/design.md §10); the torch views share the arrays, so mask edits show.
+        layout = {}  # seq index -> (scratch base, key slots, mask, forks, torch views)
         for i in live:
             seq, nb = seqs[i], len(branches[i])
             n = len(seq.token_ids)
             base = n + self.k
             self.bm.allocate(seq, base + nb * k)
-            keys = token_slots(seq.block_table, 0, base + nb * k, bs)
-            glue_len = len(seq.spec)
-            mask = torch.zeros(nb, base + nb * k, dtype=torch.bool)
+            keys = token_slots(seq.block_table, 0, base + nb * k, bs).numpy()
+            fork = np.array([kk for kk, _ in branches[i]], dtype=np.int64)
+            mask = np.zeros((nb, base + nb * k), dtype=bool)
             mask[:, :n] = True
-            fork = torch.tensor([kk for kk, _ in branches[i]])
-            mask[:, n : n + glue_len] = torch.arange(glue_len).unsqueeze(0) < fork.unsqueeze(1)
-            layout[i] = (base, keys, mask, fork)
-        tokens = {i: torch.tensor([t for _, t in branches[i]]) for i in live}
-        out_tokens = {i: torch.zeros(len(branches[i]), k, dtype=torch.int64) for i in live}
+            mask[:, n : n + len(seq.spec)] = np.arange(len(seq.spec)) < fork[:, None]
+            layout[i] = (base, keys, mask, fork, torch.from_numpy(keys), torch.from_numpy(mask))
+        tokens = {i: [t for _, t in branches[i]] for i in live}
+        out_tokens: dict[int, list[list[int]]] = {i: [[] for _ in branches[i]] for i in live}
         # greedy branches are point masses: their argmax is all a hit needs
+        width = min(self.cfg.top_m, self.vocab_size)
         out_q = {
-            i: SparseQ.point_mass(out_tokens[i], min(self.cfg.top_m, self.vocab_size))
+            i: SparseQ.point_mass(torch.zeros(len(branches[i]), k, dtype=torch.int64), width)
             for i in live
             if not seqs[i].params.greedy and not seqs[i].coupled
         }
@@ -349,26 +352,25 @@ class CacheBuilder:
             t0 = time.perf_counter()
             queries = []
             for i in live:
-                seq = seqs[i]
-                base, keys, mask, fork = layout[i]
+                base, keys, mask, fork, keys_t, mask_t = layout[i]
                 nb = len(branches[i])
-                n = len(seq.token_ids)
-                own = base + torch.arange(nb) * k + depth  # scratch index of this depth
-                mask[torch.arange(nb), own] = True
+                own = base + np.arange(nb) * k + depth  # scratch index of this depth
+                mask[np.arange(nb), own] = True
                 queries.append(
                     Query(
-                        token_ids=tokens[i].tolist(),
-                        positions=n + fork + depth,
-                        slots=keys[own],
-                        key_slots=keys,
+                        token_ids=tokens[i],
+                        positions=torch.from_numpy(len(seqs[i].token_ids) + fork + depth),
+                        slots=torch.from_numpy(keys[own]),
+                        key_slots=keys_t,
                         num_logits=nb,
-                        mask=mask,  # copied into the batch mask before the next depth edits it
+                        mask=mask_t,  # copied into the batch mask before the next depth edits it
                     )
                 )
             logits = self.runner.forward(queries)
             drawn = self._draw(seqs, branches, forks, logits, depth, fanout[depth], out_q)
             for i in live:
-                out_tokens[i][:, depth] = drawn[i]
+                for row, token in zip(out_tokens[i], drawn[i], strict=True):
+                    row.append(token)
                 tokens[i] = drawn[i]
             seconds = time.perf_counter() - t0
             depths_s += seconds
@@ -377,7 +379,7 @@ class CacheBuilder:
             seq, q = seqs[i], out_q.get(i)
             for j, key in enumerate(branches[i]):
                 seq.cache[key] = (
-                    out_tokens[i][j, :done].tolist(),
+                    out_tokens[i][j],
                     None if q is None else q[j, :done].clone(),
                 )
         return depths_s
@@ -386,12 +388,12 @@ class CacheBuilder:
         self,
         seqs: list[DraftSeq],
         branches: list[list[tuple[int, int]]],
-        forks: dict[int, torch.Tensor],
+        forks: dict[int, np.ndarray],
         logits: torch.Tensor,
         depth: int,
         fanout: int,
         out_q: dict[int, SparseQ],
-    ) -> dict[int, torch.Tensor]:
+    ) -> dict[int, list[int]]:
         """Each sequence's next branch tokens from one depth's logits (rows in the order of
         ``forks``' sequences, ``len(branches[i])`` each); a rejection-sampled sequence's q goes
         into ``out_q`` at this depth.
@@ -408,7 +410,7 @@ class CacheBuilder:
         def kind(seq: DraftSeq) -> str:
             return "greedy" if seq.params.greedy else "coupled" if seq.coupled else "sampled"
 
-        out: dict[int, torch.Tensor] = {}
+        out: dict[int, list[int]] = {}
         for group in ("greedy", "coupled", "sampled"):
             members = [i for i in forks if kind(seqs[i]) == group]
             if not members:
@@ -429,7 +431,7 @@ class CacheBuilder:
                     # the token drawn here lands right after the branch's input token
                     positions.append(len(seq.token_ids) + forks[i] + depth + 1)
                 st = SamplingTensors.from_params(params)
-                at = torch.cat(positions)
+                at = torch.from_numpy(np.concatenate(positions))
                 if group == "coupled":
                     drawn, _ = propose_coupled(rows, st, seed_tensor(seeds), at, self.cfg.top_m)
                 else:
@@ -442,10 +444,10 @@ class CacheBuilder:
                         fanout,
                         self.cfg.saguaro_c,
                     )
-            start = 0
+            start, drawn_list = 0, drawn.tolist()
             for i in members:
                 end = start + len(branches[i])
-                out[i] = drawn[start:end]
+                out[i] = drawn_list[start:end]
                 if q is not None:
                     out_q[i].ids[:, depth], out_q[i].probs[:, depth] = (
                         q.ids[start:end],
