@@ -70,7 +70,8 @@ class EngineConfig:
     draft_dtype: Dtype | None = opt(
         None,
         "sd/ssd: the draft's weights and activations (default: dtype); any precision keeps the "
-        "output exact, since the target verifies against the q the draft actually sampled from",
+        "output exact: the draft only proposes, and verification holds whatever model "
+        "proposed",
     )
     device: str = opt("auto", "auto | cpu | cuda[:N] (auto: cuda if available, else cpu)")
     max_model_len: int | None = opt(None, "context length (default: the model's)")

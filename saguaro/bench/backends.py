@@ -104,7 +104,7 @@ class SaguaroBackend:
             seed=cfg.seed,
             compile=variant.compiled,
             dtype=variant.dtype,
-            draft_dtype=variant.draft_dtype if spec else None,
+            draft_dtype=variant.draft_dtype,
             tensor_parallel_size=variant.tensor_parallel_size,
             # Equal hardware by default: the engine's placement (AR/SD: every core; SSD: target
             # and worker on their own). One core, one thread only where asked for.
