@@ -66,7 +66,8 @@ def test_sd_gives_ars_tokens(tiny_llama, close_draft, reference, k):
 )
 def test_ssd_gives_ars_tokens(tiny_llama, close_draft, reference, name, k, overrides):
     with pair(tiny_llama, close_draft, "ssd", k, max_num_seqs=8, **overrides) as llm:
-        check_batches(llm, reference, sizes=(1, 3, 8) if name == "planned" else range(1, 9))
+        few = name == "planned" or "bfloat16" in name
+        check_batches(llm, reference, sizes=(1, 3, 8) if few else range(1, 9))
         run = llm.last_run
     if name.startswith("hits"):
         assert run["cache_hit_rate"] > 0.3, run["cache_hit_rate"]

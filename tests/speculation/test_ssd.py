@@ -39,8 +39,8 @@ def ssd(target, draft, **kw) -> LLM:
     return LLM(model=str(target), draft=str(draft), mode="ssd", **kw)
 
 
-def check_greedy(llm, ar_reference):
-    for batch in range(1, 9):
+def check_greedy(llm, ar_reference, sizes=range(1, 9)):
+    for batch in sizes:
         outs = llm.generate(PROMPTS[:batch], GREEDY)
         for prompt, out in zip(PROMPTS, outs, strict=False):
             assert out.token_ids == ar_reference[prompt], (batch, prompt)
@@ -69,7 +69,8 @@ def test_greedy_ssd_equals_ar(
         overrides.pop("draft")
     ]
     with ssd(tiny_llama, draft, num_speculative_tokens=k, **overrides) as llm:
-        check_greedy(llm, ar_reference)
+        # a variant of the hit path (the draft's precision): a few batch sizes suffice
+        check_greedy(llm, ar_reference, (1, 3, 8) if "bfloat16" in name else range(1, 9))
         run = llm.last_run
         if name.startswith("hits ("):
             assert run["cache_hit_rate"] > 0.9 and run["mean_accepted_length"] > 2.5
