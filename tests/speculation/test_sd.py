@@ -20,18 +20,23 @@ def ar_reference(tiny_llama):
     return {p: o for p, o in zip(PROMPTS, llm.generate(PROMPTS, params), strict=True)}
 
 
-@pytest.mark.parametrize("k", [1, 3, 5, 8])
-@pytest.mark.parametrize("which_draft", ["close", "random"])
-def test_greedy_sd_equals_ar(tiny_llama, tiny_draft, close_draft, ar_reference, k, which_draft):
-    draft = close_draft if which_draft == "close" else tiny_draft
-    llm = LLM(
-        model=str(tiny_llama),
+def sd_engine(target, draft, k: int, **engine) -> LLM:
+    """An SD engine for the greedy tests; ``engine``: more EngineConfig fields."""
+    return LLM(
+        model=str(target),
         draft=str(draft),
         mode="sd",
         num_speculative_tokens=k,
         max_model_len=256,
         max_num_seqs=8,
+        **engine,
     )
+
+
+@pytest.mark.parametrize("k", [1, 3, 5, 8])
+@pytest.mark.parametrize("which_draft", ["close", "random"])
+def test_greedy_sd_equals_ar(tiny_llama, tiny_draft, close_draft, ar_reference, k, which_draft):
+    llm = sd_engine(tiny_llama, close_draft if which_draft == "close" else tiny_draft, k)
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     for batch in range(1, 9):
         outs = llm.generate(PROMPTS[:batch], params)
@@ -43,15 +48,7 @@ def test_greedy_sd_equals_ar(tiny_llama, tiny_draft, close_draft, ar_reference, 
 
 def test_greedy_sd_with_a_bfloat16_draft_equals_ar(tiny_llama, close_draft, ar_reference):
     """The draft's precision changes what it proposes, never what the target commits."""
-    llm = LLM(
-        model=str(tiny_llama),
-        draft=str(close_draft),
-        mode="sd",
-        num_speculative_tokens=3,
-        max_model_len=256,
-        max_num_seqs=8,
-        draft_dtype="bfloat16",
-    )
+    llm = sd_engine(tiny_llama, close_draft, 3, draft_dtype="bfloat16")
     assert llm.engine.proposer.runner.model.lm_head.weight.dtype == torch.bfloat16
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     outs = llm.generate(PROMPTS, params)
