@@ -1,4 +1,5 @@
-"""Command line: ``saguaro generate | chat | serve | bench | draft-worker | train-pair``."""
+"""Command line: ``saguaro generate | chat | serve | bench | draft-worker | train-pair |
+import-gguf``."""
 
 from __future__ import annotations
 
@@ -69,6 +70,10 @@ def main(argv: list[str] | None = None) -> int:
         from saguaro.bench import bench_main
 
         return bench_main(argv[1:])
+    if argv[:1] == ["import-gguf"]:
+        from saguaro.models.gguf_import import main as import_main
+
+        return import_main(argv[1:])
     if argv[:1] == ["draft-worker"]:
         from saguaro.speculation.worker import main as worker_main
 
@@ -82,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     sampling_options(gen)
     gen.set_defaults(func=cmd_generate)
     sub.add_parser("train-pair", help="train the bundled draft/target pair (see --help)")
+    sub.add_parser("import-gguf", help="write a GGUF file as a model directory (see --help)")
     sub.add_parser("draft-worker", help="run an SSD draft worker that joins a target (see --help)")
     sub.add_parser("bench", help="benchmark AR / SD / SSD / HF assisted generation (see --help)")
     sub.add_parser("serve", help="OpenAI-compatible HTTP server (see --help)")

@@ -5,10 +5,8 @@ The file holds the architecture's hyper-parameters, the byte-level BPE tokenizer
 ``tokenizer.json`` (tokens, token types, merges, BOS/EOS) and every tensor under llama.cpp's name.
 Two conventions differ from the Hugging Face checkpoint:
 
-* llama.cpp's ``llama`` architecture rotates adjacent pairs (2i, 2i+1) of each query/key head,
-  whereas the checkpoint's attention rotates the pair (i, i + d/2) ("rotate half"). The rows of
-  ``q_proj`` and ``k_proj`` are therefore reordered per head (:func:`interleave_rope_rows`), which
-  gives the same attention scores. ``qwen3`` in llama.cpp rotates halves itself: no reordering.
+* the rows of ``q_proj`` and ``k_proj`` are reordered per head for llama.cpp's ``llama``
+  rotary layout (:mod:`saguaro.models.gguf_names`);
 * GGUF lists a tensor's dimensions innermost first; a row-major ``[out, in]`` matrix is stored as
   is and its GGUF shape reads ``[in, out]``.
 
@@ -27,10 +25,19 @@ import numpy as np
 import torch
 
 from saguaro.models.config import ModelConfig
+from saguaro.models.gguf_names import gguf_tensor_name, interleave_rope_rows
 from saguaro.models.loader import iter_tensors, safetensors_files
 
-# File types written (GGUF's general.file_type values: all f32, or matrices in f16).
-DTYPES = ("f32", "f16")
+# File types written: matrices in the named type (vectors such as norms always f32), by
+# (GGML tensor type, general.file_type) names in the gguf package.
+DTYPES = {
+    "f32": ("F32", "ALL_F32"),
+    "f16": ("F16", "MOSTLY_F16"),
+    "bf16": ("BF16", "MOSTLY_BF16"),
+    "q8_0": ("Q8_0", "MOSTLY_Q8_0"),
+    "q4_0": ("Q4_0", "MOSTLY_Q4_0"),
+    "q4_1": ("Q4_1", "MOSTLY_Q4_1"),
+}
 # llama.cpp's name for the regex pre-tokenizer of GPT-2 style byte-level BPE, which splits text
 # as the Hugging Face ByteLevel pre-tokenizer with use_regex does.
 PRE_TOKENIZER = "gpt-2"
@@ -40,56 +47,6 @@ PRE_TOKENIZER = "gpt-2"
 NO_MERGE = "<|saguaro_no_merge|> <|saguaro_no_merge|>"
 # Name of the filler tokens added when config.json's vocabulary is larger than the tokenizer's.
 PAD_TOKEN = "<|saguaro_pad_{}|>"
-
-# checkpoint name (per layer, after "model.layers.N.") -> llama.cpp name (after "blk.N.")
-_LAYER_TENSORS = {
-    "input_layernorm.weight": "attn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.o_proj.weight": "attn_output.weight",
-    "self_attn.q_proj.bias": "attn_q.bias",
-    "self_attn.k_proj.bias": "attn_k.bias",
-    "self_attn.v_proj.bias": "attn_v.bias",
-    "self_attn.o_proj.bias": "attn_output.bias",
-    "self_attn.q_norm.weight": "attn_q_norm.weight",
-    "self_attn.k_norm.weight": "attn_k_norm.weight",
-    "post_attention_layernorm.weight": "ffn_norm.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight",
-    "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight",
-}
-_GLOBAL_TENSORS = {
-    "model.embed_tokens.weight": "token_embd.weight",
-    "model.norm.weight": "output_norm.weight",
-    "lm_head.weight": "output.weight",
-}
-_LAYER_PREFIX = "model.layers."
-
-
-def interleave_rope_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """Reorder the rows (dim 0) of a query/key projection, head by head, from the rotate-half
-    layout to the adjacent-pairs layout: within each head of d rows, row j < d/2 moves to 2j and
-    row d/2 + j to 2j + 1. Works for weights [n_heads*d, in] and biases [n_heads*d]."""
-    rows = w.shape[0]
-    if rows % n_heads or (rows // n_heads) % 2:
-        raise ValueError(f"{rows} rows do not split into {n_heads} heads of even size")
-    half = rows // n_heads // 2
-    rest = w.shape[1:]
-    # [heads, 2 (which half), half, ...] -> [heads, half, 2, ...]: pair j = (first[j], second[j])
-    return w.reshape(n_heads, 2, half, *rest).transpose(1, 2).reshape(rows, *rest).contiguous()
-
-
-def gguf_tensor_name(hf_name: str) -> str | None:
-    """llama.cpp's name for a checkpoint tensor; None for tensors llama.cpp does not use
-    (e.g. the rotary inverse frequencies some checkpoints store)."""
-    if hf_name in _GLOBAL_TENSORS:
-        return _GLOBAL_TENSORS[hf_name]
-    if hf_name.startswith(_LAYER_PREFIX):
-        layer, _, rest = hf_name[len(_LAYER_PREFIX) :].partition(".")
-        if rest in _LAYER_TENSORS:
-            return f"blk.{int(layer)}.{_LAYER_TENSORS[rest]}"
-    return None
 
 
 def _check_supported(cfg: ModelConfig) -> None:
@@ -164,13 +121,15 @@ def _tokenizer_fields(model_dir: Path, vocab_size: int) -> dict[str, Any]:
 
 
 def export_gguf(model_dir: str | Path, out_path: str | Path, dtype: str = "f32") -> Path:
-    """Write ``model_dir`` as the GGUF file ``out_path`` (matrices in ``dtype``: f32 or f16;
-    vectors such as norms always f32) and return its path. The file is written next to its final
-    name and renamed into place, so a half-written file never has the final name."""
+    """Write ``model_dir`` as the GGUF file ``out_path`` (matrices in ``dtype``, one of
+    :data:`DTYPES`; vectors such as norms always f32) and return its path. The file is written
+    next to its final name and renamed into place, so a half-written file never has the final
+    name."""
     import gguf
+    import gguf.quants
 
     if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     model_dir, out_path = Path(model_dir), Path(out_path)
     cfg = ModelConfig.from_dir(model_dir)
     _check_supported(cfg)
@@ -194,8 +153,9 @@ def export_gguf(model_dir: str | Path, out_path: str | Path, dtype: str = "f32")
     w.add_rope_freq_base(cfg.rope_theta)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_vocab_size(len(tok["tokens"]))
-    f16 = dtype == "f16"
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if f16 else gguf.LlamaFileType.ALL_F32)
+    tensor_kind, file_kind = DTYPES[dtype]
+    qtype = gguf.GGMLQuantizationType[tensor_kind]
+    w.add_file_type(gguf.LlamaFileType[file_kind])
     w.add_tokenizer_model("gpt2")  # llama.cpp's name for byte-level BPE
     w.add_tokenizer_pre(PRE_TOKENIZER)
     w.add_token_list(tok["tokens"])
@@ -210,7 +170,12 @@ def export_gguf(model_dir: str | Path, out_path: str | Path, dtype: str = "f32")
     w.add_add_eos_token(False)
     for name, t in converted_tensors(model_dir, cfg):
         array = t.numpy()
-        w.add_tensor(name, array.astype(np.float16) if f16 and array.ndim > 1 else array)
+        if array.ndim == 1 or qtype == gguf.GGMLQuantizationType.F32:
+            w.add_tensor(name, array)
+        elif qtype == gguf.GGMLQuantizationType.F16:
+            w.add_tensor(name, array.astype(np.float16))
+        else:  # bytes of blocks along the rows, as llama.cpp stores them
+            w.add_tensor(name, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
     try:
         w.write_header_to_file()
         w.write_kv_data_to_file()
