@@ -60,7 +60,11 @@ class EngineConfig:
     """Every engine setting, validated once. ``saguaro generate | serve | chat | bench`` take each
     field as ``--field-name`` (saguaro.options)."""
 
-    model: str | None = opt(None, "target model directory (default: the bundled code model)")
+    model: str | None = opt(
+        None,
+        "target model directory, or a name in $SAGUARO_MODELS (e.g. smollm2-135m-instruct; "
+        "default: the bundled code model)",
+    )
     draft: str | None = opt(
         None, "draft model directory (default with sd/ssd: the bundled draft, bundled target only)"
     )
@@ -212,14 +216,16 @@ class EngineConfig:
 
 
 def resolve_model_dirs(cfg: EngineConfig) -> tuple[Path, Path | None]:
-    """Fill in the bundled pair where no model is given."""
+    """Directories or names in the models directory (saguaro.models.catalog) to paths; the
+    bundled pair where no model is given."""
     from saguaro import bundled
+    from saguaro.models.catalog import resolve_model
 
-    target = Path(cfg.model) if cfg.model else bundled.TARGET_DIR
+    target = resolve_model(cfg.model) if cfg.model else bundled.TARGET_DIR
     if cfg.mode == "ar":
-        return target, Path(cfg.draft) if cfg.draft else None
+        return target, resolve_model(cfg.draft) if cfg.draft else None
     if cfg.draft:
-        return target, Path(cfg.draft)
+        return target, resolve_model(cfg.draft)
     if cfg.model is None:
         return target, bundled.DRAFT_DIR
     raise ValueError(f"mode {cfg.mode!r} needs a draft model (draft=DIR)")

@@ -241,7 +241,7 @@ class HFAssistedBackend:
 
 # ---- llama.cpp peers -----------------------------------------------------------------------------
 
-PEER_EXTRA_HINT = "pip install 'saguaro-decoding[peer]' (llama-cpp-python and gguf)"
+PEER_EXTRA_HINT = "pip install 'saguaro-decoding[peer]' (llama-cpp-python)"
 # Bumped when gguf_export writes different files for the same checkpoint: old cache entries are
 # then not reused.
 GGUF_FORMAT_VERSION = 1

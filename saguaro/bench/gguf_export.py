@@ -10,7 +10,7 @@ Two conventions differ from the Hugging Face checkpoint:
 * GGUF lists a tensor's dimensions innermost first; a row-major ``[out, in]`` matrix is stored as
   is and its GGUF shape reads ``[in, out]``.
 
-Needs the ``gguf`` package (``pip install 'saguaro-decoding[peer]'``).
+Uses the ``gguf`` package (a core dependency).
 """
 
 from __future__ import annotations

