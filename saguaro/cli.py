@@ -42,7 +42,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             sys.stdout.write(args.prompt + out.text)
         elapsed = time.perf_counter() - start
         sys.stdout.write("\n")
-        print(f"[{args.mode}] " + format_summary(out.metrics, elapsed), file=sys.stderr)
+        print(f"[{llm.config.mode}] " + format_summary(out.metrics, elapsed), file=sys.stderr)
     finally:
         llm.close()
     return 0
