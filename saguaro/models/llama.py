@@ -69,7 +69,16 @@ class CausalLM(nn.Module):
         self.rotary = Rotary(
             cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling
         )
-        self.lm_head = nn.Linear(cfg.hidden_size, self.embed_tokens.weight.shape[0], bias=False)
+        if cfg.draft_vocab_size is None:
+            self.head_token_ids: torch.Tensor | None = None
+            self.lm_head = nn.Linear(cfg.hidden_size, self.embed_tokens.weight.shape[0], bias=False)
+        else:
+            if tp.size > 1:
+                raise ValueError("a reduced output vocabulary (draft_vocab_size) is not split")
+            self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
+            self.register_buffer(
+                "head_token_ids", torch.zeros(cfg.draft_vocab_size, dtype=torch.long)
+            )
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
@@ -82,7 +91,14 @@ class CausalLM(nn.Module):
         logits_index: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Score ``input_ids`` ([T]) and return float32 logits at rows ``logits_index`` ([m, V]).
-        Callers run it without autograd (the model runner does)."""
+        Callers run it without autograd (the model runner does).
+
+        With a reduced output vocabulary the head scores its ``head_token_ids`` only and every
+        other token's logit is -inf: the draft's q is 0 there. Verification stays exact, since
+        neither rule needs q > 0 where p > 0: rejection sampling accepts a proposal x with
+        probability min(1, p(x)/q(x)) and draws a rejection's replacement from the residual
+        max(p - q, 0), which carries p's whole mass outside the head's tokens; coupled sampling
+        commits the target's own Gumbel-max whatever the draft proposed."""
         x = self.embed_tokens(input_ids)
         angles = self.rotary.cos_sin(positions, x.dtype)
         for layer, kv in zip(self.layers, kv_caches, strict=True):
@@ -90,4 +106,7 @@ class CausalLM(nn.Module):
         if logits_index is not None:
             x = x[logits_index]
         logits = self.tp.all_gather_last(self.lm_head(self.norm(x)))
+        if self.head_token_ids is not None:
+            full = logits.new_full((logits.shape[0], self.config.vocab_size), float("-inf"))
+            return full.float().index_copy_(1, self.head_token_ids, logits.float())
         return logits[:, : self.config.vocab_size].float()

@@ -132,6 +132,18 @@ def rank_slices(cfg: ModelConfig, tp: TensorParallel) -> Callable[[str], Slice |
     return pick
 
 
+def checked_head_ids(ids: torch.Tensor, vocab_size: int, model_dir: Path) -> torch.Tensor:
+    """A reduced head's token ids: distinct integers in [0, vocab_size)."""
+    if ids.dtype.is_floating_point or ids.dim() != 1:
+        raise ModelLoadError(f"{model_dir}: lm_head.token_ids must be a 1-D integer tensor")
+    ids = ids.long()
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+        raise ModelLoadError(f"{model_dir}: lm_head.token_ids outside [0, {vocab_size})")
+    if ids.unique().numel() != ids.numel():
+        raise ModelLoadError(f"{model_dir}: lm_head.token_ids repeats a token")
+    return ids
+
+
 def load_model(
     model_dir: str | Path,
     dtype: str | torch.dtype = "float32",
@@ -149,6 +161,8 @@ def load_model(
     with torch.device("meta"):
         model = CausalLM(cfg, tp)
     params = dict(model.named_parameters())
+    if cfg.draft_vocab_size is not None:  # the reduced head's token ids: a buffer, read as one
+        params["lm_head.token_ids"] = model.head_token_ids
     filled: dict[str, torch.Tensor] = {}
     num_parts = {"self_attn.qkv_proj": 3, "mlp.gate_up_proj": 2}
     pieces: dict[str, list[torch.Tensor | None]] = {}
@@ -186,9 +200,12 @@ def load_model(
                 f"{model_dir}: tensor {name!r} has shape {tuple(tensor.shape)}, "
                 f"config implies {tuple(params[name].shape)}"
             )
+    head_ids = filled.pop("lm_head.token_ids", None)
     model.load_state_dict(
         {k: v.to(torch_dtype) for k, v in filled.items()}, strict=False, assign=True
     )
+    if head_ids is not None:
+        model.head_token_ids = checked_head_ids(head_ids, cfg.vocab_size, model_dir)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     model.rotary = model.rotary.__class__(
