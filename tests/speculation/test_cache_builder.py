@@ -247,7 +247,9 @@ def test_a_build_cut_short_keeps_the_depths_decoded(tiny_draft):
 
 def test_sequences_of_every_kind_built_together_get_what_they_get_alone(tiny_draft):
     """A depth draws the rows of all greedy, all coupled and all rejection-sampled sequences in
-    one call per kind: each sequence's branches (tokens and q) are those it gets built alone."""
+    one call per kind: each sequence's branches (tokens and q) are those it gets built alone.
+    q agrees to rounding, not bit for bit: a forward over four sequences and one over a single
+    sequence may sum in another order (the matrix library picks its path by shape and CPU)."""
     k, fanout = 3, [2, 1, 1, 2]
     kinds = [
         dict(temperature=0.0),
@@ -273,4 +275,5 @@ def test_sequences_of_every_kind_built_together_get_what_they_get_alone(tiny_dra
             assert got_tokens == tokens, (kinds[i], key)
             assert (q is None) == (got_q is None)
             if q is not None:
-                assert torch.equal(got_q.ids, q.ids) and torch.equal(got_q.probs, q.probs)
+                assert torch.equal(got_q.ids, q.ids)
+                torch.testing.assert_close(got_q.probs, q.probs, rtol=1e-5, atol=1e-6)
