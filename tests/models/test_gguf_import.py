@@ -177,22 +177,27 @@ def test_chat_template_and_bos_come_across(tmp_path):
     assert tok.encode("hello")[0] == tok.bos_token_id
 
 
-def rewrite_fields(src, dst, changes: dict) -> None:
-    """Copy a GGUF file, setting string/bool fields (the writer has no in-place edit)."""
+def rewrite_fields(src, dst, changes: dict, requantize: dict | None = None) -> None:
+    """Copy a GGUF file, setting string/bool fields and storing the tensors named in
+    ``requantize`` in the given type (the writer has no in-place edit)."""
     reader = gguf.GGUFReader(src)
     w = gguf.GGUFWriter(dst, reader.fields["general.architecture"].contents())
     for name, f in reader.fields.items():
         if name.startswith("GGUF.") or name == "general.architecture" or name in changes:
             continue
-        value = f.contents()
         kind = f.types[0]
         sub = f.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
-        w.add_key_value(name, value, kind, sub_type=sub)
+        w.add_key_value(name, f.contents(), kind, sub_type=sub)
     for name, value in changes.items():
         kind = gguf.GGUFValueType.BOOL if isinstance(value, bool) else gguf.GGUFValueType.STRING
         w.add_key_value(name, value, kind)
     for t in reader.tensors:
-        w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+        qtype = (requantize or {}).get(t.name)
+        if qtype is None:
+            w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+        else:  # the source is float32
+            dense = np.asarray(t.data).reshape(tuple(int(n) for n in reversed(t.shape)))
+            w.add_tensor(t.name, gguf.quants.quantize(dense, qtype), raw_dtype=qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -201,7 +206,6 @@ def rewrite_fields(src, dst, changes: dict) -> None:
 
 def test_unsupported_architecture_and_tensor_type_are_named(source, tmp_path):
     path = export_gguf(source, tmp_path / "m.gguf")
-    reader = gguf.GGUFReader(path)
     w = gguf.GGUFWriter(tmp_path / "g.gguf", "gemma")
     w.add_tensor("token_embd.weight", np.zeros((4, 32), np.float32))
     w.write_header_to_file()
@@ -212,23 +216,7 @@ def test_unsupported_architecture_and_tensor_type_are_named(source, tmp_path):
         import_gguf(tmp_path / "g.gguf", tmp_path / "out")
     # A tensor of a type the importer does not read (Q5_0) is refused with its name and type.
     q5 = tmp_path / "q5.gguf"
-    w = gguf.GGUFWriter(q5, "llama")
-    for name, f in reader.fields.items():
-        if not name.startswith("GGUF.") and name != "general.architecture":
-            kind = f.types[0]
-            sub = f.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
-            w.add_key_value(name, f.contents(), kind, sub_type=sub)
-    for t in reader.tensors:
-        if t.name == "blk.0.ffn_up.weight":
-            dense = np.asarray(t.data).reshape(tuple(int(n) for n in reversed(t.shape)))
-            qtype = gguf.GGMLQuantizationType.Q5_0
-            w.add_tensor(t.name, gguf.quants.quantize(dense, qtype), raw_dtype=qtype)
-        else:
-            w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    rewrite_fields(path, q5, {}, {"blk.0.ffn_up.weight": gguf.GGMLQuantizationType.Q5_0})
     with pytest.raises(ModelLoadError, match=r"blk\.0\.ffn_up\.weight has type Q5_0"):
         import_gguf(q5, tmp_path / "out")
     assert not (tmp_path / "out").exists()  # nothing half-written under the final name
