@@ -107,6 +107,7 @@ class CausalLM(nn.Module):
             x = x[logits_index]
         logits = self.tp.all_gather_last(self.lm_head(self.norm(x)))
         if self.head_token_ids is not None:
-            full = logits.new_full((logits.shape[0], self.config.vocab_size), float("-inf"))
-            return full.float().index_copy_(1, self.head_token_ids, logits.float())
+            shape = (logits.shape[0], self.config.vocab_size)
+            full = torch.full(shape, float("-inf"), dtype=torch.float32, device=logits.device)
+            return full.index_copy_(1, self.head_token_ids, logits.float())
         return logits[:, : self.config.vocab_size].float()
