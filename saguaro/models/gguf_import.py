@@ -8,12 +8,13 @@ Weights are dequantized to ``dtype`` (float32 by default). For each block type t
 exactly what llama.cpp computes: Q8_0 is ``d * q`` (one float16 scale per 32 weights), Q4_0
 ``d * (q - 8)``, Q4_1 ``d * q + m`` (a float16 scale and minimum per 32); F16 and BF16 widen
 exactly. The query/key rows go back to the checkpoint's rotate-half order
-(:mod:`saguaro.models.gguf_names`). Reading needs the ``gguf`` package.
+(:mod:`saguaro.models.gguf_names`). Reading uses the ``gguf`` package.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,10 +64,8 @@ class GGUFFile:
 
     @classmethod
     def read(cls, path: str | Path) -> GGUFFile:
-        try:
-            import gguf
-        except ImportError as e:  # pragma: no cover - gguf is a core dependency
-            raise ModelLoadError("reading GGUF files needs the gguf package") from e
+        import gguf
+
         path = Path(path)
         if not path.is_file():
             raise ModelLoadError(f"{path}: no such GGUF file")
@@ -126,7 +125,6 @@ def hf_config(g: GGUFFile) -> tuple[dict[str, Any], dict[str, Any]]:
         "hidden_act": "silu",
         "bos_token_id": bos,
         "eos_token_id": eos,
-        "torch_dtype": "float32",
     }
     if g.fields.get(f"{arch}.rope.scaling.type") not in (None, "none"):
         raise ModelLoadError(f"{g.path}: RoPE scaling in GGUF files is not imported")
@@ -279,16 +277,22 @@ def hf_tokenizer(g: GGUFFile) -> tuple[dict[str, Any], dict[str, Any]]:
 def import_gguf(path: str | Path, out_dir: str | Path, dtype: str = "float32") -> Path:
     """Write the GGUF file ``path`` as a Hugging Face directory ``out_dir`` (weights in
     ``dtype``) and return it. Everything is written into ``out_dir.partial`` and renamed into
-    place, so an interrupted import never leaves a directory that looks complete."""
+    place, so an interrupted import never leaves a directory that looks complete. An existing
+    ``out_dir`` is replaced only when it is empty or a model directory (it has ``config.json``):
+    anything else is refused before any work, so a mistyped path loses nothing."""
     from saguaro.models.loader import resolve_dtype
 
     torch_dtype = resolve_dtype(dtype)
+    out = Path(out_dir)
+    if out.exists() and not (
+        out.is_dir() and (not any(out.iterdir()) or (out / "config.json").is_file())
+    ):
+        raise ModelLoadError(f"{out}: exists and is not a model directory; not replacing it")
     g = GGUFFile.read(path)
     config, generation = hf_config(g)
     config["torch_dtype"] = str(torch_dtype).removeprefix("torch.")
     tokenizer, tokenizer_config = hf_tokenizer(g)
     tensors = hf_tensors(g, config, torch_dtype)
-    out = Path(out_dir)
     tmp = out.with_name(out.name + ".partial")
     tmp.mkdir(parents=True, exist_ok=True)
     for name, value in (
@@ -302,8 +306,6 @@ def import_gguf(path: str | Path, out_dir: str | Path, dtype: str = "float32") -
         tensors, str(tmp / "model.safetensors"), metadata={"format": "pt", "source": g.path.name}
     )
     if out.exists():
-        import shutil
-
         shutil.rmtree(out)
     tmp.rename(out)
     return out

@@ -224,6 +224,20 @@ def test_unsupported_architecture_and_tensor_type_are_named(source, tmp_path):
         import_gguf(tmp_path / "missing.gguf", tmp_path / "out")
 
 
+def test_an_existing_directory_is_replaced_only_when_it_is_a_model(source, tmp_path):
+    path = export_gguf(source, tmp_path / "m.gguf")
+    keep = tmp_path / "notes"
+    keep.mkdir()
+    (keep / "mine.txt").write_text("not a model")
+    with pytest.raises(ModelLoadError, match="not a model directory"):
+        import_gguf(path, keep)
+    assert (keep / "mine.txt").read_text() == "not a model"  # nothing lost
+    model = import_gguf(path, tmp_path / "hf")
+    (model / "stale.txt").write_text("from an older import")
+    import_gguf(path, model)  # a model directory is replaced whole
+    assert not (model / "stale.txt").exists() and (model / "config.json").is_file()
+
+
 def test_cli_imports_and_reports_errors(source, tmp_path, capsys):
     from saguaro.cli import main
 
