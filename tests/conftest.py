@@ -92,6 +92,23 @@ def write_tiny_model(
     return path
 
 
+def transformers_greedy(ref, ids: list[int], max_new_tokens: int, **generate) -> list[int]:
+    """The tokens transformers' ``generate`` appends to ``ids`` greedily, never stopping at EOS.
+    The attention mask is explicit: where BOS or EOS is also the pad id, transformers would
+    otherwise mask it out as padding. ``generate``: more keyword arguments (e.g. pad_token_id)."""
+    prompt = torch.tensor([ids])
+    with torch.no_grad():
+        out = ref.generate(
+            prompt,
+            attention_mask=torch.ones_like(prompt),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=None,
+            **generate,
+        )
+    return out[0, len(ids) :].tolist()
+
+
 @pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory) -> Path:
     return write_tiny_model(tmp_path_factory.mktemp("llama"), "llama")

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 import transformers
 
 from saguaro import LLM, SamplingParams
 from saguaro.bundled import DRAFT_DIR, TARGET_DIR
+from tests.conftest import transformers_greedy
 
 FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
 GREEDY = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
@@ -49,18 +49,7 @@ def test_the_default_model_is_the_bundled_target_and_matches_transformers(defaul
     outputs, tokenizer = default_outputs
     ref = transformers.AutoModelForCausalLM.from_pretrained(TARGET_DIR).eval()
     for prompt, out in zip(PROMPTS, outputs, strict=True):
-        ids = torch.tensor([tokenizer.encode(prompt)])
-        with torch.no_grad():
-            # The mask is explicit: BOS is also the pad id, and transformers would otherwise
-            # mask it out as padding once EOS is unset.
-            gen = ref.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=32,
-                do_sample=False,
-                eos_token_id=None,
-            )
-        assert out == gen[0, ids.size(1) :].tolist()
+        assert out == transformers_greedy(ref, tokenizer.encode(prompt), 32)
 
 
 @pytest.mark.parametrize("mode", ["sd", "ssd"])

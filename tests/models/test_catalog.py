@@ -18,7 +18,7 @@ from saguaro.models.catalog import (
     resolve_model,
     smollm2_gguf,
 )
-from tests.conftest import write_tiny_model
+from tests.conftest import transformers_greedy, write_tiny_model
 
 SAMPLE = "Hello world! 12345 def f(x):\n    return x**2  # café 日本語\n\n\ttabs don't I'LL"
 
@@ -61,14 +61,5 @@ def test_greedy_decode_equals_transformers(smollm2):
     prompts = ["def fibonacci(n):", "The capital of France is"]
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     for prompt, out in zip(prompts, llm.generate(prompts, params), strict=True):
-        ids = torch.tensor([llm.tokenizer.encode(prompt)])
-        with torch.no_grad():
-            gen = ref.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=16,
-                do_sample=False,
-                eos_token_id=None,
-                pad_token_id=2,
-            )
-        assert out.token_ids == gen[0, ids.size(1) :].tolist(), prompt
+        want = transformers_greedy(ref, llm.tokenizer.encode(prompt), 16, pad_token_id=2)
+        assert out.token_ids == want, prompt
