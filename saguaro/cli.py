@@ -1,5 +1,5 @@
 """Command line: ``saguaro generate | chat | serve | bench | draft-worker | train-pair |
-import-gguf``."""
+train-draft | import-gguf``."""
 
 from __future__ import annotations
 
@@ -58,6 +58,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["train-pair"]:
         return cmd_train_pair(argv[1:])
+    if argv[:1] == ["train-draft"]:
+        from saguaro.train.draft_cli import main as train_draft_main
+
+        return train_draft_main(argv[1:])
     if argv[:1] == ["serve"]:
         from saguaro.server.main import serve_main
 
@@ -86,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     engine_options(gen, exclude=("seed",))  # --seed is the request's
     sampling_options(gen)
     gen.set_defaults(func=cmd_generate)
-    sub.add_parser("train-pair", help="train the bundled draft/target pair (see --help)")
+    sub.add_parser("train-pair", help="train a small code target and its draft (see --help)")
+    sub.add_parser("train-draft", help="distil a draft for a target (see --help)")
     sub.add_parser("import-gguf", help="write a GGUF file as a model directory (see --help)")
     sub.add_parser("draft-worker", help="run an SSD draft worker that joins a target (see --help)")
     sub.add_parser("bench", help="benchmark AR / SD / SSD / HF assisted generation (see --help)")

@@ -1,5 +1,6 @@
 """Benchmark prompts, all available offline: HumanEval, ShareGPT's held-out conversations, the
-bundled pair's held-out code split and any JSONL prompt file, chosen reproducibly from a seed."""
+standard library's held-out code split and any JSONL prompt file, chosen reproducibly from a
+seed."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from pathlib import Path
 from saguaro.corpus import read_documents, split_files, stdlib_root
 
 DATASETS = ("humaneval", "sharegpt", "heldout")
+# What an instruct model serves: conversations and code (the held-out stdlib split is more code).
+DEFAULT_DATASETS = ("sharegpt", "humaneval")
 # One ShareGPT conversation in this many (by a hash of its id) is held out of draft training and
 # used for evaluation and benchmarks; the rest may be trained on.
 SHAREGPT_HELDOUT_MODULUS = 10
@@ -23,7 +26,7 @@ HELDOUT_CONTEXT_CHARS = 1200
 
 # A single-line `def` signature, and the docstring right below it when there is one: cutting a
 # file there gives a HumanEval-style prompt (signature + docstring, body left to the model).
-_DEF = re.compile(
+FUNCTION_HEAD = re.compile(
     r"^[ \t]*(?:async[ \t]+)?def[ \t]+\w+\(.*\)(?:[ \t]*->[^\n]+)?:[ \t]*\n"
     r"(?:[ \t]*[rRbBuU]?(?:\"\"\"|''')(?:.|\n)*?(?:\"\"\"|''')[ \t]*\n)?",
     re.MULTILINE,
@@ -34,6 +37,7 @@ _DEF = re.compile(
 class Prompt:
     id: str
     text: str
+    chat: bool = False  # a user's message: sent in the model's chat template, where it has one
 
 
 def humaneval_prompts() -> list[Prompt]:
@@ -90,10 +94,9 @@ def sharegpt_conversations() -> Iterator[dict]:
             yield element
 
 
-def sharegpt_prompts(heldout: bool = True) -> list[Prompt]:
-    """The first human turn of each ShareGPT conversation of the held-out part (or of the
-    trainable part, ``heldout=False``)."""
-    prompts = []
+def sharegpt_exchanges(heldout: bool = True) -> Iterator[tuple[str, str, str | None]]:
+    """Each conversation's id, first human turn and the reply that follows it (None where
+    there is none), of the held-out part (or of the trainable part, ``heldout=False``)."""
     for conv in sharegpt_conversations():
         turns = conv["conversations"]
         first = turns[0] if turns else None
@@ -102,12 +105,35 @@ def sharegpt_prompts(heldout: bool = True) -> list[Prompt]:
         value = first.get("value")
         cid = str(conv.get("id", ""))
         if isinstance(value, str) and value.strip() and sharegpt_heldout(cid) == heldout:
-            prompts.append(Prompt(f"sharegpt/{cid}", value))
-    return prompts
+            reply = turns[1].get("value") if len(turns) > 1 and isinstance(turns[1], dict) else None
+            yield cid, value, reply if isinstance(reply, str) and reply.strip() else None
+
+
+def sharegpt_prompts(heldout: bool = True) -> list[Prompt]:
+    """The first human turn of each ShareGPT conversation of the held-out part (or of the
+    trainable part, ``heldout=False``)."""
+    return [
+        Prompt(f"sharegpt/{cid}", human, chat=True) for cid, human, _ in sharegpt_exchanges(heldout)
+    ]
+
+
+def code_before(text: str, end: int, context_chars: int = HELDOUT_CONTEXT_CHARS) -> str:
+    """``text`` up to ``end``, with at most ``context_chars`` characters, begun on a whole
+    line."""
+    start = max(0, end - context_chars)
+    newline = text.find("\n", start, end) if start else -1
+    return text[newline + 1 if newline != -1 else start : end]
+
+
+def function_prompts(text: str) -> Iterator[str]:
+    """``text`` cut after each function's signature (and docstring): the form of a HumanEval
+    prompt, the body left to the model."""
+    for m in FUNCTION_HEAD.finditer(text):
+        yield code_before(text, m.end())
 
 
 def heldout_prompts(context_chars: int = HELDOUT_CONTEXT_CHARS) -> list[Prompt]:
-    """One prompt per file of the held-out split the bundled pair was trained without: the file
+    """One prompt per file of the standard library's held-out split (saguaro.corpus): the file
     cut after the signature (and docstring) of its middle function, with up to `context_chars`
     characters of the code before it."""
     root = stdlib_root()
@@ -117,17 +143,16 @@ def heldout_prompts(context_chars: int = HELDOUT_CONTEXT_CHARS) -> list[Prompt]:
         if not texts:
             continue
         text = texts[0]
-        defs = list(_DEF.finditer(text))
+        defs = list(FUNCTION_HEAD.finditer(text))
         if not defs:
             continue
         cut = defs[len(defs) // 2].end()
-        start = max(0, cut - context_chars)
-        newline = text.find("\n", start, cut) if start else -1
-        if newline != -1:  # begin on a whole line
-            start = newline + 1
         line = text.count("\n", 0, cut)
         prompts.append(
-            Prompt(f"heldout/{path.relative_to(root).as_posix()}:{line}", text[start:cut])
+            Prompt(
+                f"heldout/{path.relative_to(root).as_posix()}:{line}",
+                code_before(text, cut, context_chars),
+            )
         )
     return prompts
 

@@ -23,7 +23,8 @@ def prepare_prompts(
     cfg: BenchConfig, tokenizer: Any, max_prompt_tokens: int, count: int
 ) -> list[PromptSet]:
     """``count`` prompts per dataset (and from ``cfg.prompts``), each at most
-    ``max_prompt_tokens`` tokens: a longer one keeps its last tokens (and its BOS, if any)."""
+    ``max_prompt_tokens`` tokens: a longer one keeps its last tokens (and its BOS, if any). A
+    chat prompt (ShareGPT's) goes in the model's chat template where it has one."""
     sources = [(name, load_dataset(name)) for name in cfg.datasets]
     if cfg.prompts:
         sources.append((Path(cfg.prompts).stem, file_prompts(cfg.prompts)))
@@ -32,7 +33,10 @@ def prepare_prompts(
         chosen = select(prompts, count, cfg.seed, name)
         ids, truncated = [], 0
         for p in chosen:
-            t = tokenizer.encode(p.text)
+            if p.chat and tokenizer.has_chat_template:
+                t = tokenizer.encode_chat([{"role": "user", "content": p.text}])
+            else:
+                t = tokenizer.encode(p.text)
             if len(t) > max_prompt_tokens:
                 truncated += 1
                 bos = tokenizer.bos_token_id

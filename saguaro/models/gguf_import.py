@@ -13,9 +13,11 @@ exactly. The query/key rows go back to the checkpoint's rotate-half order
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -274,40 +276,56 @@ def hf_tokenizer(g: GGUFFile) -> tuple[dict[str, Any], dict[str, Any]]:
     return tokenizer, config
 
 
-def import_gguf(path: str | Path, out_dir: str | Path, dtype: str = "float32") -> Path:
-    """Write the GGUF file ``path`` as a Hugging Face directory ``out_dir`` (weights in
-    ``dtype``) and return it. Everything is written into ``out_dir.partial`` and renamed into
-    place, so an interrupted import never leaves a directory that looks complete. An existing
-    ``out_dir`` is replaced only when it is empty or a model directory (it has ``config.json``):
-    anything else is refused before any work, so a mistyped path loses nothing."""
-    from saguaro.models.loader import resolve_dtype
-
-    torch_dtype = resolve_dtype(dtype)
-    out = Path(out_dir)
+@contextlib.contextmanager
+def replace_dir(out: Path) -> Iterator[Path]:
+    """A directory to write ``out`` into: ``out.partial``, renamed into place when the block
+    ends without error, so an interrupted write never leaves a directory that looks complete.
+    An existing ``out`` is replaced only when it is empty or a model directory (it has
+    ``config.json``): anything else is refused before any work, so a mistyped path loses
+    nothing."""
     if out.exists() and not (
         out.is_dir() and (not any(out.iterdir()) or (out / "config.json").is_file())
     ):
         raise ModelLoadError(f"{out}: exists and is not a model directory; not replacing it")
-    g = GGUFFile.read(path)
-    config, generation = hf_config(g)
-    config["torch_dtype"] = str(torch_dtype).removeprefix("torch.")
-    tokenizer, tokenizer_config = hf_tokenizer(g)
-    tensors = hf_tensors(g, config, torch_dtype)
     tmp = out.with_name(out.name + ".partial")
-    tmp.mkdir(parents=True, exist_ok=True)
-    for name, value in (
-        ("config.json", config),
-        ("generation_config.json", generation),
-        ("tokenizer.json", tokenizer),
-        ("tokenizer_config.json", tokenizer_config),
-    ):
-        (tmp / name).write_text(json.dumps(value, indent=2, ensure_ascii=False) + "\n")
-    save_file(
-        tensors, str(tmp / "model.safetensors"), metadata={"format": "pt", "source": g.path.name}
-    )
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if out.exists():
         shutil.rmtree(out)
     tmp.rename(out)
+
+
+def import_gguf(path: str | Path, out_dir: str | Path, dtype: str = "float32") -> Path:
+    """Write the GGUF file ``path`` as a Hugging Face directory ``out_dir`` (weights in
+    ``dtype``) and return it; ``out_dir`` is replaced as :func:`replace_dir` says."""
+    from saguaro.models.loader import resolve_dtype
+
+    torch_dtype = resolve_dtype(dtype)
+    out = Path(out_dir)
+    with replace_dir(out) as tmp:
+        g = GGUFFile.read(path)
+        config, generation = hf_config(g)
+        config["torch_dtype"] = str(torch_dtype).removeprefix("torch.")
+        tokenizer, tokenizer_config = hf_tokenizer(g)
+        tensors = hf_tensors(g, config, torch_dtype)
+        for name, value in (
+            ("config.json", config),
+            ("generation_config.json", generation),
+            ("tokenizer.json", tokenizer),
+            ("tokenizer_config.json", tokenizer_config),
+        ):
+            (tmp / name).write_text(json.dumps(value, indent=2, ensure_ascii=False) + "\n")
+        save_file(
+            tensors,
+            str(tmp / "model.safetensors"),
+            metadata={"format": "pt", "source": g.path.name},
+        )
     return out
 
 

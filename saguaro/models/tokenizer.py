@@ -93,3 +93,10 @@ class Tokenizer:
             bos_token=self.bos_token or "",
             eos_token=self.eos_token or "",
         )
+
+    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        """Token ids of ``messages`` followed by the assistant's turn (not yet length-checked)."""
+        text = self.apply_chat_template(messages, add_generation_prompt=True)
+        # A template that writes bos_token itself must not get a second one from the tokenizer;
+        # one that doesn't (the default for base models) keeps the tokenizer's usual specials.
+        return self.encode(text, add_special_tokens="bos_token" not in self.chat_template)

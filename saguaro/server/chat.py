@@ -13,15 +13,6 @@ from typing import Any
 
 from saguaro.errors import RequestError, SaguaroError
 from saguaro.launch import build_llm, engine_options, sampling_options, sampling_params
-from saguaro.models.tokenizer import Tokenizer
-
-
-def chat_prompt_ids(tokenizer: Tokenizer, messages: list[dict[str, str]]) -> list[int]:
-    """Token ids of ``messages`` followed by the assistant's turn (not yet length-checked)."""
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-    # A template that writes bos_token itself must not get a second one from the tokenizer;
-    # one that doesn't (the default for base models) keeps the tokenizer's usual specials.
-    return tokenizer.encode(text, add_special_tokens="bos_token" not in tokenizer.chat_template)
 
 
 def turn_summary(metrics: dict[str, Any], elapsed: float) -> str:
@@ -64,7 +55,7 @@ def run_chat(llm: Any, params: Any, system: str | None = None) -> None:
             print("(conversation cleared)", file=sys.stderr)
             continue
         history.append({"role": "user", "content": line})
-        ids = chat_prompt_ids(llm.tokenizer, history)
+        ids = llm.tokenizer.encode_chat(history)
         start = time.perf_counter()
         try:
             sys.stdout.write("assistant> ")

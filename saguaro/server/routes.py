@@ -31,7 +31,6 @@ from saguaro.engine.engine import LLMEngine
 from saguaro.errors import RequestError
 from saguaro.sampling import SamplingParams
 from saguaro.server.async_engine import AsyncEngine, RequestStream, ShuttingDown, StreamEvent
-from saguaro.server.chat import chat_prompt_ids
 from saguaro.server.errors import (
     EXCEPTION_HANDLERS,
     SERVER_ERROR,
@@ -280,7 +279,7 @@ async def chat_completions(request: Request) -> Response:
     served.check_model(req.model)
     messages = [m.for_template() for m in req.messages]
     try:  # templating and tokenising run off the event loop: a huge prompt stalls no one
-        ids = await asyncio.to_thread(chat_prompt_ids, engine.tokenizer, messages)
+        ids = await asyncio.to_thread(engine.tokenizer.encode_chat, messages)
     except TemplateError as e:  # e.g. the template's raise_exception on role order
         raise APIError(400, f"chat template: {e}", "messages") from e
     ids = await asyncio.to_thread(served.prompt_ids, ids, "messages")

@@ -32,14 +32,19 @@ P_MAX = 1 - 1e-6
 REPEAT_NGRAM = 4
 
 
+def cache_name(model: PreTrainedModel) -> str:
+    """The KV cache's argument and output field: transformers 5 renamed ``past_key_values``
+    to ``cache``."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 @torch.no_grad()
 def greedy_rollouts(
     model: PreTrainedModel, prefixes: torch.Tensor, new_tokens: int
 ) -> torch.Tensor:
     """``[B, P + new_tokens]``: each prefix followed by ``new_tokens`` greedy tokens (end-of-text
     does not stop it; the continuation is training data, not an answer)."""
-    # transformers 5 renamed `past_key_values` (argument and output field) to `cache`.
-    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    name = cache_name(model)
     was_training = model.training
     model.eval()
     out = model(input_ids=prefixes, use_cache=True)

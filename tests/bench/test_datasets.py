@@ -24,7 +24,7 @@ def test_builtin_datasets_load_offline():
     heldout = datasets.load_dataset("heldout")
     assert heldout and all(p.id.startswith("heldout/") for p in heldout)
     # Each prompt stops right after a function signature (and its docstring, if any).
-    assert all(datasets._DEF.search(p.text) for p in heldout)
+    assert all(datasets.FUNCTION_HEAD.search(p.text) for p in heldout)
 
 
 def test_bad_prompt_file(tmp_path):

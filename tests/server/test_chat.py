@@ -11,7 +11,7 @@ from tokenizers import processors
 
 from saguaro import LLM, SamplingParams
 from saguaro.models.tokenizer import Tokenizer
-from saguaro.server.chat import chat_main, chat_prompt_ids, turn_summary
+from saguaro.server.chat import chat_main, turn_summary
 from tests.conftest import EOS, byte_tokenizer
 
 
@@ -23,7 +23,7 @@ def run(monkeypatch, capsys, argv: list[str], typed: str) -> tuple[int, str, str
 
 
 def reply(llm: LLM, messages: list[dict[str, str]], max_tokens: int) -> str:
-    ids = chat_prompt_ids(llm.tokenizer, messages)
+    ids = llm.tokenizer.encode_chat(messages)
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     return llm.generate(ids, params)[0].text
 
@@ -106,7 +106,7 @@ def test_chat_prompt_has_exactly_one_bos(tiny_llama, tmp_path, template_has_bos)
         )
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
     tokenizer = Tokenizer(tmp_path)
-    ids = chat_prompt_ids(tokenizer, [{"role": "user", "content": "hi"}])
+    ids = tokenizer.encode_chat([{"role": "user", "content": "hi"}])
     bos = tokenizer.bos_token_id
     assert ids[0] == bos and ids.count(bos) == 1
     assert tokenizer.decode(ids) == ("<user>hi" if template_has_bos else "user: hi\nassistant:")

@@ -15,7 +15,6 @@ import openai
 
 from saguaro import LLM
 from saguaro.server import routes
-from saguaro.server.chat import chat_prompt_ids
 from tests.server.conftest import (
     AUTH,
     GREEDY,
@@ -76,7 +75,7 @@ def test_chat_plain_and_streamed(client, offline):
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Write a loop."},
     ]
-    ids = chat_prompt_ids(offline.tokenizer, messages)
+    ids = offline.tokenizer.encode_chat(messages)
     ref = offline.generate(ids, greedy(12))[0]
     kw = dict(model=MODEL, messages=messages, **GREEDY)
     out = client.chat.completions.create(**kw, max_tokens=12)

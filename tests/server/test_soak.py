@@ -21,7 +21,6 @@ import pytest
 
 from saguaro import LLM, SamplingParams
 from saguaro.distributed.channel import free_port
-from saguaro.server.chat import chat_prompt_ids
 from tests.procs import children
 
 CONTEXT = 128
@@ -216,7 +215,7 @@ def test_soak_ssd_server(tiny_llama, close_draft):
         if job["body"].get("temperature") != 0 or job["kind"] == "disconnect":
             continue
         if job["chat"]:  # greedy chat: the same prompt ids the server builds
-            ids = chat_prompt_ids(tok, [{"role": "user", "content": job["prompt"]}])
+            ids = tok.encode_chat([{"role": "user", "content": job["prompt"]}])
         else:
             ids = offline.engine.encode_prompt(job["prompt"])
         max_tokens = job["body"].get("max_tokens") or CONTEXT - len(ids)

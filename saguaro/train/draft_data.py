@@ -1,0 +1,304 @@
+"""The target's own outputs, for distilling a draft: prompts, rollouts, and shards on disk.
+
+A draft is judged on the text the *target* writes when it serves, so it is trained there: the
+target answers prompts like the ones it serves (ShareGPT's human turns in its chat template, and
+Python code to complete), sampled at the temperatures it serves. The rollouts are written in
+shards of ``SHARD`` sequences, each a pure function of ``(seed, shard index)``, so an interrupted
+run resumes at the first missing shard and regenerates nothing.
+
+The target writes them through transformers (a plain batched loop that also keeps its
+top tokens at every position, which saguaro's engine has no reason to return).
+
+ShareGPT's held-out tenth (``saguaro.bench.datasets.sharegpt_heldout``) and the standard
+library's held-out files are never prompts here: the bench measures acceptance on them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+from tqdm import tqdm
+
+from saguaro.options import opt
+
+SHARD = 128  # sequences per shard file: one batch of the target
+# Prompts longer than this many tokens are left out rather than cut: a cut question is not one
+# the target would be asked.
+MAX_PROMPT_TOKENS = 256
+ROLLOUT_DIR = "rollouts"
+# The target's likeliest tokens kept per output position: the draft's loss reads p there only
+# (the rest of a served distribution's mass is negligible to what a draft can match).
+TOP_K = 64
+
+
+def floats(text: str) -> tuple[float, ...]:
+    return tuple(float(x) for x in text.split(","))
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    shards: int = opt(48, f"shards of {SHARD} target rollouts to generate and train on")
+    new_tokens: int = opt(192, "tokens the target writes per prompt (fewer where its turn ends)")
+    temperatures: tuple[float, ...] = opt(
+        (0.0, 0.7), "served temperatures, cycled over the prompts", parse=floats, metavar="T,..."
+    )
+    code_fraction: float = opt(0.3, "share of prompts that are Python code to complete")
+    answer_shards: int = opt(
+        0, f"shards of {SHARD} ShareGPT replies the target scores as written (teacher forcing)"
+    )
+    rollout_seed: int = opt(0, "prompt order and sampling noise")
+    rollout_dtype: Literal["float32", "bfloat16"] = opt(
+        "bfloat16", "the target's precision as it writes (bfloat16 is faster on most CPUs)"
+    )
+
+    @classmethod
+    def recorded(cls, run_dir: Path, cfg: RolloutConfig) -> RolloutConfig:
+        """The run's own settings where it has rollouts already (only the shard counts may
+        change: more shards extend the same prompt order), else ``cfg``, which is recorded."""
+        path = run_dir / ROLLOUT_DIR / "config.json"
+        if path.is_file():
+            saved = json.loads(path.read_text())
+            saved["temperatures"] = tuple(saved["temperatures"])
+            return dataclasses.replace(
+                cls(**saved), shards=cfg.shards, answer_shards=cfg.answer_shards
+            )
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(dataclasses.asdict(cfg)))
+        return cfg
+
+
+def chat_prompts(tokenizer) -> Iterator[list[int]]:
+    """The trainable part of ShareGPT: each conversation's first human turn as a chat prompt."""
+    from saguaro.bench.datasets import sharegpt_prompts
+
+    for p in sharegpt_prompts(heldout=False):
+        yield tokenizer.encode_chat([{"role": "user", "content": p.text}])
+
+
+def code_prompts(tokenizer) -> Iterator[list[int]]:
+    """The standard library's training split cut after each function's signature (and
+    docstring), with the code before it: the form of ``saguaro generate "def f(x):"``."""
+    from saguaro.bench.datasets import function_prompts
+    from saguaro.corpus import read_documents, split_files, stdlib_root
+
+    for text in read_documents(split_files(stdlib_root()).train):
+        for prompt in function_prompts(text):
+            yield tokenizer.encode(prompt)
+
+
+def training_prompts(tokenizer, cfg: RolloutConfig, count: int) -> list[list[int]]:
+    """The first ``count`` prompts of the run: prompt ``k`` is code where ``floor((k + 1) f)``
+    passes ``floor(k f)`` (``f = cfg.code_fraction``), else chat, each pool read in a seeded
+    order and cycled. Prompt ``k`` depends on ``(seed, k)`` only, so more shards extend a run."""
+    rng = random.Random(cfg.rollout_seed)
+    pools = []
+    for source in (chat_prompts, code_prompts):
+        pool = [ids for ids in source(tokenizer) if len(ids) <= MAX_PROMPT_TOKENS]
+        rng.shuffle(pool)
+        pools.append(pool)
+    f = cfg.code_fraction
+    out, taken = [], [0, 0]
+    for k in range(count):
+        kind = int(math.floor((k + 1) * f) > math.floor(k * f))
+        if not pools[kind]:
+            raise ValueError(f"no {('chat', 'code')[kind]} prompts")
+        out.append(pools[kind][taken[kind] % len(pools[kind])])
+        taken[kind] += 1
+    return out
+
+
+def shard_path(run_dir: Path, index: int) -> Path:
+    return run_dir / ROLLOUT_DIR / f"shard-{index:05d}.pt"
+
+
+def answer_path(run_dir: Path, index: int) -> Path:
+    return run_dir / ROLLOUT_DIR / f"answers-{index:05d}.pt"
+
+
+@dataclass
+class Shard:
+    """Rollouts of one batch: each sequence (prompt + output ids), its prompt's length, and at
+    each output position the target's ``TOP_K`` likeliest tokens and their log-probabilities
+    (temperature 1), the distribution the draft learns."""
+
+    sequences: list[list[int]]
+    prompt_lens: list[int]
+    top_ids: list[torch.Tensor]  # [outputs, TOP_K] int32 per sequence
+    top_logp: list[torch.Tensor]  # [outputs, TOP_K] float16 per sequence
+
+
+@torch.no_grad()
+def rollout_batch(
+    model,
+    prompts: list[list[int]],
+    temps: list[float],
+    cfg: RolloutConfig,
+    stop: set[int],
+    seed: int,
+) -> Shard:
+    """The target (a transformers ``*ForCausalLM``) continues every prompt at once: prompts
+    left-padded, each row sampled at its own temperature (0: greedy) from a seeded generator,
+    a row done after a stop token (kept) or ``cfg.new_tokens``."""
+    from saguaro.train.rollouts import cache_name
+
+    device = next(model.parameters()).device
+    rows, width = len(prompts), max(map(len, prompts))
+    ids = torch.zeros(rows, width, dtype=torch.long)
+    mask = torch.zeros(rows, width, dtype=torch.long)
+    for r, p in enumerate(prompts):
+        ids[r, width - len(p) :] = torch.tensor(p)
+        mask[r, width - len(p) :] = 1
+    ids, mask = ids.to(device), mask.to(device)
+    pos = (mask.cumsum(1) - 1).clamp(min=0)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    temp = torch.tensor(temps, device=device)[:, None]
+    name = cache_name(model)
+    out = model(
+        input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1
+    )
+    last = pos[:, -1:]
+    alive = torch.ones(rows, dtype=torch.bool, device=device)
+    tokens, top_ids, top_logp, alive_at = [], [], [], []
+    for _ in range(cfg.new_tokens):
+        logp = out.logits[:, -1].float().log_softmax(-1)
+        top = logp.topk(min(TOP_K, logp.shape[-1]), dim=-1)
+        noise = -torch.empty_like(logp).exponential_(generator=gen).log()  # Gumbel
+        sampled = (logp / temp.clamp(min=1e-6) + noise).argmax(-1)
+        tok = torch.where(temp[:, 0] > 0, sampled, logp.argmax(-1))
+        tokens.append(tok.cpu())
+        top_ids.append(top.indices.int().cpu())
+        top_logp.append(top.values.half().cpu())
+        alive_at.append(alive.cpu())
+        alive = alive & ~torch.isin(tok, torch.tensor(sorted(stop), device=device))
+        if not alive.any():
+            break
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
+        last = last + 1
+        out = model(
+            input_ids=tok[:, None],
+            attention_mask=mask,
+            position_ids=last,
+            use_cache=True,
+            **{name: getattr(out, name)},
+        )
+    n = torch.stack(alive_at, 1).sum(1).tolist()
+    toks, tids, tlp = torch.stack(tokens, 1), torch.stack(top_ids, 1), torch.stack(top_logp, 1)
+    return Shard(
+        [p + toks[r, : n[r]].tolist() for r, p in enumerate(prompts)],
+        [len(p) for p in prompts],
+        [tids[r, : n[r]].clone() for r in range(rows)],
+        [tlp[r, : n[r]].clone() for r in range(rows)],
+    )
+
+
+def generate_rollouts(
+    model,
+    prompts: list[list[int]],
+    stop: set[int],
+    run_dir: Path,
+    cfg: RolloutConfig,
+    minutes: float | None = None,
+) -> int:
+    """Write the shards ``0 .. cfg.shards - 1`` that are missing (:class:`Shard`; prompt ``k``
+    in shard ``k // SHARD``, ``prompts`` cycled). Returns the shards on disk."""
+    shards = cfg.shards
+    (run_dir / ROLLOUT_DIR).mkdir(parents=True, exist_ok=True)
+    prompts = [prompts[k % len(prompts)] for k in range(shards * SHARD)]
+    deadline = None if minutes is None else time.monotonic() + 60 * minutes
+    todo = [i for i in range(shards) if not shard_path(run_dir, i).is_file()]
+    for i in tqdm(todo, desc="rollouts", unit="shard"):
+        if deadline is not None and time.monotonic() > deadline:
+            break
+        batch = prompts[i * SHARD : (i + 1) * SHARD]
+        temps = [cfg.temperatures[j % len(cfg.temperatures)] for j in range(len(batch))]
+        shard = rollout_batch(model, batch, temps, cfg, stop, cfg.rollout_seed * 1_000_003 + i)
+        tmp = shard_path(run_dir, i).with_suffix(".tmp")
+        torch.save(dataclasses.asdict(shard), tmp)
+        tmp.replace(shard_path(run_dir, i))  # a shard is on disk whole or not at all
+    return sum(shard_path(run_dir, i).is_file() for i in range(shards))
+
+
+def answer_pairs(tokenizer, cfg: RolloutConfig) -> list[tuple[list[int], list[int]]]:
+    """ShareGPT's trainable first exchanges as (chat prompt, reply ending the turn) ids, the
+    reply cut at ``cfg.new_tokens``, in a seeded order."""
+    from saguaro.bench.datasets import sharegpt_exchanges
+
+    end = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    pairs = []
+    for _, human, reply in sharegpt_exchanges(heldout=False):
+        prompt = tokenizer.encode_chat([{"role": "user", "content": human}])
+        if reply is not None and len(prompt) <= MAX_PROMPT_TOKENS:
+            answer = tokenizer.encode(reply, add_special_tokens=False) + end
+            pairs.append((prompt, answer[: cfg.new_tokens]))
+    random.Random(cfg.rollout_seed).shuffle(pairs)
+    return pairs
+
+
+@torch.no_grad()
+def score_batch(model, pairs: list[tuple[list[int], list[int]]], rows: int = 16) -> Shard:
+    """The target's top tokens at each reply position of ``pairs`` (prompt + reply, as
+    written), ``rows`` sequences per forward; a :class:`Shard` like a rollout's."""
+    device = next(model.parameters()).device
+    shard = Shard([], [], [], [])
+    for b in range(0, len(pairs), rows):
+        part = pairs[b : b + rows]
+        seqs = [p + a for p, a in part]
+        width = max(map(len, seqs))
+        ids = torch.zeros(len(seqs), width, dtype=torch.long)
+        at = torch.zeros(len(seqs), width, dtype=torch.bool)
+        for r, ((p, _), s) in enumerate(zip(part, seqs, strict=True)):
+            ids[r, : len(s)] = torch.tensor(s)
+            at[r, len(p) - 1 : len(s) - 1] = True
+        hidden = model.model(input_ids=ids.to(device)).last_hidden_state[at.to(device)]
+        logp = model.lm_head(hidden).float().log_softmax(-1)
+        top = logp.topk(min(TOP_K, logp.shape[-1]), dim=-1)
+        for (p, _), s, tid, tlp in zip(
+            part,
+            seqs,
+            top.indices.int().cpu().split([len(a) for _, a in part]),
+            top.values.half().cpu().split([len(a) for _, a in part]),
+            strict=True,
+        ):
+            shard.sequences.append(s)
+            shard.prompt_lens.append(len(p))
+            shard.top_ids.append(tid.clone())
+            shard.top_logp.append(tlp.clone())
+    return shard
+
+
+def score_answers(
+    model, pairs, run_dir: Path, cfg: RolloutConfig, minutes: float | None = None
+) -> int:
+    """Write the missing answer shards ``0 .. cfg.answer_shards - 1`` (pairs cycled);
+    returns the number on disk."""
+    deadline = None if minutes is None else time.monotonic() + 60 * minutes
+    todo = [i for i in range(cfg.answer_shards) if not answer_path(run_dir, i).is_file()]
+    for i in tqdm(todo, desc="answers", unit="shard"):
+        if deadline is not None and time.monotonic() > deadline:
+            break
+        batch = [pairs[k % len(pairs)] for k in range(i * SHARD, (i + 1) * SHARD)]
+        tmp = answer_path(run_dir, i).with_suffix(".tmp")
+        torch.save(dataclasses.asdict(score_batch(model, batch)), tmp)
+        tmp.replace(answer_path(run_dir, i))
+    return sum(answer_path(run_dir, i).is_file() for i in range(cfg.answer_shards))
+
+
+def load_rollouts(run_dir: Path) -> Shard:
+    """Every shard's rollouts (and scored answers) as one, in file order."""
+    whole = Shard([], [], [], [])
+    for path in sorted((run_dir / ROLLOUT_DIR).glob("*-*.pt")):
+        shard = torch.load(path)
+        for f in dataclasses.fields(Shard):
+            getattr(whole, f.name).extend(shard[f.name])
+    if not whole.sequences:
+        raise FileNotFoundError(f"{run_dir / ROLLOUT_DIR}: no rollouts (run the rollout stage)")
+    return whole

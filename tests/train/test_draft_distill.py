@@ -1,0 +1,193 @@
+"""`saguaro train-draft`: rollouts, the draft cut from its target, distillation, and the
+directory it writes (whole, or without the embedding it shares with its target)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from saguaro import LLM, SamplingParams
+from saguaro.errors import ModelLoadError
+from saguaro.models.draft_dir import EMBED, assemble_draft
+from saguaro.models.loader import iter_tensors, safetensors_files
+from saguaro.train.distill import DistillConfig, Distiller, batches, distill_loss
+from saguaro.train.draft_cli import main as train_draft
+from saguaro.train.draft_data import (
+    RolloutConfig,
+    generate_rollouts,
+    rollout_batch,
+    score_batch,
+)
+from saguaro.train.draft_model import cut_draft, head_ids, write_draft
+from tests.conftest import transformers_greedy, write_tiny_model
+from tests.speculation.test_reduced_head import prefill_logits
+
+PROMPTS = [[5, 6, 7, 8, 9], [40, 41], [100, 101, 102, 103, 104, 105, 106], [7]]
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("target"), "llama", num_hidden_layers=3)
+
+
+@pytest.fixture(scope="module")
+def target(target_dir):
+    return transformers.AutoModelForCausalLM.from_pretrained(target_dir).eval()
+
+
+def test_batched_rollouts_equal_each_prompt_decoded_alone(target):
+    """Left padding and per-row positions leave every row as it would be alone; greedy rows
+    record the target's argmax as their first top token; a stop token ends its row, kept."""
+    cfg = RolloutConfig(new_tokens=12)
+    shard = rollout_batch(target, PROMPTS, [0.0] * len(PROMPTS), cfg, set(), seed=0)
+    for p, seq, n, ids in zip(
+        PROMPTS, shard.sequences, shard.prompt_lens, shard.top_ids, strict=True
+    ):
+        assert n == len(p) and seq[:n] == p
+        assert seq[n:] == transformers_greedy(target, p, 12)
+        assert ids[:, 0].tolist() == seq[n:]
+    stop = {shard.sequences[0][len(PROMPTS[0]) + 3]}
+    stopped = rollout_batch(target, PROMPTS[:1], [0.0], cfg, stop, seed=0)
+    assert stopped.sequences[0] == shard.sequences[0][: len(PROMPTS[0]) + 4]
+    assert stopped.top_logp[0].shape[0] == 4
+
+
+def test_scoring_a_written_reply_gives_the_top_tokens_its_rollout_recorded(target):
+    """Teacher forcing (one forward over prompt + reply) and the rollout's step-by-step decode
+    see the same distributions at the reply's positions."""
+    cfg = RolloutConfig(new_tokens=10)
+    rolled = rollout_batch(target, PROMPTS, [0.0] * len(PROMPTS), cfg, set(), seed=0)
+    pairs = [(s[:n], s[n:]) for s, n in zip(rolled.sequences, rolled.prompt_lens, strict=True)]
+    scored = score_batch(target, pairs, rows=3)
+    assert scored.sequences == rolled.sequences and scored.prompt_lens == rolled.prompt_lens
+    for a, b, la, lb in zip(
+        scored.top_ids, rolled.top_ids, scored.top_logp, rolled.top_logp, strict=True
+    ):
+        assert torch.equal(a[:, 0], b[:, 0])  # greedy: no near-ties on these peaked weights
+        torch.testing.assert_close(la.float(), lb.float(), atol=2e-3, rtol=2e-3)
+
+
+def test_sampled_rollouts_follow_their_seed(target):
+    cfg = RolloutConfig(new_tokens=16)
+    a, b, c = (rollout_batch(target, PROMPTS, [1.0] * 4, cfg, set(), seed=s) for s in (3, 3, 4))
+    assert a.sequences == b.sequences and a.sequences != c.sequences
+    greedy = rollout_batch(target, PROMPTS, [0.0] * 4, cfg, set(), seed=3)
+    assert a.sequences != greedy.sequences  # temperature 1 is not argmax on random weights
+
+
+def test_head_ids_take_the_most_written_tokens_then_the_lowest_ids():
+    seqs, lens = [[1, 2, 9, 9, 9, 7, 7], [3, 9, 5]], [2, 1]
+    assert head_ids(seqs, lens, 2, 16) == [7, 9]
+    assert head_ids(seqs, lens, 5, 16) == [0, 1, 5, 7, 9]  # 1, 2 and 3 were prompt tokens
+    with pytest.raises(ValueError, match="head_tokens"):
+        head_ids(seqs, lens, 17, 16)
+
+
+def test_a_draft_of_every_layer_and_the_whole_head_is_the_target(target):
+    """The cut copies the target's own computation: all layers and every token give its
+    logits; fewer layers keep its embedding, frozen."""
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    mask = torch.ones_like(ids)
+    vocab = target.config.vocab_size
+    whole = cut_draft(target, (0, 1, 2), list(range(vocab)))
+    with torch.no_grad():
+        want = target(input_ids=ids).logits
+        got = whole.lm_head(whole(ids, mask))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    part = cut_draft(target, (0, 2), [3, 5, 8])
+    assert len(part.model.layers) == 2 and part.lm_head.weight.shape == (3, 64)
+    assert not part.model.embed_tokens.weight.requires_grad
+    assert torch.equal(part.model.embed_tokens.weight, target.model.embed_tokens.weight)
+    with pytest.raises(ValueError, match="layer"):
+        cut_draft(target, (0, 3), [1])
+
+
+def test_the_written_draft_loads_in_saguaro_with_the_training_logits(target, target_dir, tmp_path):
+    """saguaro's model on the written directory scores the head's tokens as the training-time
+    draft does, and every other token at -inf; without the embedding, the target's restores
+    it, and another target's embedding is refused."""
+    ids = [3, 7, 11, 50, 90, 200]
+    draft = cut_draft(target, (1,), ids)
+    whole = write_draft(draft, target_dir, tmp_path / "whole", {"note": "test"})
+    tokens = torch.tensor([[5, 6, 7]])
+    with torch.no_grad():
+        want = draft.lm_head(draft(tokens, torch.ones_like(tokens)))[0, -1]
+    got = prefill_logits(whole, tokens[0].tolist())[-1]
+    torch.testing.assert_close(got[ids], want, rtol=1e-5, atol=1e-5)
+    assert torch.isinf(got[[i for i in range(260) if i not in ids]]).all()
+
+    shipped = write_draft(draft, target_dir, tmp_path / "shipped", {}, embeddings=False)
+    assert EMBED not in dict(iter_tensors(safetensors_files(shipped)))
+    assert not (shipped / "tokenizer.json").exists()
+    made = assemble_draft(shipped, target_dir, tmp_path / "made")
+    torch.testing.assert_close(prefill_logits(made, tokens[0].tolist())[-1], got)
+    other = write_tiny_model(tmp_path / "other", "llama", seed=7, num_hidden_layers=3)
+    with pytest.raises(ModelLoadError, match="another embedding"):
+        assemble_draft(shipped, other, tmp_path / "refused")
+
+
+def test_batches_cover_every_sequence_once_per_epoch_within_the_budget():
+    lengths = [5, 60, 33, 12, 100, 7, 41, 41, 2, 90] * 13
+    plan = batches(lengths, 200, seed=1, epochs=2)
+    counts = torch.bincount(torch.tensor([i for b in plan for i in b]), minlength=len(lengths))
+    assert (counts == 2).all()
+    assert all(len(b) == 1 or len(b) * max(lengths[i] for i in b) <= 200 for b in plan)
+    assert plan == batches(lengths, 200, seed=1, epochs=2)
+
+
+def test_the_loss_is_cross_entropy_to_p_on_the_head():
+    p = torch.tensor([[0.5, 0.3, 0.1]])  # 0.1 of p is outside the head
+    logits = torch.tensor([[1.0, 0.0, -1.0]], requires_grad=True)
+    loss, stats = distill_loss(p, logits)
+    logq = logits.log_softmax(-1)
+    torch.testing.assert_close(loss, -(p * logq).sum())
+    assert stats["in_head"] == pytest.approx(0.9) and stats["top1"] == 1.0
+    assert stats["accept"] == pytest.approx(torch.minimum(p, logq.exp()).sum().item())
+
+
+def test_distillation_lowers_the_loss_and_resumes_where_it_stopped(target, target_dir, tmp_path):
+    cfg = RolloutConfig(shards=1, new_tokens=24)
+    prompts = [[i, i + 1, i + 2] for i in range(5, 200, 7)]
+    generate_rollouts(target, prompts, set(), tmp_path, cfg)
+    dcfg = DistillConfig(layers=(0,), head_tokens=128, epochs=6, batch_tokens=1024, lr=3e-3)
+    run = Distiller(target_dir, tmp_path, dcfg, "cpu")
+    first = run.train_step()
+    stats = run.fit()
+    assert run.done and stats["loss"] < first["loss"]
+    assert stats["accept"] > first["accept"]
+
+    half = tmp_path / "half"
+    half.mkdir()
+    (half / "rollouts").symlink_to(tmp_path / "rollouts")
+    a = Distiller(target_dir, half, dcfg, "cpu")
+    for _ in range(3):
+        a.train_step()
+    a.save()
+    b = Distiller(target_dir, half, DistillConfig(), "cpu")  # its checkpoint's settings win
+    assert b.cfg == dcfg and b.step == 3
+    for x, y in zip(a.draft.parameters(), b.draft.parameters(), strict=True):
+        assert torch.equal(x, y)
+    b.train_step()
+    a.train_step()
+    for x, y in zip(a.draft.parameters(), b.draft.parameters(), strict=True):
+        torch.testing.assert_close(x, y)
+
+
+def test_train_draft_writes_a_draft_that_speculates_exactly(target_dir, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in ("ab", "hello", "x=1")))
+    out = tmp_path / "draft"
+    args = ["--target", str(target_dir), "--out", str(out), "--prompts", str(prompts)]
+    args += ["--shards", "1", "--new-tokens", "16", "--layers", "0", "--head-tokens", "64"]
+    assert train_draft([*args, "--epochs", "2", "--batch-tokens", "512"]) == 0
+    training = json.loads((out / "training.json").read_text())
+    assert training["steps"] > 0 and training["rollouts"]["shards"] == 1
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    with LLM(model=str(target_dir), max_model_len=128) as ar:
+        want = [o.token_ids for o in ar.generate(["ab", "zz top"], greedy)]
+    with LLM(model=str(target_dir), draft=str(out), mode="sd", max_model_len=128) as sd:
+        assert [o.token_ids for o in sd.generate(["ab", "zz top"], greedy)] == want
