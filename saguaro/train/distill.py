@@ -135,7 +135,7 @@ class Distiller:
         ids = (
             state["head_ids"]
             if state is not None
-            else head_ids(self.data.sequences, self.data.prompt_lens, cfg.head_tokens, vocab)
+            else head_ids(self.data.top_ids, self.data.top_logp, cfg.head_tokens, vocab)
         )
         self.draft = cut_draft(target, cfg.layers, ids).to(self.device)
         del target

@@ -19,7 +19,6 @@ from __future__ import annotations
 import copy
 import json
 import shutil
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -55,18 +54,18 @@ class Draft(nn.Module):
 
 
 def head_ids(
-    sequences: list[list[int]], prompt_lens: list[int], size: int, vocab: int
+    top_ids: list[torch.Tensor], top_logp: list[torch.Tensor], size: int, vocab: int
 ) -> list[int]:
-    """The ``size`` tokens the target writes most often in ``sequences`` (outputs only), then,
-    to fill, the lowest ids not yet chosen: a byte-level BPE numbers its merges in the order it
-    learned them, most frequent first."""
+    """The ``size`` tokens the target is expected to write most often: each token's
+    probability summed over every output position of the rollouts (as far as their top
+    tokens tell; far more tokens get a share than are ever written), ties to the lower id."""
     if not 1 <= size <= vocab:
         raise ValueError(f"head_tokens must be in 1..{vocab}, got {size}")
-    counts = Counter(t for s, n in zip(sequences, prompt_lens, strict=True) for t in s[n:])
-    chosen = [t for t, _ in counts.most_common(size)]
-    taken = set(chosen)
-    chosen += [t for t in range(vocab) if t not in taken][: size - len(chosen)]
-    return sorted(chosen)
+    mass = torch.zeros(vocab, dtype=torch.float64)
+    for ids, logp in zip(top_ids, top_logp, strict=True):
+        mass.index_add_(0, ids.long().flatten(), logp.double().exp().flatten())
+    order = sorted(range(vocab), key=lambda t: (-mass[t].item(), t))
+    return sorted(order[:size])
 
 
 def cut_draft(target: nn.Module, layers: tuple[int, ...], ids: list[int]) -> Draft:

@@ -79,12 +79,19 @@ def test_sampled_rollouts_follow_their_seed(target):
     assert a.sequences != greedy.sequences  # temperature 1 is not argmax on random weights
 
 
-def test_head_ids_take_the_most_written_tokens_then_the_lowest_ids():
-    seqs, lens = [[1, 2, 9, 9, 9, 7, 7], [3, 9, 5]], [2, 1]
-    assert head_ids(seqs, lens, 2, 16) == [7, 9]
-    assert head_ids(seqs, lens, 5, 16) == [0, 1, 5, 7, 9]  # 1, 2 and 3 were prompt tokens
+def test_head_ids_take_the_tokens_of_most_expected_mass_then_the_lowest_ids():
+    """Mass is p summed over positions: a token that is often second choice outranks one
+    written once with certainty."""
+    ids = [torch.tensor([[9, 4], [9, 4], [7, 4]]), torch.tensor([[5, 4]])]
+    logp = [
+        torch.tensor([[0.6, 0.4], [0.6, 0.4], [1.0, 0.0]]).log(),
+        torch.tensor([[0.5, 0.5]]).log(),
+    ]
+    assert head_ids(ids, logp, 1, 16) == [4]  # 1.3 against 9's 1.2
+    assert head_ids(ids, logp, 3, 16) == [4, 7, 9]
+    assert head_ids(ids, logp, 5, 16) == [0, 4, 5, 7, 9]  # 0: the lowest id without mass
     with pytest.raises(ValueError, match="head_tokens"):
-        head_ids(seqs, lens, 17, 16)
+        head_ids(ids, logp, 17, 16)
 
 
 def test_a_draft_of_every_layer_and_the_whole_head_is_the_target(target):
