@@ -1,7 +1,7 @@
 """Public Python entry point: ``LLM`` and ``SamplingParams``.
 
 >>> from saguaro import LLM, SamplingParams
->>> llm = LLM()                                   # the bundled code model, AR
+>>> llm = LLM()                                   # SmolLM2-135M-Instruct, AR
 >>> out = llm.generate(["def fibonacci(n):"], SamplingParams(temperature=0, max_tokens=32))
 >>> print(out[0].text, out[0].metrics["mean_accepted_length"])
 """
@@ -58,12 +58,13 @@ def request_metrics(seq: Seq) -> dict[str, Any]:
 
 class LLM:
     """An engine instance. ``mode`` is ``"ar"``, ``"sd"`` or ``"ssd"``; with no ``model`` the
-    bundled code model (and, for speculation, its bundled draft) is used."""
+    default model, SmolLM2-135M-Instruct (and, for speculation, the draft trained for it) is
+    used."""
 
     def __init__(self, model: str | None = None, draft: str | None = None, **kwargs: Any) -> None:
-        """``model``/``draft``: local Hugging Face directories (None: the bundled pair); every
-        other :class:`~saguaro.config.EngineConfig` field by keyword (``mode``,
-        ``num_speculative_tokens``, ...)."""
+        """``model``/``draft``: local Hugging Face directories or names in the models directory
+        (None: the default pair); every other :class:`~saguaro.config.EngineConfig` field by
+        keyword (``mode``, ``num_speculative_tokens``, ...)."""
         self.config = EngineConfig(model=model, draft=draft, **kwargs)
         self.engine = LLMEngine(self.config, make_proposer)
         self.tokenizer = self.engine.tokenizer

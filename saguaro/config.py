@@ -62,11 +62,13 @@ class EngineConfig:
 
     model: str | None = opt(
         None,
-        "target model directory, or a name in $SAGUARO_MODELS (e.g. smollm2-135m-instruct; "
-        "default: the bundled code model)",
+        "target model directory, or a name in $SAGUARO_MODELS (default: "
+        "smollm2-135m-instruct, which scripts/install.sh imports)",
     )
     draft: str | None = opt(
-        None, "draft model directory (default with sd/ssd: the bundled draft, bundled target only)"
+        None,
+        "draft model directory or name (default with sd/ssd and the default model: "
+        "smollm2-135m-instruct-draft, trained for it)",
     )
     mode: Mode = opt("ar", "decoding: autoregressive, speculative (sd) or SSD")
     num_speculative_tokens: int = opt(4, "speculation length K", flags=("--k",))
@@ -217,15 +219,14 @@ class EngineConfig:
 
 def resolve_model_dirs(cfg: EngineConfig) -> tuple[Path, Path | None]:
     """Directories or names in the models directory (saguaro.models.catalog) to paths; the
-    bundled pair where no model is given."""
-    from saguaro import bundled
-    from saguaro.models.catalog import resolve_model
+    default pair where no model is given."""
+    from saguaro.models.catalog import DEFAULT_DRAFT, DEFAULT_MODEL, resolve_model
 
-    target = resolve_model(cfg.model) if cfg.model else bundled.TARGET_DIR
+    target = resolve_model(cfg.model or DEFAULT_MODEL)
     if cfg.mode == "ar":
         return target, resolve_model(cfg.draft) if cfg.draft else None
     if cfg.draft:
         return target, resolve_model(cfg.draft)
     if cfg.model is None:
-        return target, bundled.DRAFT_DIR
+        return target, resolve_model(DEFAULT_DRAFT)
     raise ValueError(f"mode {cfg.mode!r} needs a draft model (draft=DIR)")

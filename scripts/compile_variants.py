@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from saguaro import bundled
+from saguaro.models.catalog import DEFAULT_DRAFT, resolve_model
 from saguaro.train.costs import ForwardTimer
 
 # name -> (dtype, torch.compile keyword arguments or None for eager)
@@ -40,7 +40,7 @@ VARIANTS: dict[str, tuple[str, dict | None]] = {
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default=str(bundled.DRAFT_DIR))
+    p.add_argument("--model", default=str(resolve_model(DEFAULT_DRAFT)))
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--context", type=int, default=200)
     p.add_argument("--k", type=int, default=4)

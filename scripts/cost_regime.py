@@ -2,21 +2,21 @@
 
     python scripts/cost_regime.py [--target DIR] [--draft DIR] [--k 4] [--context 200]
 
-The same measurement `python -m saguaro.train eval` writes into the bundled model cards.
+The same measurement `python -m saguaro.train eval` writes into the cards of the pairs it trains.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from saguaro import bundled
+from saguaro.models.catalog import DEFAULT_DRAFT, DEFAULT_MODEL, resolve_model
 from saguaro.train.costs import cost_regime
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--target", default=str(bundled.TARGET_DIR))
-    p.add_argument("--draft", default=str(bundled.DRAFT_DIR))
+    p.add_argument("--target", default=str(resolve_model(DEFAULT_MODEL)))
+    p.add_argument("--draft", default=str(resolve_model(DEFAULT_DRAFT)))
     p.add_argument("--k", type=int, default=4)
     p.add_argument("--context", type=int, default=200)
     args = p.parse_args()

@@ -46,7 +46,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     for layers in args.layers:
         cfg = DistillConfig(
-            layers=layers, head_tokens=args.head_tokens, batch_tokens=2048, lr=args.lr
+            layers=layers, head_tokens=args.head_tokens, batch_tokens=2048, lr=args.lr, epochs=1
         )
         run = Distiller(args.target, args.run_dir / "no-checkpoint", cfg, "cpu", args.run_dir)
         n = len(run.data.sequences)

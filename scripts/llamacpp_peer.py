@@ -29,8 +29,8 @@ from pathlib import Path
 
 import torch
 
-from saguaro import bundled
 from saguaro.bench.backends import cached_gguf
+from saguaro.models.catalog import DEFAULT_DRAFT, DEFAULT_MODEL, resolve_model
 from saguaro.train.costs import ForwardTimer
 
 FORWARDS = ("eager", "compiled")
@@ -57,8 +57,8 @@ def llama_bench(binary: Path, gguf: Path, sizes: list[int], context: int, thread
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--bin", required=True, help="directory of llama.cpp's binaries (llama-bench)")
-    p.add_argument("--model", default=str(bundled.TARGET_DIR))
-    p.add_argument("--draft", default=str(bundled.DRAFT_DIR))
+    p.add_argument("--model", default=str(resolve_model(DEFAULT_MODEL)))
+    p.add_argument("--draft", default=str(resolve_model(DEFAULT_DRAFT)))
     p.add_argument("--cache", default="~/.cache/saguaro/gguf", help="where GGUF files are kept")
     p.add_argument("--threads", default="1,2", help="thread counts, comma-separated")
     p.add_argument("--k", type=int, default=4)

@@ -1,4 +1,4 @@
-"""The engine's time outside its forwards, per committed token, AR or SD, on the bundled pair.
+"""The engine's time outside its forwards, per committed token, AR or SD, on the default pair.
 
     python scripts/step_overhead.py [--mode ar] [--threads 2] [--compile] [--runs 3]
 

@@ -2,7 +2,7 @@
 
     python scripts/worker_overhead.py [--builds 300] [--window-ms 13] [--compile] [--fanout F]
 
-Runs a worker in this process on the bundled draft (one thread, greedy), feeds it rounds whose
+Runs a worker in this process on the default draft (one thread, greedy), feeds it rounds whose
 outcome is always a cache hit (every proposal accepted, the draft's top candidate as the bonus
 token) with a fixed target window, and reports per planned build: its duration, the part spent
 inside the draft's forwards and the rest (planning, candidate ranking, queries, sampling). Run it
@@ -19,8 +19,8 @@ import time
 
 import torch
 
-from saguaro.bundled import DRAFT_DIR
 from saguaro.config import EngineConfig
+from saguaro.models.catalog import DEFAULT_DRAFT, resolve_model
 from saguaro.speculation import protocol as P
 from saguaro.speculation.worker import DraftWorker
 from saguaro.train.costs import time_forwards
@@ -45,7 +45,9 @@ def main() -> None:
         max_num_seqs=1,
         fanout=args.fanout,
     )
-    worker = DraftWorker(P.WorkerConfig.from_engine(engine, str(DRAFT_DIR), max_model_len=2048))
+    worker = DraftWorker(
+        P.WorkerConfig.from_engine(engine, str(resolve_model(DEFAULT_DRAFT)), max_model_len=2048)
+    )
     inside = {"forwards": 0.0}
     time_forwards(worker.runner, inside, "forwards")
     prompt = [(i * 37) % 500 + 10 for i in range(PROMPT_LEN)]

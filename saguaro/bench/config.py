@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from saguaro.bench.datasets import DATASETS
+from saguaro.bench.datasets import DATASETS, DEFAULT_DATASETS
 from saguaro.config import DTYPES, MODES, SAMPLING_METHODS
 from saguaro.options import add_options, flag, from_args, opt, show
 
@@ -87,10 +87,12 @@ class BenchConfig:
     values, ``fanouts`` space-separated ones (a fan-out itself may contain commas)."""
 
     model: str | None = opt(
-        None, "target model directory (default: the bundled target)", metavar="DIR"
+        None, "target model directory or name (default: smollm2-135m-instruct)", metavar="DIR"
     )
     draft: str | None = opt(
-        None, "draft model directory (default: the bundled draft)", metavar="DIR"
+        None,
+        "draft model directory or name (default with the default target: its trained draft)",
+        metavar="DIR",
     )
     modes: tuple[str, ...] = opt(
         DEFAULT_MODES,
@@ -100,7 +102,10 @@ class BenchConfig:
         metavar="M,..",
     )
     datasets: tuple[str, ...] = opt(
-        DATASETS, "built-in prompt sets", parse=names_of(DATASETS), metavar="D,.."
+        DEFAULT_DATASETS,
+        f"built-in prompt sets, of {','.join(DATASETS)}",
+        parse=names_of(DATASETS),
+        metavar="D,..",
     )
     prompts: str | None = opt(
         None, 'JSONL file, one {"prompt": ...} a line (one more dataset)', metavar="FILE"

@@ -37,7 +37,8 @@ TIMESTAMP = "%Y-%m-%dT%H:%M:%S%z"  # ISO 8601 with the UTC offset
 
 
 def model_dirs(cfg: BenchConfig) -> tuple[Path, Path | None]:
-    """The target's and (if any mode speculates) the draft's directory, bundled where not given."""
+    """The target's and (if any mode speculates) the draft's directory, the default pair's
+    where not given."""
     spec = any(m in SPEC_MODES for m in cfg.modes)
     return resolve_model_dirs(
         EngineConfig(model=cfg.model, draft=cfg.draft, mode="sd" if spec else "ar", device="cpu")

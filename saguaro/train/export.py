@@ -85,12 +85,12 @@ def render_card(role: str, meta: dict[str, Any], metrics: dict[str, Any] | None)
     params, corpus = meta["params"], meta["corpus"]
     other = "draft" if role == "target" else "target"
     lines = [
-        f"# saguaro bundled {role}",
+        f"# saguaro code-pair {role}",
         "",
-        f"A small Llama-architecture Python code model, the {role} of saguaro's bundled "
-        f"speculative-decoding pair (its partner is `../{other}`). Both share one tokenizer. "
-        "They exist so that saguaro runs offline and so that tests and CPU benchmarks have a "
-        "real, matched pair; they are not useful code assistants.",
+        f"A small Llama-architecture Python code model, the {role} of a speculative-decoding "
+        f"pair trained from scratch by `saguaro train-pair` (its partner is `../{other}`). Both "
+        "share one tokenizer. Such a pair is a small, matched pair for experiments; it is not "
+        "a useful code assistant.",
         "",
         "## Models",
         "",
@@ -140,8 +140,8 @@ def render_card(role: str, meta: dict[str, Any], metrics: dict[str, Any] | None)
         "",
         "```",
         *_fit_commands(cfg, stage_fits(meta)),
-        "python -m saguaro.train --run-dir RUN export --out saguaro/bundled",
-        "python -m saguaro.train --run-dir RUN eval --out saguaro/bundled",
+        "python -m saguaro.train --run-dir RUN export --out OUT",
+        "python -m saguaro.train --run-dir RUN eval --out OUT",
         "```",
         "",
         "## Evaluation (held-out split)",

@@ -1,4 +1,4 @@
-"""Shapes of the bundled pair and the Hugging Face Llama configs they map to."""
+"""Shapes of the pair `saguaro train-pair` trains and the Hugging Face Llama configs they map to."""
 
 from __future__ import annotations
 

@@ -192,14 +192,18 @@ def test_f16_matrices_f32_vectors(tiny_llama, tmp_path):
         export_gguf(tiny_llama, tmp_path / "x.gguf", dtype="q4")
 
 
-def test_bundled_tokenizer_adds_bos(tmp_path):
-    """The bundled pair's tokenizer puts BOS before the text: llama.cpp must do the same."""
-    from saguaro import bundled
+def test_the_default_models_tokenizer_adds_bos_as_its_tokenizer_does(tmp_path):
+    """llama.cpp must put BOS before the text exactly where saguaro's tokenizer does (SmolLM2's
+    does not)."""
     from saguaro.bench.gguf_export import _tokenizer_fields
+    from saguaro.models.catalog import SMOLLM2, resolve_model
+    from saguaro.models.tokenizer import Tokenizer
 
-    tok = _tokenizer_fields(bundled.TARGET_DIR, 8192)
-    assert tok["add_bos"] is True and tok["bos"] == 0
-    assert len(tok["tokens"]) == 8192 and all(" " in m for m in tok["merges"])
+    model_dir = resolve_model(SMOLLM2)
+    tok = _tokenizer_fields(model_dir, 49152)
+    saguaro_tok = Tokenizer(model_dir)
+    assert tok["add_bos"] == (saguaro_tok.encode("x")[0] == saguaro_tok.bos_token_id)
+    assert len(tok["tokens"]) == 49152 and all(" " in m for m in tok["merges"])
 
 
 def test_rope_scaling_is_refused(tmp_path):

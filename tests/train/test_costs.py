@@ -1,4 +1,4 @@
-"""The cost-regime measurement that goes into the bundled model cards."""
+"""The cost-regime measurement that goes into the model cards `saguaro train-pair` writes."""
 
 from __future__ import annotations
 

