@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
 import torch
 
+from saguaro.errors import ModelLoadError, SaguaroError
 from saguaro.options import add_options, from_args
 from saguaro.placement import resolve_device
 from saguaro.train.distill import DistillConfig, Distiller
@@ -72,9 +74,8 @@ def rollout_stage(args: argparse.Namespace, cfg: RolloutConfig, run_dir: Path) -
     from saguaro.models.config import ModelConfig
     from saguaro.models.tokenizer import Tokenizer
 
-    missing = [i for i in range(cfg.shards) if not shard_path(run_dir, i).is_file()]
-    missing += [i for i in range(cfg.answer_shards) if not answer_path(run_dir, i).is_file()]
-    if not missing:
+    rolled = all(shard_path(run_dir, i).is_file() for i in range(cfg.shards))
+    if rolled and all(answer_path(run_dir, i).is_file() for i in range(cfg.answer_shards)):
         return True
     tokenizer = Tokenizer(args.target)
     stop = {*ModelConfig.from_dir(args.target).eos_token_ids, tokenizer.eos_token_id} - {None}
@@ -83,7 +84,7 @@ def rollout_stage(args: argparse.Namespace, cfg: RolloutConfig, run_dir: Path) -
     )
     model = model.to(args.device).eval()
     start = time.monotonic()
-    done = all(shard_path(run_dir, i).is_file() for i in range(cfg.shards))
+    done = rolled
     if not done:  # building the prompts reads all of ShareGPT: only when they are needed
         if args.prompts is not None:
             prompts = [tokenizer.encode(p.text) for p in file_prompts(args.prompts)]
@@ -101,6 +102,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    try:
+        return train_draft(args)
+    except (SaguaroError, ValueError, OSError) as e:
+        print(f"saguaro train-draft: error: {e}", file=sys.stderr)
+        return 2
+
+
+def train_draft(args: argparse.Namespace) -> int:
+    """The three stages, each from where the last run left it."""
+    if not (args.target / "config.json").is_file():
+        raise ModelLoadError(f"{args.target}: not a model directory (no config.json)")
     run_dir = args.run_dir or args.out.with_name(args.out.name + "-run")
     start = time.monotonic()
     rollouts = RolloutConfig.recorded(run_dir, from_args(RolloutConfig, args))

@@ -198,3 +198,10 @@ def test_train_draft_writes_a_draft_that_speculates_exactly(target_dir, tmp_path
         want = [o.token_ids for o in ar.generate(["ab", "zz top"], greedy)]
     with LLM(model=str(target_dir), draft=str(out), mode="sd", max_model_len=128) as sd:
         assert [o.token_ids for o in sd.generate(["ab", "zz top"], greedy)] == want
+
+
+def test_train_draft_refuses_a_directory_that_is_not_a_model(tmp_path, capsys):
+    args = ["--target", str(tmp_path / "absent"), "--out", str(tmp_path / "out")]
+    assert train_draft(args) == 2
+    assert "not a model directory" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
