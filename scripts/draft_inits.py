@@ -38,16 +38,16 @@ def main() -> None:
     p.add_argument("--run-dir", type=Path, required=True, help="holds rollouts/")
     p.add_argument("--layers", type=layer_list, nargs="+", required=True)
     p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--heldout", type=int, default=24, help="last sequences kept for scoring")
+    p.add_argument(
+        "--heldout", type=int, default=24, help="last sequences (rollouts, not answers) scored"
+    )
     p.add_argument("--head-tokens", type=int, default=8192)
     p.add_argument("--lr", type=float, default=DistillConfig().lr)
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     for layers in args.layers:
-        cfg = DistillConfig(
-            layers=layers, head_tokens=args.head_tokens, batch_tokens=2048, lr=args.lr, epochs=1
-        )
+        cfg = DistillConfig(layers=layers, head_tokens=args.head_tokens, lr=args.lr, epochs=1)
         run = Distiller(args.target, args.run_dir / "no-checkpoint", cfg, "cpu", args.run_dir)
         n = len(run.data.sequences)
         heldout = list(range(n - args.heldout, n))

@@ -4,7 +4,7 @@ output vocabulary, and how it is written as a model directory.
 Shape. The draft keeps the target's width, so its layers can start as copies of the target's
 (``layers``: which ones) and its input embedding *is* the target's, frozen: the draft reads
 tokens as the target does and training spends nothing on 28M embedding parameters. Its LM head
-scores only ``head_tokens`` token ids, the target's most frequent outputs (``head_ids``), each row
+scores only ``head_tokens`` token ids, those of most expected output mass (``head_ids``), each row
 starting as the target's own output row for that token; q = 0 elsewhere keeps verification
 exact (``saguaro.models.llama.CausalLM.forward``).
 
