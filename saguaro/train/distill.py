@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import random
 import signal
 import time
@@ -37,14 +36,15 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from saguaro.options import opt
-from saguaro.train.draft_data import load_rollouts
+from saguaro.train.draft_data import load_rollouts, right_padded, save_whole
 from saguaro.train.draft_model import cut_draft, head_ids
 from saguaro.train.trainer import lr_lambda
 
 CKPT = "draft-checkpoint.pt"
 # Sequences sorted by length together before batching: little padding, and still shuffled.
 LENGTH_WINDOW = 64
-# Steps between entries of the loss curve kept in the checkpoint and training.json.
+# Steps between entries of the loss curve kept in the checkpoint and training.json, and the
+# steps each entry averages.
 HISTORY_EVERY = 50
 
 
@@ -172,7 +172,7 @@ class Distiller:
         return self.step >= len(self.plan)
 
     def save(self) -> None:
-        """Write then rename: a kill mid-save leaves the previous checkpoint whole."""
+        """The checkpoint, replacing the previous one only once it is whole."""
         state = {
             "config": self.cfg.to_dict(),
             "head_ids": self.draft.head_ids.tolist(),
@@ -183,23 +183,15 @@ class Distiller:
             "tokens": self.tokens,
             "history": self.history,
         }
-        tmp = self.run_dir / (CKPT + ".tmp")
-        torch.save(state, tmp)
-        os.replace(tmp, self.run_dir / CKPT)
+        save_whole(state, self.run_dir / CKPT)
 
     def batch(self, indices: list[int]) -> tuple[torch.Tensor, ...]:
         """Right-padded ids, their attention mask, the loss positions (``t`` where token
         ``t + 1`` is the target's output), and there the target's p over the head's tokens."""
         data = self.data
-        seqs = [data.sequences[i] for i in indices]
-        width = max(map(len, seqs))
-        ids = torch.zeros(len(seqs), width, dtype=torch.long)
-        mask = torch.zeros(len(seqs), width, dtype=torch.long)
-        loss_at = torch.zeros(len(seqs), width, dtype=torch.bool)
-        for r, (i, s) in enumerate(zip(indices, seqs, strict=True)):
-            ids[r, : len(s)] = torch.tensor(s)
-            mask[r, : len(s)] = 1
-            loss_at[r, data.prompt_lens[i] - 1 : len(s) - 1] = True
+        ids, mask, loss_at = right_padded(
+            [data.sequences[i] for i in indices], [data.prompt_lens[i] for i in indices]
+        )
         # Row-major like hidden[loss_at]: each sequence's output positions in order.
         rows = self.head_row[torch.cat([data.top_ids[i] for i in indices]).long()]
         p = torch.cat([data.top_logp[i] for i in indices]).float().exp()
@@ -234,7 +226,7 @@ class Distiller:
             while not self.done and not stop:
                 if minutes is not None and time.monotonic() - start > 60 * minutes:
                     break
-                recent = [*recent[-49:], self.train_step()]
+                recent = [*recent[1 - HISTORY_EVERY :], self.train_step()]
                 bar.update(1)
                 bar.set_postfix({k: f"{v:.3f}" for k, v in recent[-1].items()})
                 if self.step % HISTORY_EVERY == 0:

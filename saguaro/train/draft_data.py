@@ -138,6 +138,29 @@ class Shard:
     top_logp: list[torch.Tensor]  # [outputs, TOP_K] float16 per sequence
 
 
+def save_whole(obj: object, path: Path) -> None:
+    """Write then rename: a kill mid-write leaves the previous file (or none), never half."""
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    tmp.replace(path)
+
+
+def right_padded(
+    seqs: list[list[int]], prompt_lens: list[int]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``seqs`` right-padded with 0, their attention mask, and the output positions: ``t``
+    where token ``t + 1`` follows the prompt (what predicts an output token)."""
+    width = max(map(len, seqs))
+    ids = torch.zeros(len(seqs), width, dtype=torch.long)
+    mask = torch.zeros(len(seqs), width, dtype=torch.long)
+    outputs = torch.zeros(len(seqs), width, dtype=torch.bool)
+    for r, (s, n) in enumerate(zip(seqs, prompt_lens, strict=True)):
+        ids[r, : len(s)] = torch.tensor(s)
+        mask[r, : len(s)] = 1
+        outputs[r, n - 1 : len(s) - 1] = True
+    return ids, mask, outputs
+
+
 @torch.no_grad()
 def rollout_batch(
     model,
@@ -169,6 +192,7 @@ def rollout_batch(
     )
     last = pos[:, -1:]
     alive = torch.ones(rows, dtype=torch.bool, device=device)
+    stop_ids = torch.tensor(sorted(stop), dtype=torch.long, device=device)
     tokens, top_ids, top_logp, alive_at = [], [], [], []
     for _ in range(cfg.new_tokens):
         logp = out.logits[:, -1].float().log_softmax(-1)
@@ -180,7 +204,7 @@ def rollout_batch(
         top_ids.append(top.indices.int().cpu())
         top_logp.append(top.values.half().cpu())
         alive_at.append(alive.cpu())
-        alive = alive & ~torch.isin(tok, torch.tensor(sorted(stop), device=device))
+        alive = alive & ~torch.isin(tok, stop_ids)
         if not alive.any():
             break
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
@@ -223,9 +247,7 @@ def generate_rollouts(
         batch = prompts[i * SHARD : (i + 1) * SHARD]
         temps = [cfg.temperatures[j % len(cfg.temperatures)] for j in range(len(batch))]
         shard = rollout_batch(model, batch, temps, cfg, stop, cfg.rollout_seed * 1_000_003 + i)
-        tmp = shard_path(run_dir, i).with_suffix(".tmp")
-        torch.save(dataclasses.asdict(shard), tmp)
-        tmp.replace(shard_path(run_dir, i))  # a shard is on disk whole or not at all
+        save_whole(dataclasses.asdict(shard), shard_path(run_dir, i))
     return sum(shard_path(run_dir, i).is_file() for i in range(shards))
 
 
@@ -254,12 +276,7 @@ def score_batch(model, pairs: list[tuple[list[int], list[int]]], rows: int = 16)
     for b in range(0, len(pairs), rows):
         part = pairs[b : b + rows]
         seqs = [p + a for p, a in part]
-        width = max(map(len, seqs))
-        ids = torch.zeros(len(seqs), width, dtype=torch.long)
-        at = torch.zeros(len(seqs), width, dtype=torch.bool)
-        for r, ((p, _), s) in enumerate(zip(part, seqs, strict=True)):
-            ids[r, : len(s)] = torch.tensor(s)
-            at[r, len(p) - 1 : len(s) - 1] = True
+        ids, _, at = right_padded(seqs, [len(p) for p, _ in part])  # causal: padding after
         hidden = model.model(input_ids=ids.to(device)).last_hidden_state[at.to(device)]
         logp = model.lm_head(hidden).float().log_softmax(-1)
         top = logp.topk(min(TOP_K, logp.shape[-1]), dim=-1)
@@ -288,9 +305,7 @@ def score_answers(
         if deadline is not None and time.monotonic() > deadline:
             break
         batch = [pairs[k % len(pairs)] for k in range(i * SHARD, (i + 1) * SHARD)]
-        tmp = answer_path(run_dir, i).with_suffix(".tmp")
-        torch.save(dataclasses.asdict(score_batch(model, batch)), tmp)
-        tmp.replace(answer_path(run_dir, i))
+        save_whole(dataclasses.asdict(score_batch(model, batch)), answer_path(run_dir, i))
     return sum(answer_path(run_dir, i).is_file() for i in range(cfg.answer_shards))
 
 

@@ -64,8 +64,8 @@ def head_ids(
     mass = torch.zeros(vocab, dtype=torch.float64)
     for ids, logp in zip(top_ids, top_logp, strict=True):
         mass.index_add_(0, ids.long().flatten(), logp.double().exp().flatten())
-    order = sorted(range(vocab), key=lambda t: (-mass[t].item(), t))
-    return sorted(order[:size])
+    order = torch.argsort(-mass, stable=True)  # stable: ties keep the lower id first
+    return sorted(order[:size].tolist())
 
 
 def cut_draft(target: nn.Module, layers: tuple[int, ...], ids: list[int]) -> Draft:
