@@ -48,6 +48,8 @@ Dtype = Literal["float32", "bfloat16", "float16"]
 SamplingMethod = Literal["auto", RequestMethod]
 Backup = Literal["auto", "neural", "fast"]
 DraftWorker = Literal["spawn", "external"]
+Quantization = Literal["auto", "none", "gguf", "int4", "int4-g64", "int4-g128", "int8"]
+Kernels = Literal["auto", "saguaro", "torch"]
 
 MODES: tuple[str, ...] = typing.get_args(Mode)
 SAMPLING_METHODS: tuple[str, ...] = typing.get_args(SamplingMethod)
@@ -78,6 +80,22 @@ class EngineConfig:
         "sd/ssd: the draft's weights and activations (default: dtype); any precision keeps the "
         "output exact: the draft only proposes, and verification holds whatever model "
         "proposed",
+    )
+    quantization: Quantization = opt(
+        "auto",
+        "the target's linear weights: gguf runs a GGUF file's Q4_0/Q4_1/Q8_0 blocks as they are; "
+        "int4 (groups of 32; int4-g64, int4-g128) and int8 (per channel) quantize at load; "
+        "none keeps them dense in dtype; auto: gguf where the model directory holds model.gguf "
+        "(saguaro import-gguf keeps it) and the kernels are saguaro's, else none",
+    )
+    draft_quantization: Quantization = opt(
+        "auto", "sd/ssd: the draft's linear weights, as --quantization (any keeps output exact)"
+    )
+    kernels: Kernels = opt(
+        "auto",
+        "saguaro: saguaro's CPU kernels, whose result for a token does not depend on what shares "
+        "its forward (speculative greedy output equals AR's in every precision); torch: torch's "
+        "operators; auto: saguaro on CPU unless --compile",
     )
     device: str = opt("auto", "auto | cpu | cuda[:N] (auto: cuda if available, else cpu)")
     max_model_len: int | None = opt(None, "context length (default: the model's)")
@@ -169,6 +187,13 @@ class EngineConfig:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
         self.device = resolve_device(self.device)
         self.draft_dtype = self.draft_dtype or self.dtype
+        if self.kernels == "auto":
+            # the kernels read float32 and bfloat16; --compile compiles torch's operators
+            half = "float16" in (self.dtype, self.draft_dtype)
+            on_torch = self.compile or self.device != "cpu" or half
+            self.kernels = "torch" if on_torch else "saguaro"
+        if self.kernels == "saguaro" and self.compile:
+            raise ValueError("--compile compiles torch's operators; use it with --kernels torch")
         if not 0 < self.saguaro_c <= 1:
             raise ValueError(f"saguaro_c must be in (0, 1], got {self.saguaro_c}")
         if self.sampling == "auto":

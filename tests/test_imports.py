@@ -23,6 +23,11 @@ FORBIDDEN = [
         for high in ("server", "cli", "bench", "launch", "train", "api")
     ),
     ("engine", "speculation"),  # the engine is handed a proposer factory
+    # the kernels are the bottom layer: tensors in, tensors out
+    *(
+        ("kernels", p)
+        for p in ("models", "engine", "speculation", "sampling", "core", "config", "distributed")
+    ),
 ]
 
 

@@ -146,22 +146,29 @@ class LLMEngine:
             if not draft_dir.is_dir():
                 raise ModelLoadError(f"draft directory {str(draft_dir)!r} does not exist")
             check_compatible(target_dir, draft_dir, self.tokenizer)
-        if cfg.mode != "ar" and cfg.dtype != "float32":
-            # A token's logits depend, in their last bits, on how many positions share its
-            # forward (1 in AR, K + 1 in verification): within one rounding unit of the logits,
-            # which in 16-bit floats is wide enough for near-ties to go the other way.
+        if cfg.mode != "ar" and cfg.dtype != "float32" and cfg.kernels == "torch":
+            # On torch's operators a token's logits depend, in their last bits, on how many
+            # positions share its forward (1 in AR, K + 1 in verification): within one rounding
+            # unit of the logits, which in 16-bit floats is wide enough for near-ties to go the
+            # other way. saguaro's kernels compute each token alone, whatever shares its forward.
             log.warning(
-                "saguaro: %s weights: speculative decoding samples from the target's K+1-position "
-                "forwards, whose %s logits differ from AR's one-position forwards by rounding; "
-                "its greedy output can part from AR's at near-ties (float32 keeps them equal)",
-                cfg.dtype,
+                "saguaro: %s weights on torch's operators: speculative decoding samples from the "
+                "target's K+1-position forwards, whose logits differ from AR's one-position "
+                "forwards by rounding; its greedy output can part from AR's at near-ties "
+                "(--kernels saguaro keeps them equal)",
                 cfg.dtype,
             )
         if cfg.tensor_parallel_size > 1:
             self.tensor_parallel = TensorParallelTarget(cfg, target_dir)
             target = self.tensor_parallel.load()
         else:
-            target = load_model(target_dir, cfg.dtype, cfg.device)
+            target = load_model(
+                target_dir,
+                cfg.dtype,
+                cfg.device,
+                quantization=cfg.quantization,
+                kernels=cfg.kernels == "saguaro",
+            )
         self.model_config = target.config
         self.max_model_len = min(
             cfg.max_model_len or target.config.max_position_embeddings,

@@ -131,6 +131,11 @@ class ModelRunner:
             mask=inputs.mask.to(dev),
             query_index=_to(inputs.query_index, dev),
             out_index=_to(inputs.out_index, dev),
+            rows=(
+                inputs.out_index
+                if inputs.out_index is not None
+                else torch.arange(len(inputs.input_ids))
+            ),
         )
         with torch.no_grad():
             return self._forward(

@@ -4,7 +4,9 @@
 file's hyper-parameters, ``model.safetensors`` from its tensors, and ``tokenizer.json`` /
 ``tokenizer_config.json`` (chat template included) from its byte-level BPE vocabulary.
 
-Weights are dequantized to ``dtype`` (float32 by default). For each block type the value is
+The file itself is kept as ``model.gguf``, whose Q4_0/Q4_1/Q8_0 blocks the loader runs without
+dequantizing (:mod:`saguaro.models.gguf_weights`). The safetensors weights are dequantized to
+``dtype`` (float32 by default). For each block type the value is
 exactly what llama.cpp computes: Q8_0 is ``d * q`` (one float16 scale per 32 weights), Q4_0
 ``d * (q - 8)``, Q4_1 ``d * q + m`` (a float16 scale and minimum per 32); F16 and BF16 widen
 exactly. The query/key rows go back to the checkpoint's rotate-half order
@@ -301,6 +303,9 @@ def replace_dir(out: Path) -> Iterator[Path]:
     tmp.rename(out)
 
 
+GGUF_NAME = "model.gguf"  # the kept file (saguaro.models.gguf_weights reads it)
+
+
 def import_gguf(path: str | Path, out_dir: str | Path, dtype: str = "float32") -> Path:
     """Write the GGUF file ``path`` as a Hugging Face directory ``out_dir`` (weights in
     ``dtype``) and return it; ``out_dir`` is replaced as :func:`replace_dir` says."""
@@ -326,7 +331,17 @@ def import_gguf(path: str | Path, out_dir: str | Path, dtype: str = "float32") -
             str(tmp / "model.safetensors"),
             metadata={"format": "pt", "source": g.path.name},
         )
+        keep_file(g.path, tmp / GGUF_NAME)
     return out
+
+
+def keep_file(source: Path, dest: Path) -> None:
+    """The GGUF file itself, whose quantized blocks saguaro runs as they are
+    (:mod:`saguaro.models.gguf_weights`): a hard link where the file system allows, else a copy."""
+    try:
+        dest.hardlink_to(source)
+    except OSError:
+        shutil.copyfile(source, dest)
 
 
 def main(argv: list[str] | None = None) -> int:

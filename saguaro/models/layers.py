@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from saguaro.kernels import ops
 from saguaro.models.config import RopeScaling
 from saguaro.models.parallel import SINGLE, TensorParallel
 
@@ -35,9 +36,16 @@ class AttentionMetadata:
         torch.Tensor | None
     )  # [b, Q] int64 into the flat T tokens; None if q_i == Q for all
     out_index: torch.Tensor | None  # [T] int64 into the padded b*Q rows; None with query_index
+    # [T] int64: each query token's row of the padded b*Q layout (out_index, or 0..T-1 when no
+    # sequence is padded); the attention kernel's index, built once per forward
+    rows: torch.Tensor | None = None
 
 
 class RMSNorm(nn.Module):
+    # On saguaro's kernels (saguaro.models.linear.use_kernels), this and the kernels flags below
+    # route each layer to its batch-invariant kernel.
+    kernels = False
+
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
@@ -46,7 +54,10 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Normalise in float32 and cast back before scaling, as the reference implementation does.
         dtype = x.dtype
-        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
+        if self.kernels and x.device.type == "cpu":
+            normed = ops.rms_norm(x, self.eps)
+        else:
+            normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
         return self.weight * normed.to(dtype)
 
 
@@ -113,6 +124,8 @@ class Attention(nn.Module):
     """Self-attention over this rank's heads (all of them with one rank): QKV column-parallel,
     the output projection row-parallel and summed over ranks (:mod:`saguaro.models.parallel`)."""
 
+    kernels = False
+
     def __init__(
         self,
         hidden: int,
@@ -160,6 +173,12 @@ class Attention(nn.Module):
         k_cache.index_copy_(0, meta.slot_mapping, k)
         v_cache.index_copy_(0, meta.slot_mapping, v)
 
+        if self.kernels and x.device.type == "cpu":
+            rows = meta.rows if meta.rows is not None else torch.arange(t)
+            out = ops.attention(
+                q, k_cache, v_cache, meta.key_slots, meta.mask, rows, self.scale
+            ).to(x.dtype)
+            return self.tp.all_reduce(self.o_proj(out.view(t, self.q_size)))
         b, n_keys = meta.key_slots.shape
         n_q = meta.mask.shape[2]
         if meta.query_index is None:
@@ -187,6 +206,8 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     """SwiGLU over this rank's intermediate columns; down's partial sums are summed over ranks."""
 
+    kernels = False
+
     def __init__(self, hidden: int, intermediate: int, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
         self.tp = tp
@@ -196,8 +217,13 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(self.intermediate, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
-        return self.tp.all_reduce(self.down_proj(F.silu(gate) * up))
+        gate_up = self.gate_up_proj(x)
+        if self.kernels and x.device.type == "cpu":
+            hidden = ops.silu_mul(gate_up).to(x.dtype)
+        else:
+            gate, up = gate_up.split(self.intermediate, dim=-1)
+            hidden = F.silu(gate) * up
+        return self.tp.all_reduce(self.down_proj(hidden))
 
 
 class VocabEmbedding(nn.Module):

@@ -9,6 +9,7 @@ from the memory-mapped file), so no rank ever holds the whole model.
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,8 +19,12 @@ from safetensors import SafetensorError, safe_open
 
 from saguaro.errors import ModelLoadError
 from saguaro.models.config import ModelConfig
+from saguaro.models.gguf_weights import GGUF_NAME, gguf_linears
+from saguaro.models.linear import use_kernels
 from saguaro.models.llama import CausalLM
 from saguaro.models.parallel import SINGLE, TensorParallel
+
+log = logging.getLogger("saguaro")
 
 DTYPES = {
     "float32": torch.float32,
@@ -144,13 +149,64 @@ def checked_head_ids(ids: torch.Tensor, vocab_size: int, model_dir: Path) -> tor
     return ids
 
 
+def resolve_quantization(
+    model_dir: Path, quantization: str, kernels: bool, tp: TensorParallel = SINGLE
+) -> str:
+    """``auto``: the GGUF file's own blocks where the directory holds one (``model.gguf``, which
+    ``saguaro import-gguf`` writes beside the dequantized weights) and the model runs on
+    saguaro's kernels in one rank; otherwise the dense weights (``none``)."""
+    if quantization == "auto":
+        has_gguf = (model_dir / GGUF_NAME).is_file()
+        return "gguf" if has_gguf and kernels and tp.size == 1 else "none"
+    if quantization != "none" and tp.size > 1:
+        raise ModelLoadError(
+            f"quantized weights ({quantization}) are not split over tensor-parallel ranks; use "
+            "--quantization none with --tensor-parallel-size > 1"
+        )
+    if quantization == "gguf" and not (model_dir / GGUF_NAME).is_file():
+        raise ModelLoadError(
+            f"{model_dir}: --quantization gguf needs {GGUF_NAME} in the model directory "
+            "(saguaro import-gguf writes it)"
+        )
+    return quantization
+
+
 def load_model(
     model_dir: str | Path,
     dtype: str | torch.dtype = "float32",
     device: str | torch.device = "cpu",
     tp: TensorParallel = SINGLE,
+    quantization: str = "none",
+    kernels: bool = False,
 ) -> CausalLM:
-    """The model in ``model_dir``, or rank ``tp.rank``'s slices of it."""
+    """The model in ``model_dir``, or rank ``tp.rank``'s slices of it. With ``kernels`` it runs
+    on saguaro's batch-invariant kernels (:mod:`saguaro.models.linear`), its linear weights as
+    ``quantization`` says: ``none`` (dense, in ``dtype``), ``gguf`` (the blocks of the
+    directory's GGUF file), one of :data:`saguaro.models.quant.SCHEMES` (quantized now), or
+    ``auto`` (:func:`resolve_quantization`)."""
+    model = load_dense(model_dir, dtype, tp)
+    model_dir = Path(model_dir)
+    kernels = kernels and torch.device(device).type == "cpu"  # the kernels are CPU code
+    scheme = resolve_quantization(model_dir, quantization, kernels, tp)
+    if kernels or scheme != "none":
+        weights = gguf_linears(model_dir / GGUF_NAME, model.config) if scheme == "gguf" else None
+        scheme = "none" if scheme == "gguf" else scheme
+        on_torch = use_kernels(model, scheme, weights, everywhere=kernels)
+        if on_torch:
+            log.warning(
+                "saguaro: %s: %d modules (e.g. %s) have shapes saguaro's kernels do not take and "
+                "run on torch's operators: this model's logits are not batch-invariant",
+                model_dir,
+                len(on_torch),
+                on_torch[0],
+            )
+    return model.to(device).eval()
+
+
+def load_dense(
+    model_dir: str | Path, dtype: str | torch.dtype, tp: TensorParallel = SINGLE
+) -> CausalLM:
+    """The checkpoint's weights in ``dtype`` on the CPU (rank ``tp.rank``'s slices)."""
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise ModelLoadError(f"model directory {str(model_dir)!r} does not exist")
@@ -211,4 +267,4 @@ def load_model(
     model.rotary = model.rotary.__class__(
         cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling
     )
-    return model.to(device).eval()
+    return model

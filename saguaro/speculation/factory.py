@@ -14,7 +14,13 @@ def make_proposer(cfg: EngineConfig, setup: DraftSetup) -> Proposer:
     if cfg.mode == "sd":
         from saguaro.speculation.sd import DraftProposer
 
-        draft = load_model(setup.draft_dir, cfg.draft_dtype, cfg.device)
+        draft = load_model(
+            setup.draft_dir,
+            cfg.draft_dtype,
+            cfg.device,
+            quantization=cfg.draft_quantization,
+            kernels=cfg.kernels == "saguaro",
+        )
         runner = ModelRunner(draft, setup.num_kv_blocks, cfg.block_size, cfg.device, cfg.compile)
         if cfg.compile:
             runner.warm_up()

@@ -61,6 +61,8 @@ class WorkerConfig:
     max_num_seqs: int
     block_size: int
     dtype: str  # the draft's (EngineConfig.draft_dtype)
+    quantization: str  # the draft's (EngineConfig.draft_quantization)
+    kernels: bool  # saguaro's kernels (EngineConfig.kernels == "saguaro")
     device: str
     cpus: list[int] | None  # CPU affinity of the worker process
     num_threads: int | None
@@ -87,6 +89,8 @@ class WorkerConfig:
             max_num_seqs=cfg.max_num_seqs,
             block_size=cfg.block_size,
             dtype=cfg.draft_dtype,
+            quantization=cfg.draft_quantization,
+            kernels=cfg.kernels == "saguaro",
             device=cfg.draft_device or cfg.device,
             cpus=cfg.draft_cpus,
             num_threads=cfg.draft_threads,

@@ -48,7 +48,9 @@ class DraftWorker:
             os.sched_setaffinity(0, cfg.cpus)
         if cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
-        model = load_model(cfg.draft_dir, cfg.dtype, cfg.device)
+        model = load_model(
+            cfg.draft_dir, cfg.dtype, cfg.device, quantization=cfg.quantization, kernels=cfg.kernels
+        )
         self.vocab_size = model.config.vocab_size
         num_blocks = kv_blocks(cfg)
         self.bm = BlockManager(num_blocks, cfg.block_size, enable_prefix_caching=False)

@@ -51,6 +51,8 @@ def worker_config(**kw) -> P.WorkerConfig:
         max_num_seqs=2,
         block_size=BLOCK,
         dtype="float32",
+        quantization="none",
+        kernels=False,
         device="cpu",
         cpus=None,
         num_threads=None,

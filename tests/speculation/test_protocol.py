@@ -19,6 +19,7 @@ def test_worker_config_from_engine_maps_every_field():
         block_size=8,
         dtype="float32",
         draft_dtype="bfloat16",
+        draft_quantization="int8",
         device="cpu",
         draft_device="cuda:1",
         draft_cpus=[2, 3],
@@ -39,6 +40,8 @@ def test_worker_config_from_engine_maps_every_field():
         max_num_seqs=5,
         block_size=8,
         dtype="bfloat16",
+        quantization="int8",
+        kernels=False,  # --compile runs torch's operators
         device="cuda:1",
         cpus=[2, 3],
         num_threads=2,

@@ -56,6 +56,22 @@ def test_greedy_sd_with_a_bfloat16_draft_equals_ar(tiny_llama, close_draft, ar_r
     assert llm.last_run["mean_accepted_length"] > 1.3
 
 
+@pytest.mark.parametrize(
+    "dtype, quantization", [("bfloat16", "none"), ("float32", "int4"), ("bfloat16", "int4-g64")]
+)
+def test_greedy_sd_equals_ar_in_every_precision(tiny_llama, close_draft, dtype, quantization):
+    """On saguaro's kernels a verified token's logits are AR's bits in any precision; the draft
+    quantized on its own (int8) changes only what it proposes."""
+    engine = dict(dtype=dtype, quantization=quantization)
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    ar = LLM(model=str(tiny_llama), max_model_len=256, **engine).generate(PROMPTS, params)
+    llm = sd_engine(tiny_llama, close_draft, 3, draft_quantization="int8", **engine)
+    assert llm.engine.proposer.runner.model.lm_head.fmt == "q8"
+    outs = llm.generate(PROMPTS, params)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in ar]
+    assert llm.last_run["mean_accepted_length"] > 1.3
+
+
 def test_greedy_sd_stops_like_ar(tiny_llama, close_draft, ar_reference, tmp_path):
     """Stop strings, stop ids and EOS inside an accepted run end the request at that token."""
     ref = ar_reference[PROMPTS[0]]

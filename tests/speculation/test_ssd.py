@@ -81,6 +81,18 @@ def test_greedy_ssd_equals_ar(
             assert set(run["backups"]) == {overrides["backup"]}
 
 
+@pytest.mark.parametrize("dtype, quantization", [("bfloat16", "none"), ("float32", "int4")])
+def test_greedy_ssd_equals_ar_in_every_precision(tiny_llama, close_draft, dtype, quantization):
+    engine = dict(dtype=dtype, quantization=quantization, max_model_len=256)
+    ar = LLM(model=str(tiny_llama), **engine).generate(PROMPTS, GREEDY)
+    reference = {p: o.token_ids for p, o in zip(PROMPTS, ar, strict=True)}
+    with ssd(
+        tiny_llama, close_draft, num_speculative_tokens=3, fanout=[2, 1, 1, 2], **engine
+    ) as llm:
+        check_greedy(llm, reference, (1, 3, 8))
+        assert llm.last_run["cache_hit_rate"] > 0.3
+
+
 def test_tight_token_budget(tiny_llama, close_draft, ar_reference):
     """A token budget that cuts rounds short, sometimes to no proposal at all: the target then
     commits tokens the worker did not speculate on, which must never count as a hit."""

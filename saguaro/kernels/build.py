@@ -1,0 +1,84 @@
+"""Compile ``cpu_kernels.c`` once per machine and load it with ctypes.
+
+The library is built with the system C compiler into ``$SAGUARO_CACHE/kernels`` (default
+``~/.cache/saguaro/kernels``), named by the hash of the source and flags, so a changed source
+builds anew and concurrent builds never overwrite each other's file (each writes a temporary
+file and renames it). It links the OpenMP runtime by its soname, which resolves to the one
+PyTorch has already loaded, so the two share one thread pool.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from functools import cache
+from pathlib import Path
+
+from saguaro.errors import ModelLoadError
+
+SOURCE = Path(__file__).with_name("cpu_kernels.c")
+# x86-64-v3 (AVX2, FMA, F16C) is what the kernels need; v4 adds AVX-512 where the CPU has it.
+# Either way the lane-wise vector code computes the same bits (see the source's header).
+BASE_FLAGS = ["-O3", "-fPIC", "-shared", "-fopenmp", "-ffp-contract=fast", "-mfma", "-mf16c"]
+C_INT64, C_PTR, C_INT, C_FLOAT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+SIGNATURES = {
+    "saguaro_linear": [C_PTR, C_INT64, C_INT64, C_PTR, C_PTR, C_PTR, C_INT64, C_INT64, C_INT]
+    + [C_PTR, C_INT],
+    "saguaro_rms_norm": [C_PTR, C_INT64, C_INT64, C_FLOAT, C_PTR],
+    "saguaro_silu_mul": [C_PTR, C_INT64, C_INT64, C_PTR],
+    "saguaro_attention": [C_PTR, C_INT64, C_INT64, C_INT64, C_PTR, C_PTR, C_INT, C_INT64]
+    + [C_PTR, C_INT64, C_PTR, C_INT64, C_PTR, C_FLOAT, C_PTR, C_PTR, C_INT],
+}
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("SAGUARO_CACHE") or Path.home() / ".cache" / "saguaro"
+    return Path(root) / "kernels"
+
+
+def march() -> str:
+    """x86-64-v4 where the CPU reports AVX-512 (F, BW, DQ, VL), else x86-64-v3."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        flags = ""
+    v4 = all(f in flags for f in ("avx512f", "avx512bw", "avx512dq", "avx512vl"))
+    return "-march=x86-64-v4" if v4 else "-march=x86-64-v3"
+
+
+def compile_library(out: Path, flags: list[str]) -> None:
+    compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    if compiler is None:
+        raise ModelLoadError("saguaro's CPU kernels need a C compiler (gcc); none was found")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out.parent, suffix=".so")
+    os.close(fd)
+    cmd = [compiler, *flags, "-o", tmp, str(SOURCE), "-lm"]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        Path(tmp).unlink(missing_ok=True)
+        raise ModelLoadError(
+            f"building saguaro's CPU kernels failed: {' '.join(cmd)}\n{done.stderr}"
+        )
+    os.replace(tmp, out)
+
+
+@cache
+def library() -> ctypes.CDLL:
+    """The compiled kernels (built on first use)."""
+    import torch  # noqa: F401  (loads the OpenMP runtime the library shares)
+
+    flags = [*BASE_FLAGS, march()]
+    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
+    path = cache_dir() / f"cpu_kernels-{digest}.so"
+    if not path.is_file():
+        compile_library(path, flags)
+    lib = ctypes.CDLL(str(path))
+    for name, args in SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, None
+    return lib

@@ -1,0 +1,255 @@
+/* saguaro's CPU kernels: weight-only quantized and dense linear layers, RMSNorm, SwiGLU and
+ * paged attention, each computing a row's result in an order fixed by the row alone.
+ *
+ * Batch invariance. Every output element is one chain of float operations whose order depends
+ * on the shapes of the model (K, D, the keys a query sees), never on how many rows share the
+ * call, where a row sits in its tile, or how many threads run: a dot product over K keeps 16
+ * partial sums (lane l sums the products k = l mod 16, in increasing k), and adds them by one
+ * fixed pairwise tree at the end. Tiling (several rows and columns per step) only chooses
+ * which chains run side by side. Threads split the output columns (or the query tokens), so a
+ * chain is never split. So a token's logits are the same bits alone, in a K + 1-position
+ * verification, among SSD's branches or in a batch of 64.
+ *
+ * The vectors are GCC vector types of 16 floats: their lane-wise meaning is the same whether
+ * the compiler emits one AVX-512 register or two AVX2 ones, and multiply-adds are contracted to
+ * FMA on both (-ffp-contract=fast, -mfma), so the bits do not depend on the x86 vendor either.
+ *
+ * Quantized weights (weight-only, groupwise). A row of W holds K codes q in groups of G
+ * (a multiple of 32); group g has a float16 scale d_g and minimum m_g, and the weight is
+ * w = d_g * q + m_g, computed as one FMA. d * q is exact in float32 (an 11-bit significand
+ * times a code of at most 8 bits), so the FMA rounds once, exactly as GGUF's d * q + m does:
+ * the kernel multiplies by the very weights the dequantized checkpoint holds. Formats:
+ *   Q4: codes packed in 16 bytes per 32 weights; byte j holds weight j (low nibble) and
+ *       weight j + 16 (high nibble), GGUF's Q4_0/Q4_1 block layout.
+ *   Q8: one signed byte per weight.
+ * Each 32-weight block is turned into floats once per tile of rows and used by all of them,
+ * so a few rows (a verification's K + 1) cost little more than one.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef float v16 __attribute__((vector_size(64)));
+typedef int32_t v16i __attribute__((vector_size(64)));
+typedef uint32_t v16u __attribute__((vector_size(64)));
+typedef uint8_t v16b __attribute__((vector_size(16)));
+typedef uint16_t v16h __attribute__((vector_size(32)));
+
+enum { FMT_F32 = 0, FMT_BF16 = 1, FMT_Q8 = 2, FMT_Q4 = 3 };
+enum { BLOCK = 32, LANES = 16, COLS = 4, ROWS = 4, MAX_HEAD_DIM = 256 };
+
+#define INLINE static inline __attribute__((always_inline))
+
+INLINE v16 load_f32(const float *p) {
+    v16 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+INLINE void store_f32(float *p, v16 v) { memcpy(p, &v, sizeof v); }
+
+INLINE v16 load_bf16(const uint16_t *p) {
+    v16h h;
+    memcpy(&h, p, sizeof h);
+    v16u bits = __builtin_convertvector(h, v16u) << 16;  /* bfloat16 -> float32 is exact */
+    v16 v;
+    memcpy(&v, &bits, sizeof v);
+    return v;
+}
+
+/* Lane sums by one fixed tree: (0+8, 1+9, ...), then halves again, down to one. */
+INLINE float lane_sum(v16 a) {
+    float t[LANES];
+    memcpy(t, &a, sizeof t);
+    for (int s = LANES / 2; s >= 1; s /= 2)
+        for (int i = 0; i < s; i++) t[i] = t[i] + t[i + s];
+    return t[0];
+}
+
+INLINE float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
+
+typedef struct {
+    const void *codes;      /* float32, bfloat16, int8 or packed-int4 rows of K */
+    const uint16_t *scales; /* float16 [N, K / G] (quantized formats) */
+    const uint16_t *mins;   /* float16 [N, K / G] (quantized formats) */
+    int64_t k, group;
+    int fmt;
+} Weight;
+
+/* Block `b` (weights 32b .. 32b + 31) of row `n` as floats: lo = weights 0..15, hi = 16..31. */
+INLINE void weight_block(const Weight *w, const int fmt, int64_t n, int64_t b, v16 *lo, v16 *hi) {
+    const int64_t k = w->k;
+    if (fmt == FMT_F32) {
+        const float *p = (const float *)w->codes + n * k + b * BLOCK;
+        *lo = load_f32(p);
+        *hi = load_f32(p + LANES);
+        return;
+    }
+    if (fmt == FMT_BF16) {
+        const uint16_t *p = (const uint16_t *)w->codes + n * k + b * BLOCK;
+        *lo = load_bf16(p);
+        *hi = load_bf16(p + LANES);
+        return;
+    }
+    const int64_t g = n * (k / w->group) + b * BLOCK / w->group;
+    const float d = half_to_float(w->scales[g]), m = half_to_float(w->mins[g]);
+    v16 qlo, qhi;
+    if (fmt == FMT_Q8) {
+        /* Signed bytes widen through unsigned ones (q + 128, then - 128, both exact): GCC
+         * vectorizes the unsigned conversion but not the signed one. */
+        const uint8_t *p = (const uint8_t *)w->codes + n * k + b * BLOCK;
+        v16b a, c;
+        memcpy(&a, p, sizeof a);
+        memcpy(&c, p + LANES, sizeof c);
+        qlo = __builtin_convertvector(__builtin_convertvector(a ^ 0x80, v16i), v16) - 128.0f;
+        qhi = __builtin_convertvector(__builtin_convertvector(c ^ 0x80, v16i), v16) - 128.0f;
+    } else {
+        const uint8_t *p = (const uint8_t *)w->codes + n * (k / 2) + b * (BLOCK / 2);
+        v16b bytes;
+        memcpy(&bytes, p, sizeof bytes);
+        qlo = __builtin_convertvector(__builtin_convertvector(bytes & 15, v16i), v16);
+        qhi = __builtin_convertvector(__builtin_convertvector(bytes >> 4, v16i), v16);
+    }
+    *lo = qlo * d + m;
+    *hi = qhi * d + m;
+}
+
+/* out[r, n] for rows r0 .. r0 + nr - 1 and columns n0 .. n0 + nc - 1 (nr <= ROWS, nc <= COLS):
+ * each (r, n) is the same chain whatever nr and nc are. */
+INLINE void linear_tile(const float *x, const Weight *w, const int fmt, float *out, int64_t n_out,
+                        int64_t r0, int nr, int64_t n0, int nc) {
+    v16 acc[COLS][ROWS];
+    for (int c = 0; c < COLS; c++)
+        for (int r = 0; r < ROWS; r++) acc[c][r] = (v16){0};
+    const int64_t blocks = w->k / BLOCK;
+    for (int64_t b = 0; b < blocks; b++) {
+        v16 lo[COLS], hi[COLS];
+        for (int c = 0; c < nc; c++) weight_block(w, fmt, n0 + c, b, &lo[c], &hi[c]);
+        for (int r = 0; r < nr; r++) {
+            const float *xr = x + (r0 + r) * w->k + b * BLOCK;
+            const v16 xlo = load_f32(xr), xhi = load_f32(xr + LANES);
+            for (int c = 0; c < nc; c++) {
+                acc[c][r] = xlo * lo[c] + acc[c][r];
+                acc[c][r] = xhi * hi[c] + acc[c][r];
+            }
+        }
+    }
+    for (int r = 0; r < nr; r++)
+        for (int c = 0; c < nc; c++) out[(r0 + r) * n_out + n0 + c] = lane_sum(acc[c][r]);
+}
+
+/* Constant tile shapes and formats, so that each call is unrolled with its accumulators in
+ * registers and no branch on the format is left in the loop. */
+#define TILE(NR, NC) linear_tile(x, &w, fmt, out, n_out, r0, NR, n0, NC)
+
+INLINE void linear_columns(const float *x, int64_t m, const Weight w, const int fmt, float *out,
+                           int64_t n_out, int64_t n0, int nc) {
+    int64_t r0 = 0;
+    for (; r0 + ROWS <= m; r0 += ROWS) {
+        if (nc == COLS) TILE(ROWS, COLS); else TILE(ROWS, 1);
+    }
+    const int rest = (int)(m - r0);
+    for (int r = 0; r < rest; r++, r0++) {
+        if (nc == COLS) TILE(1, COLS); else TILE(1, 1);
+    }
+}
+
+#define LINEAR(FMT)                                                                           \
+    static void linear_##FMT(const float *x, int64_t m, const Weight w, float *out, int64_t n,  \
+                             int threads) {                                                   \
+        const int64_t full = n / COLS;                                                        \
+        _Pragma("omp parallel for num_threads(threads) schedule(static)")                     \
+        for (int64_t j = 0; j < full; j++) linear_columns(x, m, w, FMT, out, n, j * COLS, COLS); \
+        for (int64_t c = full * COLS; c < n; c++) linear_columns(x, m, w, FMT, out, n, c, 1);  \
+    }
+LINEAR(FMT_F32)
+LINEAR(FMT_BF16)
+LINEAR(FMT_Q8)
+LINEAR(FMT_Q4)
+
+/* out [m, n] = x [m, k] @ W^T, W [n, k] in format `fmt` (k a multiple of 32 and of group). */
+void saguaro_linear(const float *x, int64_t m, int64_t k, const void *codes,
+                    const uint16_t *scales, const uint16_t *mins, int64_t n, int64_t group,
+                    int fmt, float *out, int threads) {
+    const Weight w = {codes, scales, mins, k, group, fmt};
+    switch (fmt) {
+    case FMT_F32: linear_FMT_F32(x, m, w, out, n, threads); break;
+    case FMT_BF16: linear_FMT_BF16(x, m, w, out, n, threads); break;
+    case FMT_Q8: linear_FMT_Q8(x, m, w, out, n, threads); break;
+    default: linear_FMT_Q4(x, m, w, out, n, threads); break;
+    }
+}
+
+/* out [m, k] = x * (1 / sqrt(mean(x^2) + eps)), per row (k a multiple of 16). */
+void saguaro_rms_norm(const float *x, int64_t m, int64_t k, float eps, float *out) {
+    for (int64_t r = 0; r < m; r++) {
+        const float *xr = x + r * k;
+        v16 ss = {0};
+        for (int64_t i = 0; i < k; i += LANES) {
+            const v16 v = load_f32(xr + i);
+            ss = v * v + ss;
+        }
+        const float inv = 1.0f / sqrtf(lane_sum(ss) / (float)k + eps);
+        for (int64_t i = 0; i < k; i += LANES) store_f32(out + r * k + i, load_f32(xr + i) * inv);
+    }
+}
+
+/* out [m, i] = silu(gate) * up, gate_up [m, 2i] = [gate | up] (elementwise, scalar expf). */
+void saguaro_silu_mul(const float *gate_up, int64_t m, int64_t inter, float *out) {
+    for (int64_t r = 0; r < m; r++) {
+        const float *g = gate_up + r * 2 * inter, *u = g + inter;
+        for (int64_t i = 0; i < inter; i++) out[r * inter + i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    }
+}
+
+INLINE v16 cache_row(const void *cache, int bf16, int64_t offset, int64_t d) {
+    return bf16 ? load_bf16((const uint16_t *)cache + offset + d)
+                : load_f32((const float *)cache + offset + d);
+}
+
+/* Paged attention, one (query token, head) pair per task. Token t is row rows[t] of the padded
+ * [b, Q] layout: it sees key j of its sequence where mask[b, rows[t] % Q, j], the key and value
+ * living at slot key_slots[b, j] of the caches [slots, Hkv, D] (float32 or bfloat16). The
+ * visible keys are taken in their order in key_slots (position order), and the softmax's max,
+ * sum and weighted sum of values run over them in that order.
+ * q [T, H, D] (rotated), out [T, H, D]; scratch holds `threads` rows of L floats. */
+void saguaro_attention(const float *q, int64_t t_count, int64_t heads, int64_t d,
+                       const void *k_cache, const void *v_cache, int bf16, int64_t kv_heads,
+                       const int64_t *key_slots, int64_t l, const uint8_t *mask, int64_t q_pad,
+                       const int64_t *rows, float scale, float *out, float *scratch, int threads) {
+    const int64_t group = heads / kv_heads, vecs = d / LANES;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t task = 0; task < t_count * heads; task++) {
+        const int64_t t = task / heads, h = task % heads, b = rows[t] / q_pad;
+        const uint8_t *visible = mask + rows[t] * l;
+        const int64_t *slots = key_slots + b * l;
+        float *score = scratch + (int64_t)omp_get_thread_num() * l;
+        const float *qv = q + (t * heads + h) * d;
+        const int64_t kv = h / group;
+        float top = -INFINITY;
+        for (int64_t j = 0; j < l; j++) {
+            if (!visible[j]) continue;
+            const int64_t row = (slots[j] * kv_heads + kv) * d;
+            v16 p = {0};
+            for (int64_t i = 0; i < vecs; i++)
+                p = load_f32(qv + i * LANES) * cache_row(k_cache, bf16, row, i * LANES) + p;
+            score[j] = lane_sum(p) * scale;
+            top = score[j] > top ? score[j] : top;
+        }
+        v16 acc[MAX_HEAD_DIM / LANES];
+        for (int64_t i = 0; i < vecs; i++) acc[i] = (v16){0};
+        float total = 0.0f;
+        for (int64_t j = 0; j < l; j++) {
+            if (!visible[j]) continue;
+            const float e = expf(score[j] - top);
+            total += e;
+            const int64_t row = (slots[j] * kv_heads + kv) * d;
+            for (int64_t i = 0; i < vecs; i++)
+                acc[i] = cache_row(v_cache, bf16, row, i * LANES) * e + acc[i];
+        }
+        float *o = out + (t * heads + h) * d;
+        for (int64_t i = 0; i < vecs; i++) store_f32(o + i * LANES, acc[i] / total);
+    }
+}

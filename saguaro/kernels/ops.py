@@ -1,0 +1,153 @@
+"""The kernels of ``cpu_kernels.c`` on torch tensors (CPU, float32 activations).
+
+Each function takes and returns contiguous CPU tensors; inputs in another float dtype are widened
+to float32 first (exactly, for bfloat16 and float16) and the caller rounds the float32 result
+to its own dtype. The formats of :class:`PackedWeight` are the kernel's (see its header)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from saguaro.kernels.build import library
+
+BLOCK = 32  # weights per kernel block: K and every group size are multiples of it
+LANES = 16  # floats per vector: RMSNorm's width and the head dimension are multiples of it
+MAX_HEAD_DIM = 256
+FORMATS = {"f32": 0, "bf16": 1, "q8": 2, "q4": 3}
+
+
+@dataclass
+class PackedWeight:
+    """A [n, k] weight as the linear kernel reads it.
+
+    ``fmt`` "f32" / "bf16": ``codes`` is the dense weight itself. "q8": ``codes`` int8 [n, k];
+    "q4": ``codes`` uint8 [n, k / 2], byte j of each 16-byte block holding codes j (low nibble)
+    and j + 16 (high nibble) of its 32 weights. For both, weight = scale * code + min with one
+    float16 scale and min per ``group`` weights of a row ([n, k / group] each)."""
+
+    fmt: str
+    codes: torch.Tensor
+    n: int
+    k: int
+    group: int = 0
+    scales: torch.Tensor | None = None
+    mins: torch.Tensor | None = None
+
+    @property
+    def quantized(self) -> bool:
+        return self.fmt in ("q8", "q4")
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the weights it stands for (a quantized weight's are float32)."""
+        return torch.float32 if self.quantized else self.codes.dtype
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for t in (self.codes, self.scales, self.mins) if t is not None]
+
+    def to(self, device: torch.device | str) -> PackedWeight:
+        def move(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device)
+
+        return PackedWeight(
+            self.fmt, self.codes.to(device), self.n, self.k, self.group,
+            move(self.scales), move(self.mins),
+        )  # fmt: skip
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors())
+
+
+def _f32(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.float32).contiguous()
+
+
+def _threads() -> int:
+    return torch.get_num_threads()
+
+
+def fits_linear(k: int) -> bool:
+    return k % BLOCK == 0
+
+
+def fits_rows(k: int) -> bool:
+    """Whether rows of ``k`` floats suit the norm kernel (and heads of ``k`` the attention's)."""
+    return k % LANES == 0 and 0 < k
+
+
+def fits_head(d: int) -> bool:
+    return fits_rows(d) and d <= MAX_HEAD_DIM
+
+
+def linear(x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
+    """``x [m, k] @ W^T`` in float32 ([m, n])."""
+    if x.shape[-1] != w.k or not fits_linear(w.k):
+        raise ValueError(f"linear kernel: input width {x.shape[-1]}, weight [{w.n}, {w.k}]")
+    x = _f32(x)
+    m = x.shape[0]
+    out = torch.empty(m, w.n, dtype=torch.float32)
+    if m == 0:
+        return out
+    scales = w.scales.data_ptr() if w.scales is not None else None
+    mins = w.mins.data_ptr() if w.mins is not None else None
+    library().saguaro_linear(
+        x.data_ptr(), m, w.k, w.codes.data_ptr(), scales, mins, w.n, w.group or w.k,
+        FORMATS[w.fmt], out.data_ptr(), _threads(),
+    )  # fmt: skip
+    return out
+
+
+def rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x / sqrt(mean(x^2) + eps)`` per row of x [..., k], in float32."""
+    if not fits_rows(x.shape[-1]):
+        raise ValueError(f"norm kernel: rows of {x.shape[-1]} (a multiple of {LANES} needed)")
+    flat = _f32(x.reshape(-1, x.shape[-1]))
+    out = torch.empty_like(flat)
+    library().saguaro_rms_norm(flat.data_ptr(), flat.shape[0], flat.shape[1], eps, out.data_ptr())
+    return out.view(x.shape)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` for gate_up [m, 2i] = [gate | up], in float32 ([m, i])."""
+    gate_up = _f32(gate_up)
+    m, inter = gate_up.shape[0], gate_up.shape[1] // 2
+    out = torch.empty(m, inter, dtype=torch.float32)
+    library().saguaro_silu_mul(gate_up.data_ptr(), m, inter, out.data_ptr())
+    return out
+
+
+def attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    key_slots: torch.Tensor,
+    mask: torch.Tensor,
+    rows: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Softmax attention of q [T, H, D] over the paged caches [slots, Hkv, D] (float32 or
+    bfloat16): token t is row ``rows[t]`` of the padded [b, Q] query layout and sees key j of
+    sequence b at slot ``key_slots[b, j]`` where ``mask[b, 0, row % Q, j]``. Returns [T, H, D]
+    float32."""
+    if k_cache.dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(
+            f"the attention kernel reads float32 or bfloat16 caches, not {k_cache.dtype}"
+        )
+    q = _f32(q)
+    t, heads, d = q.shape
+    if not fits_head(d) or k_cache.shape[-1] != d or heads % k_cache.shape[1]:
+        raise ValueError(f"attention kernel: q {tuple(q.shape)}, cache {tuple(k_cache.shape)}")
+    b, _, q_pad, keys = mask.shape
+    out = torch.empty_like(q)
+    threads = _threads()
+    scratch = torch.empty(threads, max(keys, 1), dtype=torch.float32)
+    mask_bytes = mask.contiguous().view(torch.uint8)
+    library().saguaro_attention(
+        q.data_ptr(), t, heads, d, k_cache.data_ptr(), v_cache.data_ptr(),
+        int(k_cache.dtype == torch.bfloat16), k_cache.shape[1], key_slots.contiguous().data_ptr(),
+        keys, mask_bytes.data_ptr(), q_pad, rows.contiguous().data_ptr(), scale, out.data_ptr(),
+        scratch.data_ptr(), threads,
+    )  # fmt: skip
+    return out

@@ -1,0 +1,133 @@
+"""Weight-only quantization: the formats of :class:`saguaro.kernels.ops.PackedWeight`, made from
+a dense weight at load time or mapped exactly from a GGUF file's blocks.
+
+- **int4**, groupwise asymmetric (groups of 32, 64 or 128): a group's scale is
+  d = (max - min) / 15 and its minimum m = min, both rounded to float16, and a weight's code is
+  q = clamp(round((w - m) / d), 0, 15), so w ~ d q + m.
+- **int8**, per output channel, symmetric: d = max |w| / 127 (float16), q = round(w / d), m = 0.
+- **GGUF blocks** of 32 weights, as they are: Q4_1 (a float16 d and m, 16 bytes of codes) maps to
+  int4 with its own d and m; Q4_0 (d, codes meaning q - 8) to int4 with m = -8 d, exact in
+  float16; Q8_0 (d, 32 signed bytes) to int8 groups of 32 with m = 0. The codes keep the file's
+  byte layout. :func:`dequantize` then gives exactly GGUF's dequantized weights (d q is exact in
+  float32, so d q + m rounds once either way).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from saguaro.kernels.ops import BLOCK, PackedWeight
+
+INT4_GROUPS = (32, 64, 128)
+INT4_LEVELS, INT8_LEVELS = 15, 127
+# quantization option -> (bits, group; 0 = one group per row)
+SCHEMES = {"int4": (4, 32), "int4-g64": (4, 64), "int4-g128": (4, 128), "int8": (8, 0)}
+# GGUF block type -> bytes per 32-weight block
+GGUF_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
+
+
+def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
+    """uint8 codes [n, k] in 0..15 -> [n, k / 2], byte j of each 32-block = q_j | q_{j+16} << 4."""
+    n, k = codes.shape
+    blocks = codes.reshape(n, k // BLOCK, 2, BLOCK // 2)
+    return (blocks[:, :, 0] | (blocks[:, :, 1] << 4)).reshape(n, k // 2)
+
+
+def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
+    n, half = packed.shape
+    blocks = packed.reshape(n, half * 2 // BLOCK, 1, BLOCK // 2)
+    return torch.cat([blocks & 15, blocks >> 4], dim=2).reshape(n, half * 2)
+
+
+def codes_of(w: PackedWeight) -> torch.Tensor:
+    """The codes as float32 [n, k]."""
+    codes = unpack_nibbles(w.codes) if w.fmt == "q4" else w.codes
+    return codes.to(torch.float32)
+
+
+def dequantize(w: PackedWeight) -> torch.Tensor:
+    """The float32 [n, k] weight ``w`` stands for (the kernel multiplies by these exactly)."""
+    if not w.quantized:
+        return w.codes.to(torch.float32)
+    per = w.k // w.group
+    d = w.scales.to(torch.float32).repeat_interleave(w.group, dim=1)
+    m = w.mins.to(torch.float32).repeat_interleave(w.group, dim=1)
+    assert d.shape[1] == per * w.group
+    return codes_of(w) * d + m
+
+
+def check_shape(k: int, group: int) -> None:
+    if k % BLOCK or (group and k % group):
+        raise ValueError(
+            f"a quantized weight's input size ({k}) must be a multiple of {BLOCK} and of its "
+            f"group size ({group})"
+        )
+
+
+def quantize(w: torch.Tensor, scheme: str) -> PackedWeight:
+    """``w`` [n, k] in one of :data:`SCHEMES`."""
+    bits, group = SCHEMES[scheme]
+    n, k = w.shape
+    check_shape(k, group)
+    group = group or k
+    g = w.detach().to(torch.float32).reshape(n, k // group, group)
+    if bits == 4:
+        lo, hi = g.amin(dim=2), g.amax(dim=2)
+        d = ((hi - lo) / INT4_LEVELS).to(torch.float16)
+        m = lo.to(torch.float16)
+        step = torch.where(d == 0, 1.0, d.float()).unsqueeze(2)
+        q = ((g - m.float().unsqueeze(2)) / step).round().clamp(0, INT4_LEVELS)
+        codes = pack_nibbles(q.reshape(n, k).to(torch.uint8))
+        return PackedWeight("q4", codes.contiguous(), n, k, group, d.contiguous(), m.contiguous())
+    d = (g.abs().amax(dim=2) / INT8_LEVELS).to(torch.float16)
+    step = torch.where(d == 0, 1.0, d.float()).unsqueeze(2)
+    q = (g / step).round().clamp(-INT8_LEVELS, INT8_LEVELS).reshape(n, k).to(torch.int8)
+    return PackedWeight("q8", q.contiguous(), n, k, group, d.contiguous(), torch.zeros_like(d))
+
+
+def from_gguf_blocks(data: np.ndarray, kind: str, n: int, k: int) -> PackedWeight:
+    """A GGUF tensor's raw blocks (``kind`` Q4_0, Q4_1 or Q8_0; ``n`` rows of ``k`` weights) as
+    a :class:`PackedWeight` that dequantizes to exactly the file's weights."""
+    size = GGUF_BLOCK_BYTES[kind]
+    raw = np.array(data, dtype=np.uint8, copy=True)  # the reader maps the file read-only
+    blocks = torch.from_numpy(raw.reshape(n, k // BLOCK, size))
+    d = blocks[:, :, :2].contiguous().view(torch.float16).reshape(n, k // BLOCK)
+    if kind == "Q8_0":
+        codes = blocks[:, :, 2:].contiguous().view(torch.int8).reshape(n, k)
+        return PackedWeight("q8", codes, n, k, BLOCK, d.contiguous(), torch.zeros_like(d))
+    if kind == "Q4_1":
+        m = blocks[:, :, 2:4].contiguous().view(torch.float16).reshape(n, k // BLOCK)
+        codes = blocks[:, :, 4:]
+    else:  # Q4_0: code q means q - 8, i.e. minimum -8 d (exact in float16 unless it overflows)
+        m = d * -8
+        if not torch.isfinite(m).all():
+            raise ValueError("a Q4_0 scale too large for float16 once multiplied by 8")
+        codes = blocks[:, :, 2:]
+    return PackedWeight(
+        "q4", codes.reshape(n, k // 2).contiguous(), n, k, BLOCK, d.contiguous(), m.contiguous()
+    )
+
+
+def concat_rows(parts: list[PackedWeight]) -> PackedWeight:
+    """Row-wise concatenation (fused QKV and gate/up) of weights in one format and group."""
+    first = parts[0]
+    if any((p.fmt, p.k, p.group) != (first.fmt, first.k, first.group) for p in parts):
+        raise ValueError("fused weights in different formats")
+
+    def cat(ts: list[torch.Tensor | None]) -> torch.Tensor | None:
+        return None if ts[0] is None else torch.cat(ts, dim=0).contiguous()
+
+    return PackedWeight(
+        first.fmt, cat([p.codes for p in parts]), sum(p.n for p in parts), first.k, first.group,
+        cat([p.scales for p in parts]), cat([p.mins for p in parts]),
+    )  # fmt: skip
+
+
+def permute_rows(w: PackedWeight, index: torch.Tensor) -> PackedWeight:
+    """Rows of ``w`` in the order ``index`` (whole rows: codes, scales and mins move together)."""
+
+    def take(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t.index_select(0, index).contiguous()
+
+    return PackedWeight(w.fmt, take(w.codes), w.n, w.k, w.group, take(w.scales), take(w.mins))

@@ -1,0 +1,116 @@
+"""saguaro's CPU kernels: each computes what torch computes (within float32 reassociation), and a
+row's result is the same bits whatever else shares the call (other rows, their number, threads).
+Bitwise equality here is what the kernels guarantee by construction (one fixed operation order per
+row), not an accident of one CPU's matrix library."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from saguaro.kernels import ops
+from saguaro.kernels.ops import PackedWeight
+from saguaro.models.quant import SCHEMES, dequantize, quantize
+
+N, K = 74, 128  # 74 = 18 tiles of 4 columns and a tail of 2; K = 4 blocks of 32
+ROW_COUNTS = (1, 2, 3, 4, 5, 9, 16)
+# float32 reassociation over K = 128 products of unit-scale values
+SUM_TOLERANCE = 1e-4
+
+
+def weights() -> dict[str, PackedWeight]:
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(N, K, generator=gen)
+    out = {
+        "f32": PackedWeight("f32", w, N, K),
+        "bf16": PackedWeight("bf16", w.bfloat16(), N, K),
+    }
+    out.update({scheme: quantize(w, scheme) for scheme in SCHEMES})
+    return out
+
+
+@pytest.mark.parametrize("name", list(weights()))
+def test_linear_equals_the_dense_product_and_each_row_is_its_own(name):
+    w = weights()[name]
+    x = torch.randn(max(ROW_COUNTS), K, generator=torch.Generator().manual_seed(1))
+    full = ops.linear(x, w)
+    want = x @ dequantize(w).T
+    assert (full - want).abs().max() < SUM_TOLERANCE * want.abs().max()
+    for m in ROW_COUNTS:
+        assert torch.equal(ops.linear(x[:m], w), full[:m]), m
+        # a row's result does not depend on its neighbours' values or its place among them
+        assert torch.equal(ops.linear(x[:m].flip(0), w), full[:m].flip(0)), m
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(ops.linear(x, w), full)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_bfloat16_and_column_tails():
+    """Output widths that leave a tail of columns (n mod 4 != 0) and bfloat16 activations."""
+    w = torch.randn(7, 64)
+    x = torch.randn(3, 64).bfloat16()
+    got = ops.linear(x, PackedWeight("f32", w, 7, 64))
+    assert torch.allclose(got, x.float() @ w.T, atol=1e-4)
+
+
+def test_rms_norm_matches_torch_and_is_per_row():
+    x = torch.randn(9, 64)
+    got = ops.rms_norm(x, 1e-6)
+    assert torch.allclose(got, F.rms_norm(x, (64,), eps=1e-6), atol=1e-6)
+    assert torch.equal(ops.rms_norm(x[3:4], 1e-6), got[3:4])
+
+
+def test_silu_mul():
+    gate_up = torch.randn(5, 32)
+    gate, up = gate_up.split(16, dim=-1)
+    assert torch.allclose(ops.silu_mul(gate_up), F.silu(gate) * up, atol=1e-6)
+
+
+def attention_case(dtype: torch.dtype):
+    """Two sequences over a paged cache: 3 and 1 queries, 10 and 6 visible keys, causal."""
+    gen = torch.Generator().manual_seed(2)
+    slots, kv_heads, heads, d = 40, 2, 4, 16
+    k_cache = torch.randn(slots, kv_heads, d, generator=gen).to(dtype)
+    v_cache = torch.randn(slots, kv_heads, d, generator=gen).to(dtype)
+    key_slots = torch.tensor([list(range(10)), [*range(20, 26)] + [0] * 4])
+    mask = torch.zeros(2, 1, 3, 10, dtype=torch.bool)
+    for j in range(3):
+        mask[0, 0, j, : 8 + j] = True
+    mask[1, 0, 0, :6] = True
+    rows = torch.tensor([0, 1, 2, 3])  # tokens 0-2: sequence 0's rows; token 3: sequence 1's row 0
+    q = torch.randn(4, heads, d, generator=gen)
+    return q, k_cache, v_cache, key_slots, mask, rows
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attention_matches_sdpa_and_a_query_alone(dtype):
+    q, k_cache, v_cache, key_slots, mask, rows = attention_case(dtype)
+    scale = 0.25
+    got = ops.attention(q, k_cache, v_cache, key_slots, mask, rows, scale)
+    for t, (b, j) in enumerate([(0, 0), (0, 1), (0, 2), (1, 0)]):
+        keys = k_cache[key_slots[b]].float().transpose(0, 1)  # [Hkv, L, D]
+        values = v_cache[key_slots[b]].float().transpose(0, 1)
+        want = F.scaled_dot_product_attention(
+            q[t].unsqueeze(1), keys, values, attn_mask=mask[b, :, j : j + 1], scale=scale,
+            enable_gqa=True,
+        ).squeeze(1)  # fmt: skip
+        assert torch.allclose(got[t], want, atol=1e-5), t
+    # token 2 alone: the same keys in the same order, so the same bits
+    alone = ops.attention(
+        q[2:3], k_cache, v_cache, key_slots[:1], mask[:1, :, 2:3], torch.tensor([0]), scale
+    )
+    assert torch.equal(alone[0], got[2])
+
+
+def test_shapes_the_kernels_cannot_take_are_refused():
+    with pytest.raises(ValueError, match="linear kernel"):
+        ops.linear(torch.randn(2, 40), PackedWeight("f32", torch.randn(3, 40), 3, 40))
+    with pytest.raises(ValueError, match="norm kernel"):
+        ops.rms_norm(torch.randn(2, 24), 1e-6)
+    q, k_cache, v_cache, key_slots, mask, rows = attention_case(torch.float32)
+    with pytest.raises(ValueError, match="attention kernel"):
+        ops.attention(q[..., :8], k_cache[..., :8], v_cache[..., :8], key_slots, mask, rows, 1.0)

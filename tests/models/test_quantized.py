@@ -1,0 +1,144 @@
+"""Quantized weights: load-time int4/int8 within their rounding, a GGUF file's Q4_0/Q4_1/Q8_0
+blocks run exactly as the file's dequantized weights, and a model on saguaro's kernels gives a
+token the same logits, bit for bit, alone, in a K + 1-position verification and in a batch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from saguaro.bench.gguf_export import export_gguf
+from saguaro.engine.model_runner import ModelRunner
+from saguaro.errors import ModelLoadError
+from saguaro.models.config import ModelConfig
+from saguaro.models.gguf_import import import_gguf
+from saguaro.models.gguf_names import deinterleave_rope_rows
+from saguaro.models.gguf_weights import gguf_linears
+from saguaro.models.linear import KernelLinear
+from saguaro.models.loader import load_model
+from saguaro.models.parallel import TensorParallel
+from saguaro.models.quant import dequantize, pack_nibbles, quantize, unpack_nibbles
+from tests.models.test_gguf_import import bpe_model
+
+gguf = pytest.importorskip("gguf", reason="gguf is a dev dependency (pip install -e '.[dev]')")
+
+BLOCK_SIZE = 16
+PROMPT = [5, 17, 99, 3, 42, 8, 61, 7, 7, 30, 2, 250]
+EXTENSION = [11, 12, 13, 14, 15]  # a K + 1 = 5-position verification
+
+
+def test_nibbles_round_trip_in_ggufs_layout():
+    codes = torch.randint(0, 16, (3, 64), dtype=torch.uint8)
+    packed = pack_nibbles(codes)
+    assert packed.shape == (3, 32)
+    assert torch.equal(packed[:, 0] & 15, codes[:, 0]) and torch.equal(
+        packed[:, 0] >> 4, codes[:, 16]
+    )
+    assert torch.equal(unpack_nibbles(packed), codes)
+
+
+@pytest.mark.parametrize("scheme, group", [("int4", 32), ("int4-g64", 64), ("int4-g128", 128)])
+def test_int4_rounds_each_weight_to_its_groups_nearest_level(scheme, group):
+    w = torch.randn(6, 256)
+    q = quantize(w, scheme)
+    assert (q.fmt, q.group, tuple(q.scales.shape)) == ("q4", group, (6, 256 // group))
+    step = q.scales.float().repeat_interleave(group, dim=1)
+    # half a level, plus the float16 rounding of the group's minimum
+    slack = (w.reshape(6, -1, group).amin(2) - q.mins.float()).abs().repeat_interleave(group, 1)
+    assert ((dequantize(q) - w).abs() <= step / 2 * 1.001 + slack + 1e-6).all()
+
+
+def test_int8_is_per_channel_and_symmetric():
+    w = torch.randn(5, 96)
+    q = quantize(w, "int8")
+    assert (q.fmt, q.group) == ("q8", 96) and not q.mins.any()
+    step = q.scales.float()
+    assert ((dequantize(q) - w).abs() <= step / 2 * 1.001 + 1e-6).all()
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    return bpe_model(tmp_path_factory.mktemp("bpe"))
+
+
+@pytest.mark.parametrize("dtype", ["q8_0", "q4_0", "q4_1"])
+def test_a_ggufs_blocks_stand_for_exactly_its_dequantized_weights(source, tmp_path, dtype):
+    path = export_gguf(source, tmp_path / "m.gguf", dtype)
+    packed = gguf_linears(path, ModelConfig.from_dir(source))
+    stored = {t.name: t for t in gguf.GGUFReader(path).tensors}
+
+    def file_weights(name: str) -> torch.Tensor:
+        t = stored[name]
+        values = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type)
+        return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
+
+    qkv = torch.cat(
+        [
+            deinterleave_rope_rows(file_weights("blk.1.attn_q.weight"), 4),
+            deinterleave_rope_rows(file_weights("blk.1.attn_k.weight"), 2),
+            file_weights("blk.1.attn_v.weight"),
+        ]
+    )
+    assert torch.equal(dequantize(packed["layers.1.self_attn.qkv_proj"]), qkv)
+    assert torch.equal(
+        dequantize(packed["layers.0.mlp.down_proj"]), file_weights("blk.0.ffn_down.weight")
+    )
+    assert torch.equal(dequantize(packed["lm_head"]), file_weights("token_embd.weight"))
+
+
+def forward_logits(model, queries) -> torch.Tensor:
+    runner = ModelRunner(model, num_blocks=64, block_size=BLOCK_SIZE, device="cpu")
+    return runner.forward([runner.sequence_query(*q) for q in queries])
+
+
+@pytest.mark.parametrize("dtype", ["q8_0", "q4_1"])
+def test_the_gguf_model_runs_the_files_blocks_bit_for_bit(source, tmp_path, dtype):
+    """The packed model multiplies by the very weights the dequantized checkpoint holds, in the
+    kernels' one order, so its logits equal the dense kernels' exactly."""
+    imported = import_gguf(export_gguf(source, tmp_path / "m.gguf", dtype), tmp_path / "hf")
+    quantized = load_model(imported, quantization="auto", kernels=True)
+    fmt = "q8" if dtype == "q8_0" else "q4"
+    assert isinstance(quantized.lm_head, KernelLinear)  # tied: the embedding's blocks
+    assert quantized.lm_head.fmt == quantized.layers[0].mlp.down_proj.fmt == fmt
+    dense = load_model(imported, quantization="none", kernels=True)
+    assert dense.layers[0].mlp.down_proj.fmt == "f32"
+    query = [(list(range(4)), 0, PROMPT, len(PROMPT))]
+    assert torch.equal(forward_logits(quantized, query), forward_logits(dense, query))
+
+
+def test_quantization_errors_name_the_way_out(source, tmp_path):
+    with pytest.raises(ModelLoadError, match="model.gguf"):
+        load_model(source, quantization="gguf", kernels=True)
+    with pytest.raises(ModelLoadError, match="tensor-parallel"):
+        load_model(source, quantization="int4", tp=TensorParallel(0, 2))
+
+
+def token_logits_three_ways(model) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The logits after PROMPT + EXTENSION[0]: decoded alone, as row 0 of a 5-position
+    verification, and inside a batch of 16 sequences' verifications (this one 4th)."""
+    runner = ModelRunner(model, num_blocks=64, block_size=BLOCK_SIZE, device="cpu")
+    tables = [[2 * i, 2 * i + 1] for i in range(16)]
+    prompts = [PROMPT[i:] + PROMPT[:i] for i in range(16)]
+    runner.forward([runner.sequence_query(tables[i], 0, prompts[i], 0) for i in range(16)])
+    start = len(PROMPT)
+    alone = runner.forward([runner.sequence_query(tables[3], start, EXTENSION[:1], 1)])[0]
+    verify = runner.forward([runner.sequence_query(tables[3], start, EXTENSION, 5)])[0]
+    batch = runner.forward(
+        [
+            runner.sequence_query(tables[i], start, EXTENSION[: 1 + i % 5], 1 + i % 5)
+            for i in range(16)
+        ]
+    )
+    row = sum(1 + i % 5 for i in range(3))
+    return alone, verify, batch[row]
+
+
+@pytest.mark.parametrize(
+    "dtype, quantization",
+    [("float32", "none"), ("bfloat16", "none"), ("float32", "int4"), ("bfloat16", "int8")],
+)
+def test_a_tokens_logits_do_not_depend_on_what_shares_its_forward(tiny_llama, dtype, quantization):
+    model = load_model(tiny_llama, dtype, quantization=quantization, kernels=True)
+    alone, verify, batch = token_logits_three_ways(model)
+    assert torch.equal(alone, verify) and torch.equal(alone, batch)
