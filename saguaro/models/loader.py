@@ -19,7 +19,8 @@ from safetensors import SafetensorError, safe_open
 
 from saguaro.errors import ModelLoadError
 from saguaro.models.config import ModelConfig
-from saguaro.models.gguf_weights import GGUF_NAME, gguf_linears
+from saguaro.models.gguf_import import GGUF_NAME
+from saguaro.models.gguf_weights import gguf_linears
 from saguaro.models.linear import use_kernels
 from saguaro.models.llama import CausalLM
 from saguaro.models.parallel import SINGLE, TensorParallel
