@@ -22,13 +22,14 @@
  *   Q4: codes packed in 16 bytes per 32 weights; byte j holds weight j (low nibble) and
  *       weight j + 16 (high nibble), GGUF's Q4_0/Q4_1 block layout.
  *   Q8: one signed byte per weight.
- * Each 32-weight block is turned into floats once per tile of rows and used by all of them,
- * so a few rows (a verification's K + 1) cost little more than one.
+ * Each 32-weight block is turned into floats once per tile of rows and used by all of them;
+ * with more rows than a tile, once per call (linear_columns).
  */
 #include <immintrin.h>
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef float v16 __attribute__((vector_size(64)));
@@ -116,17 +117,17 @@ INLINE void weight_block(const Weight *w, const int fmt, int64_t n, int64_t b, v
     *hi = qhi * d + m;
 }
 
-/* out[r, n] for rows r0 .. r0 + nr - 1 and columns n0 .. n0 + nc - 1 (nr <= ROWS, nc <= COLS):
- * each (r, n) is the same chain whatever nr and nc are. */
+/* out[r, n] for rows r0 .. r0 + nr - 1 and columns n0 .. n0 + nc - 1 (nr <= ROWS, nc <= COLS),
+ * from weight rows wn0 .. wn0 + nc - 1: each (r, n) is the same chain whatever nr and nc are. */
 INLINE void linear_tile(const float *x, const Weight *w, const int fmt, float *out, int64_t n_out,
-                        int64_t r0, int nr, int64_t n0, int nc) {
+                        int64_t r0, int nr, int64_t n0, int64_t wn0, int nc) {
     v16 acc[COLS][ROWS];
     for (int c = 0; c < COLS; c++)
         for (int r = 0; r < ROWS; r++) acc[c][r] = (v16){0};
     const int64_t blocks = w->k / BLOCK;
     for (int64_t b = 0; b < blocks; b++) {
         v16 lo[COLS], hi[COLS];
-        for (int c = 0; c < nc; c++) weight_block(w, fmt, n0 + c, b, &lo[c], &hi[c]);
+        for (int c = 0; c < nc; c++) weight_block(w, fmt, wn0 + c, b, &lo[c], &hi[c]);
         for (int r = 0; r < nr; r++) {
             const float *xr = x + (r0 + r) * w->k + b * BLOCK;
             const v16 xlo = load_f32(xr), xhi = load_f32(xr + LANES);
@@ -142,10 +143,10 @@ INLINE void linear_tile(const float *x, const Weight *w, const int fmt, float *o
 
 /* Constant tile shapes and formats, so that each call is unrolled with its accumulators in
  * registers and no branch on the format is left in the loop. */
-#define TILE(NR, NC) linear_tile(x, &w, fmt, out, n_out, r0, NR, n0, NC)
+#define TILE(NR, NC) linear_tile(x, w, fmt, out, n_out, r0, NR, n0, wn0, NC)
 
-INLINE void linear_columns(const float *x, int64_t m, const Weight w, const int fmt, float *out,
-                           int64_t n_out, int64_t n0, int nc) {
+INLINE void linear_rows(const float *x, int64_t m, const Weight *w, const int fmt, float *out,
+                        int64_t n_out, int64_t n0, int64_t wn0, int nc) {
     int64_t r0 = 0;
     for (; r0 + ROWS <= m; r0 += ROWS) {
         if (nc == COLS) TILE(ROWS, COLS); else TILE(ROWS, 1);
@@ -154,6 +155,33 @@ INLINE void linear_columns(const float *x, int64_t m, const Weight w, const int 
     for (int r = 0; r < rest; r++, r0++) {
         if (nc == COLS) TILE(1, COLS); else TILE(1, 1);
     }
+}
+
+/* Columns n0 .. n0 + nc - 1 for all m rows. With more rows than one tile, a converted format's
+ * columns are turned into floats once, into a buffer the tiles then read as float32: the same
+ * floats the tiles would compute themselves, so the same bits, at one conversion per weight
+ * instead of one per tile of rows. */
+INLINE void linear_columns(const float *x, int64_t m, const Weight w, const int fmt, float *out,
+                           int64_t n_out, int64_t n0, int nc) {
+    if (fmt == FMT_F32 || m <= ROWS) {
+        linear_rows(x, m, &w, fmt, out, n_out, n0, n0, nc);
+        return;
+    }
+    float *buf = malloc(sizeof(float) * (size_t)(nc * w.k));
+    if (buf == NULL) {
+        linear_rows(x, m, &w, fmt, out, n_out, n0, n0, nc);
+        return;
+    }
+    for (int c = 0; c < nc; c++)
+        for (int64_t b = 0; b < w.k / BLOCK; b++) {
+            v16 lo, hi;
+            weight_block(&w, fmt, n0 + c, b, &lo, &hi);
+            store_f32(buf + c * w.k + b * BLOCK, lo);
+            store_f32(buf + c * w.k + b * BLOCK + LANES, hi);
+        }
+    const Weight dense = {buf, NULL, NULL, w.k, w.group, FMT_F32};
+    linear_rows(x, m, &dense, FMT_F32, out, n_out, n0, 0, nc);
+    free(buf);
 }
 
 #define LINEAR(FMT)                                                                           \
