@@ -192,6 +192,11 @@ class EngineConfig:
             half = "float16" in (self.dtype, self.draft_dtype)
             on_torch = self.compile or self.device != "cpu" or half
             self.kernels = "torch" if on_torch else "saguaro"
+        if self.tensor_parallel_size > 1 and self.quantization not in ("auto", "none"):
+            raise ValueError(
+                f"quantization={self.quantization} is not split over tensor-parallel ranks; use "
+                "none (or auto) with tensor_parallel_size > 1"
+            )
         if self.kernels == "saguaro" and self.compile:
             raise ValueError("--compile compiles torch's operators; use it with --kernels torch")
         if not 0 < self.saguaro_c <= 1:

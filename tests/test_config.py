@@ -23,6 +23,7 @@ def test_sampling_auto_is_coupled_for_ssd_and_rejection_otherwise():
     [
         (dict(tensor_parallel_size=0), "tensor_parallel_size must be >= 1"),
         (dict(tensor_parallel_timeout_s=0), "tensor_parallel_timeout_s > 0"),
+        (dict(tensor_parallel_size=2, quantization="int4"), "not split over tensor-parallel"),
     ],
 )
 def test_bad_tensor_parallel_settings_are_refused(fields, message):
@@ -42,3 +43,11 @@ def test_ssd_on_cpu_leaves_the_worker_a_core_after_the_ranks():
     cores = placement.process_cpus()
     assert cfg.target_cpus == cores[: min(4, len(cores) - 1)]
     assert cfg.draft_cpus == [c for c in cores if c not in cfg.target_cpus][:1]
+
+
+def test_kernels_auto_is_saguaros_on_cpu_and_torchs_where_they_cannot_run():
+    assert EngineConfig(device="cpu").kernels == "saguaro"
+    assert EngineConfig(device="cpu", compile=True).kernels == "torch"
+    assert EngineConfig(device="cpu", draft_dtype="float16").kernels == "torch"
+    with pytest.raises(ValueError, match="--kernels torch"):
+        EngineConfig(device="cpu", compile=True, kernels="saguaro")
