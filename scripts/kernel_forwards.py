@@ -13,15 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
-from collections.abc import Callable
 
 import torch
 
 from saguaro.engine.model_runner import ModelRunner
 from saguaro.models.catalog import DEFAULT_MODEL, resolve_model
 from saguaro.models.loader import load_model
+from saguaro.train.costs import median_ms
 
 BLOCK_SIZE = 16
 BATCH = 16
@@ -37,16 +35,6 @@ CONFIGS = [
     ("GGUF Q4_1/Q8_0, kernels", "float32", "gguf", True),
     ("GGUF Q4_1/Q8_0, bf16 activations", "bfloat16", "gguf", True),
 ]
-
-
-def median_ms(fn: Callable[[], object], repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
 
 
 def measure(model_dir: str, dtype: str, quantization: str, kernels: bool, context: int) -> dict:

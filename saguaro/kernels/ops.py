@@ -44,21 +44,6 @@ class PackedWeight:
         """The dtype of the weights it stands for (a quantized weight's are float32)."""
         return torch.float32 if self.quantized else self.codes.dtype
 
-    def tensors(self) -> list[torch.Tensor]:
-        return [t for t in (self.codes, self.scales, self.mins) if t is not None]
-
-    def to(self, device: torch.device | str) -> PackedWeight:
-        def move(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else t.to(device)
-
-        return PackedWeight(
-            self.fmt, self.codes.to(device), self.n, self.k, self.group,
-            move(self.scales), move(self.mins),
-        )  # fmt: skip
-
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.tensors())
-
 
 def _f32(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.float32).contiguous()

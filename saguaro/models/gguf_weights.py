@@ -19,17 +19,8 @@ from saguaro.kernels.ops import PackedWeight
 from saguaro.models.config import ModelConfig
 from saguaro.models.gguf_import import GGUFFile
 from saguaro.models.gguf_names import deinterleave_rope_rows, hf_tensor_name
+from saguaro.models.llama import FUSED, FUSED_PARTS
 from saguaro.models.quant import GGUF_BLOCK_BYTES, concat_rows, from_gguf_blocks, permute_rows
-
-# checkpoint projection -> (saguaro's fused module, its part)
-FUSED = {
-    "self_attn.q_proj": ("self_attn.qkv_proj", 0),
-    "self_attn.k_proj": ("self_attn.qkv_proj", 1),
-    "self_attn.v_proj": ("self_attn.qkv_proj", 2),
-    "mlp.gate_proj": ("mlp.gate_up_proj", 0),
-    "mlp.up_proj": ("mlp.gate_up_proj", 1),
-}
-PARTS = {"qkv_proj": 3, "gate_up_proj": 2}
 
 
 def module_of(hf_name: str) -> tuple[str, int] | None:
@@ -76,7 +67,8 @@ def gguf_linears(path: Path, cfg: ModelConfig) -> dict[str, PackedWeight]:
         if part < 0:
             whole[module] = w
         else:
-            parts.setdefault(module, [None] * PARTS[module.rsplit(".", 1)[1]])[part] = w
+            fused = module.split(".", 2)[2]  # "layers.N." off
+            parts.setdefault(module, [None] * FUSED_PARTS[fused])[part] = w
     for module, pieces in parts.items():
         if all(p is not None for p in pieces) and len({(p.fmt, p.group) for p in pieces}) == 1:
             whole[module] = concat_rows(pieces)  # type: ignore[arg-type]

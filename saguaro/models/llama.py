@@ -7,6 +7,8 @@ runner gives it, at the positions, KV slots and attention mask in :class:`Attent
 
 from __future__ import annotations
 
+from collections import Counter
+
 import torch
 from torch import nn
 
@@ -21,6 +23,17 @@ from saguaro.models.layers import (
     VocabEmbedding,
 )
 from saguaro.models.parallel import SINGLE, TensorParallel
+
+# A checkpoint's projection -> (the fused module holding it, its part): q, k and v are rows of
+# ``qkv_proj``, gate and up rows of ``gate_up_proj``, in that order.
+FUSED = {
+    "self_attn.q_proj": ("self_attn.qkv_proj", 0),
+    "self_attn.k_proj": ("self_attn.qkv_proj", 1),
+    "self_attn.v_proj": ("self_attn.qkv_proj", 2),
+    "mlp.gate_proj": ("mlp.gate_up_proj", 0),
+    "mlp.up_proj": ("mlp.gate_up_proj", 1),
+}
+FUSED_PARTS = Counter(fused for fused, _ in FUSED.values())  # fused module -> its parts
 
 
 class DecoderLayer(nn.Module):

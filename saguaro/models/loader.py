@@ -22,7 +22,7 @@ from saguaro.models.config import ModelConfig
 from saguaro.models.gguf_import import GGUF_NAME
 from saguaro.models.gguf_weights import gguf_linears
 from saguaro.models.linear import use_kernels
-from saguaro.models.llama import CausalLM
+from saguaro.models.llama import FUSED, FUSED_PARTS, CausalLM
 from saguaro.models.parallel import SINGLE, TensorParallel
 
 log = logging.getLogger("saguaro")
@@ -36,14 +36,6 @@ DTYPES = {
     "fp16": torch.float16,
 }
 
-# HF name suffix -> (fused saguaro name, shard index)
-_FUSED = {
-    "self_attn.q_proj": ("self_attn.qkv_proj", 0),
-    "self_attn.k_proj": ("self_attn.qkv_proj", 1),
-    "self_attn.v_proj": ("self_attn.qkv_proj", 2),
-    "mlp.gate_proj": ("mlp.gate_up_proj", 0),
-    "mlp.up_proj": ("mlp.gate_up_proj", 1),
-}
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(self_attn\.[qkv]_proj|mlp\.(?:gate|up)_proj)\.")
 
 
@@ -221,17 +213,16 @@ def load_dense(
     if cfg.draft_vocab_size is not None:  # the reduced head's token ids: a buffer, read as one
         params["lm_head.token_ids"] = model.head_token_ids
     filled: dict[str, torch.Tensor] = {}
-    num_parts = {"self_attn.qkv_proj": 3, "mlp.gate_up_proj": 2}
     pieces: dict[str, list[torch.Tensor | None]] = {}
     pick = rank_slices(cfg, tp) if tp.size > 1 else None
     for hf_name, tensor in iter_tensors(files, pick):
         name = hf_name.removeprefix("model.")
         m = _LAYER_RE.match(hf_name)
         if m:
-            fused, shard = _FUSED[m.group(2)]
+            fused, shard = FUSED[m.group(2)]
             leaf = hf_name.rsplit(".", 1)[1]
             key = f"layers.{m.group(1)}.{fused}.{leaf}"
-            pieces.setdefault(key, [None] * num_parts[fused])[shard] = tensor
+            pieces.setdefault(key, [None] * FUSED_PARTS[fused])[shard] = tensor
             continue
         if name not in params:
             if "rotary_emb" in name:
