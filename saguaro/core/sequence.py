@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 from saguaro.core.records import RoundRecord
 from saguaro.sampling import SamplingParams
+from saguaro.sampling.logprobs import TokenLogprob
+from saguaro.sampling.processors import Processors
 
 
 class Status(enum.Enum):
@@ -40,6 +42,8 @@ class Sequence:
     first_token_time: float | None = None
     finish_time: float | None = None
     num_preemptions: int = 0
+    processors: Processors | None = None  # what the request's history does to its logits
+    logprobs: list[TokenLogprob] | None = None  # per output token, if the request asks
 
     def __len__(self) -> int:
         return len(self.token_ids)

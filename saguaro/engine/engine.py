@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -39,15 +39,11 @@ from saguaro.errors import (
 from saguaro.models.config import ModelConfig
 from saguaro.models.loader import load_model
 from saguaro.models.tokenizer import Tokenizer
-from saguaro.sampling import (
-    SamplingParams,
-    SamplingTensors,
-    SparseQ,
-    VerifyResult,
-    seed_tensor,
-    verify,
-)
-from saguaro.sampling.coupled import verify_coupled
+from saguaro.sampling import SamplingParams, SamplingTensors, SparseQ, VerifyResult, seed_tensor
+from saguaro.sampling.logprobs import TokenLogprob, token_logprobs
+from saguaro.sampling.noise import sample_seed
+from saguaro.sampling.processors import Processors, apply_processors
+from saguaro.sampling.round import Round, verifier
 
 log = logging.getLogger("saguaro")
 
@@ -87,25 +83,15 @@ def engine_placement(cfg: EngineConfig) -> placement.Placement | None:
     return places[0] if places else None
 
 
-def _verify_coupled(
-    logits: torch.Tensor,
-    st: SamplingTensors,
-    tokens: torch.Tensor,
-    num_draft: torch.Tensor,
-    seeds: torch.Tensor,
-    positions: torch.Tensor,
-    draft_q: SparseQ | None,
-    rows: torch.Tensor,
-) -> VerifyResult:
-    """Coupled verification with :func:`verify`'s arguments: it needs no q."""
-    return verify_coupled(logits, st, tokens, num_draft, seeds, positions, rows)
-
-
-def _rows_of(args: tuple, idx: list[int]) -> tuple:
-    """The verifier arguments of the rounds ``idx`` (the logits rows they index stay shared)."""
-    st, *tensors = args
-    pick = torch.tensor(idx)
-    return (st.index(pick), *(None if t is None else t[pick.to(t.device)] for t in tensors))
+def bad_word_variants(words: list[str]) -> list[str]:
+    """Each bad word as it starts a text and as it follows a space (most tokenizers spell the
+    two differently), without duplicates."""
+    out: list[str] = []
+    for w in words:
+        for v in (w.lstrip(), " " + w.lstrip()):
+            if v not in out:
+                out.append(v)
+    return out
 
 
 class LLMEngine:
@@ -132,6 +118,8 @@ class LLMEngine:
         self._restart_at: float | None = None  # when the next restart is due (monotonic)
         self.num_steps = 0
         self.seqs: dict[int, Sequence] = {}  # unfinished requests
+        # n > 1: the samples after the first, held until it has computed their shared prompt
+        self._forks: dict[int, tuple[Sequence, list[Sequence]]] = {}
         self._ids = itertools.count()
         self._seed_rng = torch.Generator().manual_seed(cfg.seed)
 
@@ -237,6 +225,29 @@ class LLMEngine:
         return ids
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:
+        """Schedule one request (``params.n`` must be 1: :meth:`add_samples` takes any n)."""
+        if params.n != 1:
+            raise RequestError(f"add_request takes one sample (n=1), got n={params.n}")
+        seq = self._new_sequence(prompt_ids, params)
+        self.scheduler.add(seq)
+        return seq
+
+    def add_samples(self, prompt_ids: list[int], params: SamplingParams) -> list[Sequence]:
+        """``params.n`` samples of one prompt, each with its own noise stream (a seeded
+        request's sample i is keyed by :func:`~saguaro.sampling.noise.sample_seed`). The first
+        is scheduled at once; the others wait until it has computed the prompt, then take its
+        full KV blocks from the prefix cache and compute only the last, partial one."""
+        samples = [
+            replace(params, n=1, seed=None if params.seed is None else sample_seed(params.seed, i))
+            for i in range(params.n)
+        ]
+        rest = [self._new_sequence(prompt_ids, p) for p in samples[1:]]
+        first = self.add_request(prompt_ids, samples[0])
+        if rest:
+            self._forks[first.seq_id] = (first, rest)
+        return [first, *rest]
+
+    def _new_sequence(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:
         if self.failure is not None:
             raise TensorParallelError(self.failure)
         seed = (
@@ -251,11 +262,36 @@ class LLMEngine:
             params=params,
             seed=seed,
             eos_token_ids=self.eos_token_ids,
+            processors=self._processors(prompt_ids, params),
+            logprobs=None if params.logprobs is None else [],
         )
         self.seqs[seq.seq_id] = seq
         self.detok.start(seq)
-        self.scheduler.add(seq)
         return seq
+
+    def _processors(self, prompt_ids: list[int], params: SamplingParams) -> Processors | None:
+        """The request's logits processors; RequestError for token ids the model lacks."""
+        vocab = self.model_config.vocab_size
+        stop = [*params.stop_token_ids, *([] if params.ignore_eos else self.eos_token_ids)]
+        words = [
+            self.tokenizer.encode(w, add_special_tokens=False)
+            for w in bad_word_variants(params.bad_words or [])
+        ]
+        try:
+            stop = [t for t in stop if t < vocab]
+            return Processors.build(params, prompt_ids, vocab, stop, words)
+        except ValueError as e:
+            raise RequestError(str(e)) from e
+
+    def _release_forks(self) -> None:
+        """Schedule the waiting samples of every request whose first sample has computed the
+        prompt (it has committed a token) or has ended."""
+        for key, (first, rest) in list(self._forks.items()):
+            if first.is_finished or first.num_output_tokens:
+                del self._forks[key]
+                for seq in rest:
+                    if not seq.is_finished:
+                        self.scheduler.add(seq)
 
     def abort(self, seq_id: int) -> None:
         seq = self.seqs.get(seq_id)
@@ -408,6 +444,7 @@ class LLMEngine:
         if not rounds:
             return []
         self._verify_and_commit(rounds, row, proposal, logits, t1 - t0, t2 - t1)
+        self._release_forks()
         step_s = (time.perf_counter() - step_start) / len(rounds)
         for s in rounds:  # a failed request recorded no round
             if s.seq.records and s.seq.records[-1].step == self.num_steps:
@@ -415,6 +452,49 @@ class LLMEngine:
         if spec and self.proposer is not None:
             self.proposer.observe([s.seq for s in spec], t2 - t1)
         return [s.seq for s in rounds]
+
+    def _round(
+        self, rounds: list[Scheduled], row: dict[int, int], proposal: Proposal | None, device
+    ) -> tuple[Round, list[list[int]], list[list[int]]]:
+        """The verifier's round, and each sequence's proposals and scored logits rows as lists."""
+        k_max = max(s.k for s in rounds)
+        # Built as lists and made tensors once: a few small ints per round, where a tensor
+        # operator each would cost more than the verification itself.
+        # rows[i][j]: the logits row scoring position j of round i (padding repeats the last).
+        rows: list[list[int]] = []
+        tokens: list[list[int]] = []
+        proposed = proposal.tokens.tolist() if proposal is not None else []
+        take = []  # proposal row of each round (rounds without proposals: none)
+        offset = 0
+        for i, s in enumerate(rounds):
+            rows.append([offset + min(j, s.k) for j in range(k_max + 1)])
+            offset += s.k + 1
+            padded = [0] * k_max
+            if s.k:
+                j = row[s.seq.seq_id]
+                padded[: s.k] = proposed[j][: s.k]
+                take.append((i, j))
+            tokens.append(padded)
+        draft_tokens = torch.tensor(tokens, dtype=torch.int64)  # [n, K], K may be 0
+        q = None
+        if proposal is not None and proposal.q is not None and take:
+            # Rounds without proposals get point masses: their entries are never read.
+            # Assembled where the proposal's q is (the device, over SSD's lane): no round trip.
+            q = SparseQ.point_mass(draft_tokens, proposal.q.width).to(proposal.q.ids.device)
+            dst, src = (torch.tensor(x, device=q.ids.device) for x in zip(*take, strict=True))
+            q.ids[dst], q.probs[dst] = proposal.q.ids[src, :k_max], proposal.q.probs[src, :k_max]
+        seqs = [s.seq for s in rounds]
+        rnd = Round(
+            st=SamplingTensors.from_params([seq.params for seq in seqs]),
+            draft_tokens=draft_tokens.to(device),
+            num_draft=torch.tensor([s.k for s in rounds], dtype=torch.int64, device=device),
+            seeds=seed_tensor([seq.seed for seq in seqs], device),
+            positions=torch.tensor([len(seq) for seq in seqs], dtype=torch.int64, device=device),
+            rows=torch.tensor(rows, dtype=torch.int64, device=device),
+            draft_q=None if q is None else q.to(device),
+        )
+        drafts = [t[: s.k] for t, s in zip(tokens, rounds, strict=True)]
+        return rnd, drafts, rows
 
     def _verify_and_commit(
         self,
@@ -426,47 +506,16 @@ class LLMEngine:
         target_s: float,
     ) -> None:
         n = len(rounds)
-        k_max = max(s.k for s in rounds)
-        device = logits.device
-        # Built as lists and made tensors once: a few small ints per round, where a tensor
-        # operator each would cost more than the verification itself.
-        # rows[i][j]: the logits row scoring position j of round i (padding repeats the last).
-        rows_list: list[list[int]] = []
-        tokens_list: list[list[int]] = []
-        proposed = proposal.tokens.tolist() if proposal is not None else []
-        take = []  # proposal row of each round (rounds without proposals: none)
-        offset = 0
-        for i, s in enumerate(rounds):
-            rows_list.append([offset + min(j, s.k) for j in range(k_max + 1)])
-            offset += s.k + 1
-            tokens = [0] * k_max
-            if s.k:
-                j = row[s.seq.seq_id]
-                tokens[: s.k] = proposed[j][: s.k]
-                take.append((i, j))
-            tokens_list.append(tokens)
-        rows = torch.tensor(rows_list, dtype=torch.int64)
-        draft_tokens = torch.tensor(tokens_list, dtype=torch.int64)  # [n, K], K may be 0
-        q = None
-        if proposal is not None and proposal.q is not None and take:
-            # Rounds without proposals get point masses: their entries are never read.
-            # Assembled where the proposal's q is (the device, over SSD's lane): no round trip.
-            q = SparseQ.point_mass(draft_tokens, proposal.q.width).to(proposal.q.ids.device)
-            dst, src = (torch.tensor(x, device=q.ids.device) for x in zip(*take, strict=True))
-            q.ids[dst], q.probs[dst] = proposal.q.ids[src, :k_max], proposal.q.probs[src, :k_max]
         seqs = [s.seq for s in rounds]
         verify_start = time.perf_counter()
-        args = (
-            SamplingTensors.from_params([seq.params for seq in seqs]),
-            draft_tokens.to(device),
-            torch.tensor([s.k for s in rounds], dtype=torch.int64, device=device),
-            seed_tensor([seq.seed for seq in seqs], device),
-            torch.tensor([len(seq) for seq in seqs], dtype=torch.int64, device=device),
-            None if q is None else q.to(device),
-            rows.to(device),
-        )
+        rnd, drafts, rows = self._round(rounds, row, proposal, logits.device)
+        generated = [seq.output_token_ids for seq in seqs]
+        processors = [seq.processors for seq in seqs]
+        processed = apply_processors(logits, processors, generated, drafts, rows)
         methods = [seq.params.method(self.cfg.sampling) for seq in seqs]
-        num_accepted, next_token, errors = self._verify(logits, args, methods)
+        num_accepted, next_token, errors = self._verify(processed, rnd, methods)
+        committed = [d[:k] + [t] for d, k, t in zip(drafts, num_accepted, next_token, strict=True)]
+        logprobs = self._logprobs(seqs, (logits, processed), rnd, rows, committed, errors)
         now = time.perf_counter()
         verify_s = (now - verify_start) / n
         for i, s in enumerate(rounds):
@@ -474,29 +523,30 @@ class LLMEngine:
             if errors[i] is not None:
                 self._fail(seq, errors[i], now)
                 continue
-            k = num_accepted[i]
-            new = tokens_list[i][:k] + [next_token[i]]
+            new = committed[i]
             written = len(seq) + s.k  # target KV now covers r, s_1..s_k
-            committed = 0
+            count = 0
             for tok in new:
                 seq.token_ids.append(tok)
-                committed += 1
+                count += 1
                 self.detok.append_token(seq, self.max_model_len)
                 if seq.is_finished:
                     break
+            if seq.logprobs is not None:
+                seq.logprobs.extend(logprobs[i][:count])
             if seq.first_token_time is None:
                 seq.first_token_time = now
             j = row.get(seq.seq_id) if proposal is not None else None
             seq.records.append(
                 RoundRecord(
                     num_drafted=s.k,
-                    num_accepted=k,
+                    num_accepted=num_accepted[i],
                     token=new[-1],
-                    committed=committed,
+                    committed=count,
                     step=self.num_steps,
                     hit=proposal.hit[j] if j is not None and proposal.hit else None,
                     backup=proposal.backup[j] if j is not None and proposal.backup else None,
-                    target_s=target_s / len(rounds),
+                    target_s=target_s / n,
                     draft_s=draft_s / len(row) if j is not None else 0.0,
                     wait_s=proposal.wait_s if j is not None else 0.0,
                     verify_s=verify_s,
@@ -511,8 +561,40 @@ class LLMEngine:
             self.block_manager.trim(seq, len(seq))
             self._register(seq)
 
+    def _logprobs(
+        self,
+        seqs: list[Sequence],
+        logits: tuple[torch.Tensor, torch.Tensor],
+        rnd: Round,
+        rows: list[list[int]],
+        committed: list[list[int]],
+        errors: list[str | None],
+    ) -> list[list[TokenLogprob]]:
+        """The log-probabilities of each round's committed tokens, for the requests that ask:
+        token j of round i from ``rows[i][j]``, of the raw or of the processed ``logits``."""
+        out: list[list[TokenLogprob]] = [[] for _ in seqs]
+        for mode, block in zip(("raw", "processed"), logits, strict=True):
+            idx = [
+                i
+                for i, seq in enumerate(seqs)
+                if seq.logprobs is not None
+                and seq.params.logprobs_mode == mode
+                and errors[i] is None
+            ]
+            if not idx:
+                continue
+            owner = [i for i in idx for _ in committed[i]]
+            scored = [r for i in idx for r in rows[i][: len(committed[i])]]
+            tokens = [t for i in idx for t in committed[i]]
+            num_top = [seqs[i].params.logprobs for i in owner]
+            st = rnd.st.index(torch.tensor(owner))
+            found = token_logprobs(block[torch.tensor(scored)], tokens, st, num_top, mode)
+            for i, lp in zip(owner, found, strict=True):
+                out[i].append(lp)
+        return out
+
     def _verify(
-        self, logits: torch.Tensor, args: tuple, methods: list[str]
+        self, logits: torch.Tensor, rnd: Round, methods: list[str]
     ) -> tuple[list[int], list[int], list[str | None]]:
         """Verify every round, the rounds of each sampling method together; if that raises,
         verify each of them alone, so that one request's failure ends that request only.
@@ -520,17 +602,17 @@ class LLMEngine:
         n = len(methods)
         outcomes: dict[tuple[int, ...], VerifyResult | Exception] = {}
         for method in sorted(set(methods)):
-            verifier = verify if method == "rejection" else _verify_coupled
+            verify = verifier(method)
             group = [i for i, m in enumerate(methods) if m == method]
-            whole = args if len(group) == n else _rows_of(args, group)  # one method: no copies
+            whole = rnd if len(group) == n else rnd.select(group)  # one method: no copies
             try:
-                outcomes[tuple(group)] = verifier(logits, *whole)
+                outcomes[tuple(group)] = verify(logits, whole)
                 continue
             except Exception:
                 log.exception("batched verification failed; verifying each request alone")
             for i in group:
                 try:
-                    outcomes[(i,)] = verifier(logits, *_rows_of(args, [i]))
+                    outcomes[(i,)] = verify(logits, rnd.select([i]))
                 except Exception as e:
                     outcomes[(i,)] = e
         num_accepted, next_token = [0] * n, [0] * n
@@ -568,6 +650,8 @@ class LLMEngine:
         """A finished request leaves nothing behind: whoever holds the sequence keeps it."""
         self.seqs.pop(seq.seq_id, None)
         self.scheduler.finish(seq)
+        if seq.seq_id in self._forks:  # its samples need not wait for it any more
+            self._release_forks()
         self.detok.drop(seq)
         if self.proposer is not None:
             self.proposer.release(seq)

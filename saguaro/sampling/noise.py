@@ -105,3 +105,10 @@ def gumbels(seeds: torch.Tensor, positions: torch.Tensor, tokens: torch.Tensor) 
 def seed_tensor(seeds: list[int], device: torch.device | str | None = None) -> torch.Tensor:
     """[n] int64 keys for request seeds in [-2^63, 2^64)."""
     return torch.tensor([as_int64(s) for s in seeds], dtype=torch.int64, device=device)
+
+
+def sample_seed(seed: int, index: int) -> int:
+    """The seed of sample ``index`` of a request seeded ``seed`` (n > 1): sample 0 keeps the
+    seed, so n = 1 draws what it always drew; the others step by the golden ratio's word, which
+    the noise then mixes, so no two samples of a request share a stream."""
+    return seed if index == 0 else as_int64(seed + index * GOLDEN)

@@ -11,6 +11,12 @@ from saguaro.options import opt
 
 RequestMethod = Literal["rejection", "coupled"]  # the exact methods a request can ask for
 SAMPLING_METHODS: tuple[str, ...] = typing.get_args(RequestMethod)
+# Which distribution a token's reported log-probabilities are of (docs/sampling.md).
+LogprobsMode = Literal["raw", "processed"]
+MAX_LOGPROBS = 20  # alternatives reported per token at most (OpenAI's top_logprobs bound)
+MAX_SAMPLES = 128  # n: samples of one prompt at most
+PENALTY_BOUND = 2.0  # presence and frequency penalties lie in [-2, 2], as OpenAI's
+LOGIT_BIAS_BOUND = 100.0  # a logit bias lies in [-100, 100], as OpenAI's
 
 
 def _is_int(value: object) -> bool:
@@ -18,18 +24,44 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_range(name: str, value: object, low: float, high: float) -> None:
+    if not _is_number(value) or not low <= value <= high:  # also rejects NaN
+        raise ValueError(f"{name} must be a number in [{low:g}, {high:g}], got {value!r}")
+
+
 @dataclass
 class SamplingParams:
     """How one request turns the target's logits into tokens, and when it stops.
 
-    The transforms (temperature, top-k, top-p) define the target distribution ``p`` that
-    speculative decoding must reproduce exactly (docs/sampling.md). ``temperature == 0`` means
-    greedy, and nothing else does: any positive temperature samples, however confident the row.
+    The logits processors (logit bias, bad words, min_tokens, repetition, frequency and presence
+    penalties: :mod:`saguaro.sampling.processors`) and the transforms (temperature, min-p, top-k,
+    top-p: :mod:`saguaro.sampling.probs`) define the target distribution ``p`` that speculative
+    decoding must reproduce exactly (docs/sampling.md). ``temperature == 0`` means greedy, and
+    nothing else does: any positive temperature samples, however confident the row.
     """
 
     temperature: float = opt(1.0, "0: greedy; any T > 0 samples")
     top_k: int = opt(0, "keep the k most likely tokens (0 or -1: disabled)")
     top_p: float = opt(1.0, "keep the smallest set of mass >= p, in (0, 1] (1: disabled)")
+    min_p: float = opt(0.0, "keep tokens of probability >= min_p x the top one's (0: disabled)")
+    presence_penalty: float = opt(0.0, "subtract it from every generated token's logit, [-2, 2]")
+    frequency_penalty: float = opt(0.0, "subtract it x each token's generated count, [-2, 2]")
+    repetition_penalty: float = opt(
+        1.0, "divide positive / multiply negative logits of prompt and generated tokens (1: off)"
+    )
+    # token id -> added to its logit, in [-100, 100]
+    logit_bias: dict[int, float] | None = None
+    min_tokens: int = opt(0, "no end-of-sequence or stop before this many tokens")
+    bad_words: list[str] | None = opt(None, "a word never generated (repeatable)", repeat=True)
+    n: int = opt(1, "samples of each prompt (they share its KV blocks)")
+    logprobs: int | None = opt(
+        None, f"report each token's log-probability and this many alternatives (0..{MAX_LOGPROBS})"
+    )
+    logprobs_mode: LogprobsMode = opt("raw", "raw: the model's softmax; processed: p's")
     seed: int | None = opt(None, "keys every random draw of the request (default: the engine's)")
     max_tokens: int = opt(16, "tokens to generate at most")
     stop: list[str] | str | None = opt(None, "stop string (repeatable)", repeat=True)
@@ -70,6 +102,56 @@ class SamplingParams:
             if not _is_int(i) or i < 0:
                 raise ValueError(f"stop_token_ids must be ints >= 0, got {i!r}")
         self.stop_token_ids = ids
+        self._check_processors()
+        self._check_outputs()
+
+    def _check_processors(self) -> None:
+        _check_range("min_p", self.min_p, 0.0, 1.0)
+        _check_range("presence_penalty", self.presence_penalty, -PENALTY_BOUND, PENALTY_BOUND)
+        _check_range("frequency_penalty", self.frequency_penalty, -PENALTY_BOUND, PENALTY_BOUND)
+        r = self.repetition_penalty
+        if not _is_number(r) or not math.isfinite(r) or r <= 0:
+            raise ValueError(f"repetition_penalty must be a finite number > 0, got {r!r}")
+        bias = dict(self.logit_bias or {})
+        for token, value in bias.items():
+            if not _is_int(token) or token < 0:
+                raise ValueError(f"logit_bias keys must be token ids >= 0, got {token!r}")
+            _check_range(f"logit_bias[{token}]", value, -LOGIT_BIAS_BOUND, LOGIT_BIAS_BOUND)
+        self.logit_bias = bias
+        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(
+                f"min_tokens must be an int in [0, max_tokens={self.max_tokens}], "
+                f"got {self.min_tokens!r}"
+            )
+        words = list(self.bad_words or [])
+        for w in words:
+            if not isinstance(w, str) or not w.strip():
+                raise ValueError(f"bad_words must be non-blank str, got {w!r}")
+        self.bad_words = words
+
+    def _check_outputs(self) -> None:
+        if not _is_int(self.n) or not 1 <= self.n <= MAX_SAMPLES:
+            raise ValueError(f"n must be an int in [1, {MAX_SAMPLES}], got {self.n!r}")
+        lp = self.logprobs
+        if lp is not None and (not _is_int(lp) or not 0 <= lp <= MAX_LOGPROBS):
+            raise ValueError(f"logprobs must be None or an int in [0, {MAX_LOGPROBS}], got {lp!r}")
+        if self.logprobs_mode not in typing.get_args(LogprobsMode):
+            raise ValueError(
+                f"logprobs_mode must be one of {typing.get_args(LogprobsMode)}, "
+                f"got {self.logprobs_mode!r}"
+            )
+
+    @property
+    def has_processors(self) -> bool:
+        """Whether any logits processor acts (each one's neutral value leaves the logits be)."""
+        return bool(
+            self.presence_penalty
+            or self.frequency_penalty
+            or self.repetition_penalty != 1
+            or self.logit_bias
+            or self.min_tokens
+            or self.bad_words
+        )
 
     def method(self, default: str) -> str:
         """This request's sampling method at T > 0: its own, else the engine's ``default``."""

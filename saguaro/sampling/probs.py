@@ -4,10 +4,14 @@ The result *is* the distribution ``p`` (target) or ``q`` (draft) that exact spec
 reproduce, so it is one deterministic function of the logits and the row's parameters. With
 ``d = logits - max(logits)`` and ``z = d / T``:
 
+* min-p keeps ``{t : z_t >= log(min_p)}``, the tokens of probability at least ``min_p`` times
+  the top one's (``log(min_p)`` rounded to float32; the top token always qualifies);
 * top-k keeps ``{t : z_t >= z_(k)}``, ``z_(k)`` the k-th largest value (ties at it all kept);
-* top-p then works on the renormalised top-k distribution ``r`` sorted descending and keeps rank
-  j iff ``sum_{i<j} r_(i) < top_p`` (the smallest prefix whose mass reaches top_p; the top token
-  always qualifies), widened to every token tied with its last value;
+  on a row already cut by min-p it keeps the k largest of what is left, so the two together keep
+  ``z_t >= max(log(min_p), z_(k))``;
+* top-p then works on the renormalised min-p/top-k distribution ``r`` sorted descending and
+  keeps rank j iff ``sum_{i<j} r_(i) < top_p`` (the smallest prefix whose mass reaches
+  top_p; the top token always qualifies), widened to every token tied with its last value;
 * ``p = exp(z - lse)`` on the kept set, ``lse`` the log-sum-exp of z over it; 0 elsewhere.
 
 Ties are resolved by value, never by token index, so the kept set does not depend on the order
@@ -28,6 +32,7 @@ sort (tested against it on rows with ties, -inf entries, tiny and wide nuclei).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -51,6 +56,7 @@ class SamplingTensors:
     temperature: torch.Tensor  # [n] float32, 0 = greedy
     top_k: torch.Tensor  # [n] int64, 0 = off
     top_p: torch.Tensor  # [n] float64, 1 = off (float64: a tiny top_p must not round to 0)
+    log_min_p: torch.Tensor  # [n] float32 log(min_p), -inf = off
 
     @classmethod
     def from_params(
@@ -67,6 +73,11 @@ class SamplingTensors:
                 [min(max(p.top_k, 0), MAX_TOP_K) for p in params], dtype=torch.int64, device=device
             ),
             top_p=torch.tensor([p.top_p for p in params], dtype=torch.float64, device=device),
+            log_min_p=torch.tensor(
+                [math.log(p.min_p) if p.min_p > 0 else -math.inf for p in params],
+                dtype=torch.float32,
+                device=device,
+            ),
         )
 
     def repeat_interleave(self, repeats: int | torch.Tensor) -> SamplingTensors:
@@ -75,10 +86,13 @@ class SamplingTensors:
             temperature=self.temperature.repeat_interleave(repeats),
             top_k=self.top_k.repeat_interleave(repeats),
             top_p=self.top_p.repeat_interleave(repeats),
+            log_min_p=self.log_min_p.repeat_interleave(repeats),
         )
 
     def index(self, rows: torch.Tensor) -> SamplingTensors:
-        return SamplingTensors(self.temperature[rows], self.top_k[rows], self.top_p[rows])
+        return SamplingTensors(
+            self.temperature[rows], self.top_k[rows], self.top_p[rows], self.log_min_p[rows]
+        )
 
     @property
     def greedy(self) -> torch.Tensor:
@@ -165,26 +179,33 @@ def process(logits: torch.Tensor, st: SamplingTensors, candidates: int = CANDIDA
     z = (x - top[:, None]).div_(t[:, None])
     top_k = torch.where(greedy, 0, st.top_k.to(device))
     top_p = torch.where(greedy, 1.0, st.top_p.to(device))
-    thr = cutoffs(z, top_k, top_p, candidates)
+    min_p = torch.where(greedy, -torch.inf, st.log_min_p.to(device))
+    thr = cutoffs(z, top_k, top_p, candidates, min_p)
     kept = z if bool((thr == -torch.inf).all()) else z.masked_fill(z < thr[:, None], -torch.inf)
     lse = torch.logsumexp(kept, dim=-1)
     return Dist(z, thr, lse, greedy, argmax, vocab, valid)
 
 
 def cutoffs(
-    z: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, candidates: int = CANDIDATES
+    z: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    candidates: int = CANDIDATES,
+    log_min_p: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """[R] float32: the smallest kept value of each row of ``z`` (-inf: top-k and top-p off)."""
+    """[R] float32: the smallest kept value of each row of ``z`` (-inf: every cut off)."""
     rows, vocab = z.shape
     thr = torch.full((rows,), -torch.inf, device=z.device)
     k = torch.where((top_k > 0) & (top_k < vocab), top_k, 0)
-    need = ((k > 0) | (top_p < 1)).nonzero()[:, 0]
+    m_thr = thr.clone() if log_min_p is None else log_min_p.to(z.device, torch.float32)
+    need = ((k > 0) | (top_p < 1) | (m_thr > -torch.inf)).nonzero()[:, 0]
     if len(need) == 0:
         return thr
     if len(need) < rows:
-        z, k, top_p = z[need], k[need], top_p[need]
+        z, k, top_p, m_thr = z[need], k[need], top_p[need], m_thr[need]
     use_k, use_p = k > 0, top_p < 1
-    if not bool(use_k.any()):
+    cut = bool(use_k.any()) or bool((m_thr > -torch.inf).any())  # a min-p or top-k cut
+    if not cut:
         # top-p alone: the row's own normaliser, and a cheap test of whether the candidates can
         # hold the nucleus at all (their mass is at most `candidates` times the largest, exp(-lse))
         lse_k = torch.logsumexp(z, dim=-1)
@@ -195,10 +216,11 @@ def cutoffs(
     width = min(vocab, max(candidates, int(k.max())))
     values = topk_rows(z, width)[0]
     k_thr = torch.where(use_k, values.gather(1, (k - 1).clamp(min=0)[:, None])[:, 0], -torch.inf)
+    k_thr = torch.maximum(k_thr, m_thr)  # min-p, then top-k of what it left
     if not bool(use_p.any()):
         thr[need] = k_thr
         return thr
-    if bool(use_k.any()):  # top-p works on the renormalised top-k distribution
+    if cut:  # top-p works on the renormalised cut distribution
         lse_k = torch.logsumexp(z.masked_fill(z < k_thr[:, None], -torch.inf), dim=-1)
     zero = torch.zeros(len(need), dtype=torch.float64, device=z.device)
     p_thr, reached = _nucleus(values, k_thr, lse_k, top_p, zero)

@@ -53,12 +53,12 @@ def draft_support(
     values, ids = topk_rows(x, min(top_m, vocab))
     t = torch.where(greedy, 1.0, st.temperature.to(device))[:, None]
     z = (values - values[:, :1]) / t
-    top_k, top_p = st.top_k.to(device), st.top_p.to(device)
+    top_k, top_p, min_p = st.top_k.to(device), st.top_p.to(device), st.log_min_p.to(device)
     thr = torch.full((rows,), -torch.inf, device=device)
-    cut = ~greedy & (((top_k > 0) & (top_k < vocab)) | (top_p < 1))
-    if bool(cut.any()):  # top-k / top-p need the full row's mass
+    cut = ~greedy & (((top_k > 0) & (top_k < vocab)) | (top_p < 1) | (min_p > -torch.inf))
+    if bool(cut.any()):  # the cut-offs need the full row's mass
         r = cut.nonzero()[:, 0]
-        thr[r] = cutoffs((x[r] - values[r, :1]) / t[r], top_k[r], top_p[r])
+        thr[r] = cutoffs((x[r] - values[r, :1]) / t[r], top_k[r], top_p[r], log_min_p=min_p[r])
     return greedy, argmax, ids, z, z >= thr[:, None]
 
 
@@ -73,8 +73,8 @@ def propose(
 ) -> tuple[torch.Tensor, SparseQ]:
     """Draft proposals for R rows: tokens [R] and the exact q [R, M] each was drawn from.
 
-    q is the row's processed distribution (temperature, top-k, top-p: :mod:`.probs`) restricted
-    to its M most likely tokens and renormalised, then reweighted by Saguaro sampling
+    q is the row's processed distribution (temperature, min-p, top-k, top-p: :mod:`.probs`)
+    restricted to its M most likely tokens and renormalised, then reweighted by Saguaro sampling
     (``fanout`` F per row, constant ``saguaro_c``). Greedy rows are the point mass at the argmax.
     Each token is drawn with ``u(seed, position, DRAFT)``: the position is that of the token.
     """

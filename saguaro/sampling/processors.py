@@ -1,0 +1,154 @@
+"""Logits processors: what a request's own history does to its logits, before temperature.
+
+For a scored row whose request has generated ``g`` so far (``c_t`` the count of token t in g,
+``P`` the prompt's tokens), the processed logits are, in this order (vLLM's definitions):
+
+1. ``l_t + bias_t`` (``logit_bias``);
+2. ``-inf`` for a banned token: the last token of a bad word whose other tokens end ``g`` (a
+   one-token word always), and the end-of-sequence and stop tokens while ``|g| < min_tokens``;
+3. for ``t in P or c_t > 0`` with repetition penalty ``r``: ``l_t / r`` where ``l_t > 0``,
+   else ``l_t * r``;
+4. ``l_t - frequency * c_t - presence * [c_t > 0]``.
+
+Temperature, min-p, top-k and top-p act on the result (:mod:`saguaro.sampling.probs`).
+
+Why speculation stays exact: position j of a round is scored with the draft tokens
+``s_1..s_{j-1}`` before it, and it decides a token only if all of them were accepted, i.e.
+committed. So processing row j over ``g + s_1..s_{j-1}`` gives it exactly the distribution AR
+computes after committing the same tokens; verification (any method) then compares the draft
+against that ``p``. The draft's own q may ignore the processors: any q is verified exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from saguaro.sampling.params import SamplingParams
+
+
+@dataclass
+class Processors:
+    """One request's processors, with what they keep of its history between rounds."""
+
+    params: SamplingParams
+    vocab_size: int
+    bias_ids: torch.Tensor  # [B] int64
+    bias_values: torch.Tensor  # [B] float32
+    bad_words: list[tuple[int, ...]]  # token sequences never generated
+    stop_ids: list[int]  # banned while fewer than min_tokens tokens are generated
+    prompt_mask: torch.Tensor | None  # [V] bool, the prompt's tokens (repetition penalty only)
+    counts: torch.Tensor | None  # [V] float32, c_t over the generated tokens (penalties only)
+    counted: int = 0  # generated tokens already in ``counts``
+
+    @classmethod
+    def build(
+        cls,
+        params: SamplingParams,
+        prompt_ids: Sequence[int],
+        vocab_size: int,
+        stop_ids: Sequence[int],
+        bad_words: Sequence[Sequence[int]] = (),
+    ) -> Processors | None:
+        """The processors of a request (None if none acts). ``stop_ids``: what min_tokens holds
+        back (the end-of-sequence tokens unless ignored, and ``stop_token_ids``);
+        ``bad_words``: the tokenized bad words. Token ids out of the vocabulary: ValueError."""
+        if not params.has_processors:
+            return None
+        bias = params.logit_bias or {}
+        out_of_range = [t for t in bias if t >= vocab_size]
+        if out_of_range:
+            raise ValueError(f"logit_bias token ids out of range [0, {vocab_size}): {out_of_range}")
+        penalised = bool(params.presence_penalty or params.frequency_penalty)
+        repeats = params.repetition_penalty != 1
+        prompt_mask = None
+        if repeats:
+            prompt_mask = torch.zeros(vocab_size, dtype=torch.bool)
+            prompt_mask[torch.tensor(list(prompt_ids), dtype=torch.int64)] = True
+        return cls(
+            params=params,
+            vocab_size=vocab_size,
+            bias_ids=torch.tensor(list(bias), dtype=torch.int64),
+            bias_values=torch.tensor(list(bias.values()), dtype=torch.float32),
+            bad_words=[tuple(w) for w in bad_words if w],
+            stop_ids=sorted(set(stop_ids)) if params.min_tokens else [],
+            prompt_mask=prompt_mask,
+            counts=torch.zeros(vocab_size) if penalised or repeats else None,
+        )
+
+    def _counts(self, generated: Sequence[int]) -> torch.Tensor:
+        """``c_t`` over ``generated``, caught up from the tokens counted in earlier rounds."""
+        assert self.counts is not None
+        new = generated[self.counted :]
+        if new:
+            ids = torch.tensor(list(new), dtype=torch.int64)
+            self.counts.index_add_(0, ids, torch.ones(len(new)))
+            self.counted = len(generated)
+        return self.counts
+
+    def banned(self, generated: Sequence[int]) -> list[int]:
+        """Tokens that cannot follow ``generated`` (step 2 of the module docstring)."""
+        out = list(self.stop_ids) if len(generated) < self.params.min_tokens else []
+        for word in self.bad_words:
+            head = word[:-1]
+            if not head or tuple(generated[len(generated) - len(head) :]) == head:
+                out.append(word[-1])
+        return out
+
+    def apply(self, block: torch.Tensor, generated: list[int], drafts: list[int]) -> torch.Tensor:
+        """Process ``block`` [m, V] in place: row j follows ``generated + drafts[:j]``."""
+        m = block.shape[0]
+        p = self.params
+        if len(self.bias_ids):
+            block[:, self.bias_ids] += self.bias_values.to(block.device)
+        if self.stop_ids or self.bad_words:
+            pairs = [(j, t) for j in range(m) for t in self.banned(generated + drafts[:j])]
+            if pairs:
+                rows, tokens = zip(*pairs, strict=True)
+                block[list(rows), list(tokens)] = -torch.inf
+        if self.counts is None:
+            return block
+        counts = self._counts(generated).to(block.device).expand(m, -1).clone()
+        if m > 1:  # row j also counts s_1..s_{j-1}: the pairs (j, s_i) with i < j
+            rows = [j for j in range(1, m) for _ in range(j)]
+            tokens = [drafts[i] for j in range(1, m) for i in range(j)]
+            counts.index_put_(
+                (torch.tensor(rows), torch.tensor(tokens)), torch.ones(len(rows)), accumulate=True
+            )
+        seen = counts > 0
+        if p.repetition_penalty != 1:
+            assert self.prompt_mask is not None
+            r = p.repetition_penalty
+            hit = seen | self.prompt_mask.to(block.device)
+            block.copy_(torch.where(hit, torch.where(block > 0, block / r, block * r), block))
+        if p.frequency_penalty:
+            block.sub_(counts * p.frequency_penalty)
+        if p.presence_penalty:
+            block.sub_(seen.float() * p.presence_penalty)
+        return block
+
+
+def apply_processors(
+    logits: torch.Tensor,
+    processors: Sequence[Processors | None],
+    generated: Sequence[list[int]],
+    drafts: Sequence[list[int]],
+    rows: Sequence[list[int]],
+) -> torch.Tensor:
+    """The round's logits with each sequence's processors applied to its scored rows.
+
+    Sequence i scores ``rows[i][j]`` for j = 0..len(drafts[i]) (its proposals ``drafts[i]``,
+    after its generated tokens ``generated[i]``). ``logits`` is left as it is: the processed
+    rows go to a copy, made only when some sequence has processors.
+    """
+    if all(p is None for p in processors):
+        return logits
+    out = logits.clone()
+    for proc, gen, draft, row in zip(processors, generated, drafts, rows, strict=True):
+        if proc is None:
+            continue
+        idx = torch.tensor(row[: len(draft) + 1], device=logits.device)
+        out[idx] = proc.apply(out[idx].float(), gen, draft).to(out.dtype)
+    return out
