@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tqdm import tqdm
@@ -22,6 +22,7 @@ from saguaro.core.sequence import Sequence as Seq
 from saguaro.core.snapshot import EngineSnapshot
 from saguaro.engine.engine import LLMEngine
 from saguaro.sampling import SamplingParams
+from saguaro.sampling.logprobs import TokenLogprob
 from saguaro.speculation.factory import make_proposer
 
 Prompt = str | list[int]
@@ -37,6 +38,9 @@ class RequestOutput:
     metrics: dict[str, Any] = field(default_factory=dict)
     error: str | None = None  # why this request failed (finish_reason "error")
     records: list[RoundRecord] = field(default_factory=list)  # what each decoding round did
+    logprobs: list[TokenLogprob] | None = None  # per token, when the request asked for them
+    # n > 1: every sample of the prompt, this one (sample 0) first; empty for n = 1
+    samples: list[RequestOutput] = field(default_factory=list)
 
 
 def request_metrics(seq: Seq) -> dict[str, Any]:
@@ -72,7 +76,8 @@ class LLM:
 
     def _add_all(
         self, prompts: Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None
-    ) -> list[tuple[Prompt, Seq]]:
+    ) -> list[tuple[Prompt, list[Seq]]]:
+        """Each prompt's samples (``params.n`` of them), added after every prompt is valid."""
         if isinstance(params, SamplingParams) or params is None:
             params_list = [params or SamplingParams()] * len(prompts)
         else:
@@ -82,7 +87,7 @@ class LLM:
         # Validate every prompt before starting any work.
         encoded = [self.engine.encode_prompt(p) for p in prompts]
         return [
-            (p, self.engine.add_request(ids, sp))
+            (p, self.engine.add_samples(ids, sp))
             for p, ids, sp in zip(prompts, encoded, params_list, strict=True)
         ]
 
@@ -98,21 +103,21 @@ class LLM:
         ):
             prompts = [prompts]  # type: ignore[list-item]
         added = self._add_all(prompts, params)
+        seqs = [s for _, samples in added for s in samples]
         start = time.perf_counter()
-        bar = tqdm(total=len(added), disable=not use_tqdm, desc="generate")
+        bar = tqdm(total=len(seqs), disable=not use_tqdm, desc="generate")
         try:
-            while any(not s.is_finished for _, s in added):
-                done = sum(s.is_finished for _, s in added)
+            while any(not s.is_finished for s in seqs):
+                done = sum(s.is_finished for s in seqs)
                 self.engine.step()
-                bar.update(sum(s.is_finished for _, s in added) - done)
+                bar.update(sum(s.is_finished for s in seqs) - done)
         except BaseException:
-            for _, s in added:
+            for s in seqs:
                 self.engine.abort(s.seq_id)
             raise
         finally:
             bar.close()
         elapsed = time.perf_counter() - start
-        seqs = [s for _, s in added]
         self.last_run = summarize(r for s in seqs for r in s.records)
         self.last_run["elapsed_s"] = elapsed
         self.last_run["output_tokens"] = sum(s.num_output_tokens for s in seqs)
@@ -124,11 +129,13 @@ class LLM:
             self.last_run[self.config.mode] = draft_stats
         if self.engine.draft_failure:
             self.last_run["draft_failure"] = self.engine.draft_failure
-        return [self._output(p, s) for p, s in added]
+        return [self._outputs(p, samples) for p, samples in added]
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> Iterator[str]:
         """Yield text deltas as tokens are committed (several per round under speculation)."""
-        [(_, seq)] = self._add_all([prompt], params)
+        if params is not None and params.n != 1:
+            raise ValueError(f"stream() yields one sample's text; got n={params.n}")
+        [(_, [seq])] = self._add_all([prompt], params)
         sent = 0
         try:
             while not seq.is_finished:
@@ -143,6 +150,10 @@ class LLM:
             yield seq.text[sent:]
         self.last_output = self._output(prompt, seq)
 
+    def _outputs(self, prompt: Prompt, samples: list[Seq]) -> RequestOutput:
+        outs = [self._output(prompt, s) for s in samples]
+        return replace(outs[0], samples=outs) if len(outs) > 1 else outs[0]
+
     def _output(self, prompt: Prompt, seq: Seq) -> RequestOutput:
         return RequestOutput(
             prompt=prompt if isinstance(prompt, str) else None,
@@ -153,6 +164,7 @@ class LLM:
             metrics=request_metrics(seq),
             error=seq.error,
             records=list(seq.records),
+            logprobs=None if seq.logprobs is None else list(seq.logprobs),
         )
 
     def snapshot(self) -> EngineSnapshot:

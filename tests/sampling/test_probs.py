@@ -125,17 +125,22 @@ def test_minus_inf_logits_stay_zero():
         {"top_k": 3},
         {"top_p": 0.99},
         {"temperature": 0.5, "top_k": 3, "top_p": 0.9},
+        {"min_p": 0.05},
     ):
         out = logits_to_probs(z, st_of(**kwargs))[0]
         assert out[1] == 0 and out[3] == 0 and out[0] > 0 and out[2] > 0
 
 
-def reference_kept(z: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+def reference_kept(
+    z: torch.Tensor, temperature: float, top_k: int, top_p: float, min_p: float = 0.0
+) -> torch.Tensor:
     """The kept set by the definition (module docstring of saguaro.sampling.probs), with a full
     sort and float64 sums: the reference the partial search must reproduce exactly."""
     x = (z.double() - z.double().max()) / temperature
     vals = x.sort(descending=True).values
     thr = vals[top_k - 1] if 0 < top_k < len(x) else -math.inf
+    if min_p > 0:  # min-p, then top-k of what is left: the larger of the two cut-offs
+        thr = max(thr, float(torch.tensor(math.log(min_p), dtype=torch.float32)))
     r = torch.where(vals >= thr, vals, -math.inf)
     r = (r - torch.logsumexp(r, 0)).exp()
     before = torch.cat([torch.zeros(1, dtype=torch.float64), r.cumsum(0)[:-1]])
@@ -155,16 +160,17 @@ def nasty_rows(vocab: int, n: int, seed: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("vocab", [50, 3000])
 def test_partial_search_equals_full_sort_and_definition(vocab):
-    """top-k / top-p through the leading candidates give the same kept set as a full sort of
-    every row (candidates = V), and as the float64 definition."""
+    """min-p / top-k / top-p through the leading candidates give the same kept set as a full
+    sort of every row (candidates = V), and as the float64 definition."""
     z = nasty_rows(vocab, 60, seed=vocab)
     g = torch.Generator().manual_seed(1)
-    for _ in range(6):
+    for trial in range(6):
         params = [
             SamplingParams(
                 temperature=float(torch.rand(1, generator=g)) * 1.5 + 0.1,
                 top_k=int(torch.randint(0, 80, (1,), generator=g)),
                 top_p=float(torch.rand(1, generator=g)) ** 0.3,
+                min_p=float(torch.rand(1, generator=g)) ** 3 * (trial % 2),
             )
             for _ in range(len(z))
         ]
@@ -174,7 +180,7 @@ def test_partial_search_equals_full_sort_and_definition(vocab):
         assert torch.equal(partial.thr, full.thr)
         kept = partial.z >= partial.thr[:, None]
         for i, p in enumerate(params):
-            ref = reference_kept(z[i], p.temperature, p.top_k, p.top_p)
+            ref = reference_kept(z[i], p.temperature, p.top_k, p.top_p, p.min_p)
             assert torch.equal(kept[i], ref), (i, p)
 
 
