@@ -44,6 +44,7 @@ from saguaro.sampling.logprobs import TokenLogprob, token_logprobs
 from saguaro.sampling.noise import sample_seed
 from saguaro.sampling.processors import Processors, apply_processors
 from saguaro.sampling.round import Round, verifier
+from saguaro.sampling.structured import GrammarCompiler
 
 log = logging.getLogger("saguaro")
 
@@ -195,6 +196,9 @@ class LLMEngine:
             on_preempt=self._on_preempt,
         )
         self.detok = Detokenizer(self.tokenizer)
+        self.grammars = GrammarCompiler(
+            self.tokenizer.to_json(), target.config.vocab_size, sorted(self.eos_token_ids)
+        )
         if draft_dir is not None and self._make_proposer is not None:
             self._draft_setup = DraftSetup(
                 draft_dir, self.max_model_len, target.config.vocab_size, num_blocks
@@ -278,10 +282,18 @@ class LLMEngine:
             for w in bad_word_variants(params.bad_words or [])
         ]
         try:
+            grammar = None
+            if params.structured is not None:
+                grammar = self.grammars.compile(params.structured)
             stop = [t for t in stop if t < vocab]
-            return Processors.build(params, prompt_ids, vocab, stop, words)
+            return Processors.build(params, prompt_ids, vocab, stop, words, grammar)
         except ValueError as e:
             raise RequestError(str(e)) from e
+
+    def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        """RequestError if ``params`` cannot be served (a token id the model lacks, a grammar
+        that does not compile): what ``add_request`` would raise, without adding it."""
+        self._processors(prompt_ids, params)
 
     def _release_forks(self) -> None:
         """Schedule the waiting samples of every request whose first sample has computed the

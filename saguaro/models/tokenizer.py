@@ -72,6 +72,10 @@ class Tokenizer:
         vocab = sorted(self._tok.get_vocab(with_added_tokens=True).items())
         return hashlib.sha256(json.dumps(vocab).encode()).hexdigest()[:16]
 
+    def to_json(self) -> str:
+        """The tokenizer.json this tokenizer was read from, as text."""
+        return self._tok.to_str()
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import typing
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from saguaro.options import opt
 
@@ -17,6 +17,39 @@ MAX_LOGPROBS = 20  # alternatives reported per token at most (OpenAI's top_logpr
 MAX_SAMPLES = 128  # n: samples of one prompt at most
 PENALTY_BOUND = 2.0  # presence and frequency penalties lie in [-2, 2], as OpenAI's
 LOGIT_BIAS_BOUND = 100.0  # a logit bias lies in [-100, 100], as OpenAI's
+
+
+StructuredKind = Literal["json", "json_object", "regex", "choice", "grammar"]
+
+
+@dataclass(frozen=True)
+class StructuredOutput:
+    """A constraint on the generated text (:mod:`saguaro.sampling.structured`).
+
+    ``spec`` by ``kind``: json, a JSON schema (a dict or its text); json_object, None (any
+    object); regex, a pattern; choice, the strings allowed; grammar, a Lark grammar."""
+
+    kind: StructuredKind
+    spec: Any = None
+
+    def __post_init__(self) -> None:
+        kind, spec = self.kind, self.spec
+        if kind not in typing.get_args(StructuredKind):
+            raise ValueError(
+                f"structured output kind must be one of "
+                f"{typing.get_args(StructuredKind)}, got {kind!r}"
+            )
+        ok = {
+            "json": isinstance(spec, (dict, str)),
+            "json_object": spec is None,
+            "regex": isinstance(spec, str) and bool(spec),
+            "choice": isinstance(spec, list)
+            and bool(spec)
+            and all(isinstance(c, str) and c for c in spec),
+            "grammar": isinstance(spec, str) and bool(spec),
+        }[kind]
+        if not ok:
+            raise ValueError(f"structured output {kind}: invalid spec {spec!r}")
 
 
 def _is_int(value: object) -> bool:
@@ -62,6 +95,7 @@ class SamplingParams:
         None, f"report each token's log-probability and this many alternatives (0..{MAX_LOGPROBS})"
     )
     logprobs_mode: LogprobsMode = opt("raw", "raw: the model's softmax; processed: p's")
+    structured: StructuredOutput | None = None  # a grammar the text must follow
     seed: int | None = opt(None, "keys every random draw of the request (default: the engine's)")
     max_tokens: int = opt(16, "tokens to generate at most")
     stop: list[str] | str | None = opt(None, "stop string (repeatable)", repeat=True)
@@ -128,6 +162,11 @@ class SamplingParams:
             if not isinstance(w, str) or not w.strip():
                 raise ValueError(f"bad_words must be non-blank str, got {w!r}")
         self.bad_words = words
+        if self.structured is not None:
+            if not isinstance(self.structured, StructuredOutput):
+                raise ValueError(f"structured must be a StructuredOutput, got {self.structured!r}")
+            if self.ignore_eos:  # the grammar ends the text with its end-of-sequence token
+                raise ValueError("ignore_eos cannot be combined with structured output")
 
     def _check_outputs(self) -> None:
         if not _is_int(self.n) or not 1 <= self.n <= MAX_SAMPLES:
@@ -151,6 +190,7 @@ class SamplingParams:
             or self.logit_bias
             or self.min_tokens
             or self.bad_words
+            or self.structured
         )
 
     def method(self, default: str) -> str:

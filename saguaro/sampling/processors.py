@@ -5,7 +5,9 @@ For a scored row whose request has generated ``g`` so far (``c_t`` the count of 
 
 1. ``l_t + bias_t`` (``logit_bias``);
 2. ``-inf`` for a banned token: the last token of a bad word whose other tokens end ``g`` (a
-   one-token word always), and the end-of-sequence and stop tokens while ``|g| < min_tokens``;
+   one-token word always), the end-of-sequence and stop tokens while ``|g| < min_tokens``,
+   and every token a structured-output grammar refuses after ``g``
+   (:mod:`saguaro.sampling.structured`);
 3. for ``t in P or c_t > 0`` with repetition penalty ``r``: ``l_t / r`` where ``l_t > 0``,
    else ``l_t * r``;
 4. ``l_t - frequency * c_t - presence * [c_t > 0]``.
@@ -16,7 +18,9 @@ Why speculation stays exact: position j of a round is scored with the draft toke
 ``s_1..s_{j-1}`` before it, and it decides a token only if all of them were accepted, i.e.
 committed. So processing row j over ``g + s_1..s_{j-1}`` gives it exactly the distribution AR
 computes after committing the same tokens; verification (any method) then compares the draft
-against that ``p``. The draft's own q may ignore the processors: any q is verified exactly.
+against that ``p``. The draft's own q may ignore the processors (any q is verified exactly); an
+in-process draft applies them too (:func:`process_draft_row`), so that it proposes what the
+target can accept.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from saguaro.sampling.params import SamplingParams
+from saguaro.sampling.structured import Grammar
 
 
 @dataclass
@@ -41,6 +46,7 @@ class Processors:
     stop_ids: list[int]  # banned while fewer than min_tokens tokens are generated
     prompt_mask: torch.Tensor | None  # [V] bool, the prompt's tokens (repetition penalty only)
     counts: torch.Tensor | None  # [V] float32, c_t over the generated tokens (penalties only)
+    grammar: Grammar | None = None  # structured output
     counted: int = 0  # generated tokens already in ``counts``
 
     @classmethod
@@ -51,10 +57,12 @@ class Processors:
         vocab_size: int,
         stop_ids: Sequence[int],
         bad_words: Sequence[Sequence[int]] = (),
+        grammar: Grammar | None = None,
     ) -> Processors | None:
         """The processors of a request (None if none acts). ``stop_ids``: what min_tokens holds
         back (the end-of-sequence tokens unless ignored, and ``stop_token_ids``);
-        ``bad_words``: the tokenized bad words. Token ids out of the vocabulary: ValueError."""
+        ``bad_words``: the tokenized bad words; ``grammar``: its structured output, compiled.
+        Token ids out of the vocabulary: ValueError."""
         if not params.has_processors:
             return None
         bias = params.logit_bias or {}
@@ -76,6 +84,7 @@ class Processors:
             stop_ids=sorted(set(stop_ids)) if params.min_tokens else [],
             prompt_mask=prompt_mask,
             counts=torch.zeros(vocab_size) if penalised or repeats else None,
+            grammar=grammar,
         )
 
     def _counts(self, generated: Sequence[int]) -> torch.Tensor:
@@ -97,25 +106,26 @@ class Processors:
                 out.append(word[-1])
         return out
 
-    def apply(self, block: torch.Tensor, generated: list[int], drafts: list[int]) -> torch.Tensor:
-        """Process ``block`` [m, V] in place: row j follows ``generated + drafts[:j]``."""
+    def apply(
+        self, block: torch.Tensor, generated: list[int], drafts: list[int], first: int = 0
+    ) -> torch.Tensor:
+        """Process ``block`` [m, V] in place: row j follows ``generated + drafts[:first + j]``."""
         m = block.shape[0]
+        rows = range(first, first + m)
         p = self.params
         if len(self.bias_ids):
             block[:, self.bias_ids] += self.bias_values.to(block.device)
-        if self.stop_ids or self.bad_words:
-            pairs = [(j, t) for j in range(m) for t in self.banned(generated + drafts[:j])]
-            if pairs:
-                rows, tokens = zip(*pairs, strict=True)
-                block[list(rows), list(tokens)] = -torch.inf
+        self._ban(block, generated, drafts, rows)
         if self.counts is None:
             return block
         counts = self._counts(generated).to(block.device).expand(m, -1).clone()
-        if m > 1:  # row j also counts s_1..s_{j-1}: the pairs (j, s_i) with i < j
-            rows = [j for j in range(1, m) for _ in range(j)]
-            tokens = [drafts[i] for j in range(1, m) for i in range(j)]
+        pairs = [(j - first, drafts[i]) for j in rows for i in range(j)]
+        if pairs:  # row j also counts s_1..s_{j-1}
+            rows_, tokens = zip(*pairs, strict=True)
             counts.index_put_(
-                (torch.tensor(rows), torch.tensor(tokens)), torch.ones(len(rows)), accumulate=True
+                (torch.tensor(rows_), torch.tensor(tokens)),
+                torch.ones(len(pairs)),
+                accumulate=True,
             )
         seen = counts > 0
         if p.repetition_penalty != 1:
@@ -128,6 +138,28 @@ class Processors:
         if p.presence_penalty:
             block.sub_(seen.float() * p.presence_penalty)
         return block
+
+    def _ban(self, block: torch.Tensor, generated: list[int], drafts: list[int], rows: range):
+        """Step 2 of the module docstring on the rows ``rows`` of a round, in place."""
+        if self.stop_ids or self.bad_words:
+            pairs = [(j - rows.start, t) for j in rows for t in self.banned(generated + drafts[:j])]
+            if pairs:
+                rows_, tokens = zip(*pairs, strict=True)
+                block[list(rows_), list(tokens)] = -torch.inf
+        if self.grammar is not None:
+            for j, refused in enumerate(self.grammar.banned(generated, drafts, rows)):
+                if refused is not None:
+                    block[j].masked_fill_(refused.to(block.device), -torch.inf)
+
+
+def process_draft_row(
+    logits: torch.Tensor, proc: Processors | None, generated: list[int], drafts: list[int]
+) -> torch.Tensor:
+    """A draft's logits row [1, V] after ``generated + drafts``, processed as the target's row
+    at that position is (a copy; the row itself when the request has no processors)."""
+    if proc is None:
+        return logits
+    return proc.apply(logits.float().clone(), generated, drafts, first=len(drafts))
 
 
 def apply_processors(

@@ -21,6 +21,7 @@ from saguaro.core.sequence import Sequence
 from saguaro.engine.engine import LLMEngine
 from saguaro.errors import SaguaroError
 from saguaro.sampling import SamplingParams
+from saguaro.sampling.logprobs import TokenLogprob
 
 log = logging.getLogger("saguaro.server")
 
@@ -45,6 +46,8 @@ class StreamEvent:
     completion_tokens: int
     finish_reason: str | None = None  # "stop" | "length" | "abort" on the last event
     error: str | None = None  # the engine failed; also the last event
+    # the log-probabilities of the tokens committed since the previous event, if asked for
+    logprobs: list[TokenLogprob] = field(default_factory=list)
 
     @property
     def final(self) -> bool:
@@ -105,12 +108,13 @@ class EngineStats:
 
 
 class RequestStream:
-    """One submitted request: iterate it for ``StreamEvent``s; ``cancel()`` aborts it."""
+    """One sample of a submitted request: iterate it for ``StreamEvent``s; ``cancel()`` aborts
+    it."""
 
     def __init__(self, owner: AsyncEngine, prompt_ids: list[int], params: SamplingParams):
         self.owner = owner
         self.prompt_ids = prompt_ids
-        self.params = params
+        self.params = params  # the request's (n samples)
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue[StreamEvent] = asyncio.Queue()
         self.seq_id: int | None = None  # set on the loop thread once the engine has it
@@ -124,7 +128,7 @@ class RequestStream:
 
     def cancel(self) -> None:
         if not self.done:
-            self.owner._post(("abort", self))
+            self.owner._post(("abort", [self]))
 
 
 @dataclass
@@ -132,6 +136,12 @@ class _Active:
     stream: RequestStream
     seq: Sequence
     sent: int = 0  # characters of text already delivered
+    sent_logprobs: int = 0  # log-probabilities already delivered
+
+    def new_logprobs(self) -> list[TokenLogprob]:
+        logprobs = self.seq.logprobs or []
+        new, self.sent_logprobs = logprobs[self.sent_logprobs :], len(logprobs)
+        return new
 
 
 def _put_all(items: list[tuple[RequestStream, StreamEvent]]) -> None:
@@ -145,7 +155,7 @@ class AsyncEngine:
         self.stats = EngineStats(Histogram(tuple(range(1, engine.cfg.lookahead + 2))))
         self.stats_lock = threading.Lock()
         self._cond = threading.Condition()
-        self._commands: list[tuple[str, RequestStream | None]] = []
+        self._commands: list[tuple[str, list[RequestStream]]] = []
         self._thread: threading.Thread | None = None
         self.accepting = True  # False once draining: submit() refuses new requests
         # Loop-thread state.
@@ -163,7 +173,7 @@ class AsyncEngine:
     def stop(self) -> None:
         """Abort whatever is in flight and join the loop thread (the engine stays usable)."""
         if self._thread is not None:
-            self._post(("stop", None))
+            self._post(("stop", []))
             self._thread.join()
             self._thread = None
 
@@ -178,17 +188,18 @@ class AsyncEngine:
             if not busy:
                 return
             time.sleep(DRAIN_POLL_S)
-        self._post(("abort_all", None))
+        self._post(("abort_all", []))
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams) -> RequestStream:
-        """Queue a validated prompt (see ``LLMEngine.encode_prompt``); call from the event loop."""
+    def submit(self, prompt_ids: list[int], params: SamplingParams) -> list[RequestStream]:
+        """Queue a validated prompt (see ``LLMEngine.encode_prompt``): one stream per sample
+        (``params.n``). Call from the event loop."""
         if not self.accepting:
             raise ShuttingDown("the server is shutting down")
-        stream = RequestStream(self, prompt_ids, params)
-        self._post(("add", stream))
-        return stream
+        streams = [RequestStream(self, prompt_ids, params) for _ in range(params.n)]
+        self._post(("add", streams))
+        return streams
 
-    def _post(self, command: tuple[str, RequestStream | None]) -> None:
+    def _post(self, command: tuple[str, list[RequestStream]]) -> None:
         with self._cond:
             self._commands.append(command)
             self._cond.notify()
@@ -201,7 +212,7 @@ class AsyncEngine:
                 while not self._commands and not self.engine.has_unfinished():
                     self._cond.wait()
                 commands, self._commands = self._commands, []
-            for kind, stream in commands:
+            for kind, streams in commands:
                 if kind in ("stop", "abort_all"):
                     for active in list(self._active.values()):
                         self._abort(active)
@@ -209,11 +220,12 @@ class AsyncEngine:
                         self._flush()
                         return
                     continue
-                assert stream is not None
                 if kind == "add":
-                    self._add(stream)
-                elif stream.seq_id in self._active:  # abort; a finished request has left
-                    self._abort(self._active[stream.seq_id])
+                    self._add(streams)
+                    continue
+                for stream in streams:  # abort; a finished request has left
+                    if stream.seq_id in self._active:
+                        self._abort(self._active[stream.seq_id])
             if self.engine.has_unfinished():
                 self._step()
             self._flush()
@@ -230,17 +242,20 @@ class AsyncEngine:
             except RuntimeError:  # that event loop has closed: nobody is listening
                 pass
 
-    def _add(self, stream: RequestStream) -> None:
+    def _add(self, streams: list[RequestStream]) -> None:
+        first = streams[0]
         try:
-            seq = self.engine.add_request(stream.prompt_ids, stream.params)
+            seqs = self.engine.add_samples(first.prompt_ids, first.params)
         except Exception as e:  # fail this request, never the loop thread
             log.exception("cannot add request")
             why = str(e) if isinstance(e, SaguaroError) else ENGINE_FAILURE
-            event = StreamEvent("", len(stream.prompt_ids), 0, error=why)
-            self._outbox.append((stream, event))
+            for stream in streams:
+                event = StreamEvent("", len(stream.prompt_ids), 0, error=why)
+                self._outbox.append((stream, event))
             return
-        stream.seq_id = seq.seq_id
-        self._active[seq.seq_id] = _Active(stream, seq)
+        for stream, seq in zip(streams, seqs, strict=True):
+            stream.seq_id = seq.seq_id
+            self._active[seq.seq_id] = _Active(stream, seq)
 
     def _step(self) -> None:
         try:
@@ -263,13 +278,14 @@ class AsyncEngine:
             delta = text[active.sent :]
             active.sent = max(active.sent, len(text))
             event = StreamEvent(delta, seq.num_prompt_tokens, seq.num_output_tokens)
+            event.logprobs = active.new_logprobs()
             if seq.is_finished:
                 if seq.error is not None:  # this request alone failed
                     event.error = seq.error
                 else:
                     event.finish_reason = seq.finish_reason
                 self._finish(active, event)
-            elif delta:
+            elif delta or event.logprobs:
                 self._outbox.append((active.stream, event))
 
     def _abort(self, active: _Active) -> None:

@@ -30,6 +30,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from saguaro.engine.engine import LLMEngine
 from saguaro.errors import RequestError
 from saguaro.sampling import SamplingParams
+from saguaro.sampling.logprobs import TokenLogprob
 from saguaro.server.async_engine import AsyncEngine, RequestStream, ShuttingDown, StreamEvent
 from saguaro.server.errors import (
     EXCEPTION_HANDLERS,
@@ -39,6 +40,7 @@ from saguaro.server.errors import (
     error_response,
     validation_error,
 )
+from saguaro.server.logprobs import Tokens, chat_logprobs, completion_logprobs
 from saguaro.server.metrics import CONTENT_TYPE, render_metrics
 from saguaro.server.protocol import (
     ChatChoice,
@@ -74,6 +76,10 @@ class ServedModel:
     def engine(self) -> LLMEngine:
         return self.ae.engine
 
+    @property
+    def tokens(self) -> Tokens:
+        return Tokens(self.engine.tokenizer.decode, self.engine.grammars.token_bytes)
+
     def check_model(self, name: str | None) -> None:
         """404 for a model other than the served one (None means the served one)."""
         if name is not None and name != self.model_name:
@@ -106,7 +112,15 @@ class ServedModel:
         except RequestError as e:
             raise APIError(400, str(e), param) from e
 
-    def submit(self, ids: list[int], params: SamplingParams) -> RequestStream:
+    def check(self, ids: list[int], params: SamplingParams) -> None:
+        """400 for parameters the engine cannot serve (a token id the model lacks, a grammar
+        that does not compile). Compiles a grammar: call it off the event loop."""
+        try:
+            self.engine.check_request(ids, params)
+        except RequestError as e:
+            raise APIError(400, str(e)) from e
+
+    def submit(self, ids: list[int], params: SamplingParams) -> list[RequestStream]:
         try:
             return self.ae.submit(ids, params)
         except ShuttingDown as e:
@@ -146,60 +160,121 @@ def _sse(payload: BaseModel | dict[str, Any]) -> str:
     return f"data: {data}\n\n"
 
 
-def _abort_on_disconnect(request: Request, stream: RequestStream) -> asyncio.Task[None]:
-    """Watch the connection from the moment ``stream`` is submitted: a client that goes away
-    aborts it, freeing its KV blocks, even if the response never started. Whoever consumes
-    the stream cancels the watcher, and the stream (a no-op once finished), when done."""
+def _abort_on_disconnect(request: Request, streams: list[RequestStream]) -> asyncio.Task[None]:
+    """Watch the connection from the moment ``streams`` are submitted: a client that goes away
+    aborts them, freeing their KV blocks, even if the response never started. Whoever consumes
+    the streams cancels the watcher, and the streams (a no-op once finished), when done."""
 
     async def watch() -> None:
         while (await request.receive())["type"] != "http.disconnect":
             pass
-        stream.cancel()
+        for stream in streams:
+            stream.cancel()
 
     return asyncio.create_task(watch())
 
 
-async def _collect(stream: RequestStream, watcher: asyncio.Task[None]) -> tuple[str, StreamEvent]:
-    """The whole text of ``stream`` and its last event; 500 if the engine failed it."""
-    parts = []
-    try:
-        async for event in stream:
-            parts.append(event.text)
-    finally:
-        watcher.cancel()
-        stream.cancel()
+@dataclass
+class Choice:
+    """What one choice (a prompt's sample) produced in full."""
+
+    text: str
+    last: StreamEvent
+    logprobs: list[TokenLogprob]
+
+
+async def _collect_one(stream: RequestStream) -> Choice:
+    parts, logprobs = [], []
+    async for event in stream:
+        parts.append(event.text)
+        logprobs += event.logprobs
     if event.error is not None:
         raise APIError(500, event.error, kind=SERVER_ERROR)
-    return "".join(parts), event
+    return Choice("".join(parts), event, logprobs)
+
+
+async def _collect(streams: list[RequestStream], watcher: asyncio.Task[None]) -> list[Choice]:
+    """Every stream's whole text, log-probabilities and last event; 500 if the engine failed
+    one of them."""
+    try:
+        return list(await asyncio.gather(*(_collect_one(s) for s in streams)))
+    finally:
+        watcher.cancel()
+        for stream in streams:
+            stream.cancel()
+
+
+def _usage(choices: list[Choice], prompt_tokens: int) -> Usage:
+    completion = sum(c.last.completion_tokens for c in choices)
+    return Usage(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion,
+        total_tokens=prompt_tokens + completion,
+    )
+
+
+async def _merged(streams: list[RequestStream]) -> AsyncIterator[tuple[int, StreamEvent]]:
+    """The events of all ``streams`` as they come, each with its stream's index."""
+    queue: asyncio.Queue[tuple[int, StreamEvent]] = asyncio.Queue()
+
+    async def pump(i: int, stream: RequestStream) -> None:
+        async for event in stream:
+            await queue.put((i, event))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        for _ in range(len(streams)):
+            while True:
+                i, event = await queue.get()
+                yield i, event
+                if event.final:
+                    break
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+# (choice index, new text, finish reason, new log-probabilities) -> one chunk
+ChunkFn = Callable[[int, str, str | None, list[TokenLogprob]], BaseModel]
 
 
 def _event_stream(
-    stream: RequestStream,
+    streams: list[RequestStream],
     watcher: asyncio.Task[None],
-    chunk: Callable[[str, str | None], BaseModel],
+    chunk: ChunkFn,
     usage_chunk: Completion | ChatCompletionChunk,
     include_usage: bool,
-    head: BaseModel | None = None,
+    prompt_tokens: int,
+    heads: list[BaseModel] = (),
 ) -> StreamingResponse:
-    """Server-sent events: one chunk per engine step (all the tokens it committed), an optional
-    usage chunk, then ``[DONE]``. An engine failure mid-stream is sent as an error event."""
+    """Server-sent events: one chunk per engine step and choice (all the tokens it committed),
+    an optional usage chunk, then ``[DONE]``. An engine failure mid-stream is sent as an error
+    event and ends the response."""
 
     async def events() -> AsyncIterator[str]:
+        completion_tokens = [0] * len(streams)
         try:
-            if head is not None:
+            for head in heads:
                 yield _sse(head)
-            async for event in stream:
+            async for i, event in _merged(streams):
                 if event.error is not None:
                     yield _sse(error_body(event.error, SERVER_ERROR, None, None))
                     break
-                yield _sse(chunk(event.text, event.finish_reason))
+                completion_tokens[i] = event.completion_tokens
+                yield _sse(chunk(i, event.text, event.finish_reason, event.logprobs))
             else:
                 if include_usage:
-                    usage_chunk.usage = Usage.of(event)
+                    total = sum(completion_tokens)
+                    usage_chunk.usage = Usage(
+                        prompt_tokens=prompt_tokens,
+                        completion_tokens=total,
+                        total_tokens=prompt_tokens + total,
+                    )
                     yield _sse(usage_chunk)
         finally:
             watcher.cancel()
-            stream.cancel()
+            for stream in streams:
+                stream.cancel()
         yield "data: [DONE]\n\n"
 
     return StreamingResponse(
@@ -250,24 +325,45 @@ async def metrics(request: Request) -> Response:
 @router.post("/v1/completions")
 async def completions(request: Request) -> Response:
     served = _served(request)
+    tokenizer = served.engine.tokenizer
+    tokens = served.tokens
     req: CompletionRequest = await _parse(request, CompletionRequest)
     served.check_model(req.model)
-    prompt = req.single_prompt()
-    ids = await asyncio.to_thread(served.prompt_ids, prompt, "prompt")  # keep the loop responsive
-    stream = served.submit(ids, req.sampling_params(req.token_limit()))
-    watcher = _abort_on_disconnect(request, stream)
+    params = req.sampling_params(req.token_limit(), req.logprobs)
+    if req.echo and req.logprobs is not None:
+        raise APIError(
+            400, "echo with logprobs (the prompt's log-probabilities) is not supported", "echo"
+        )
+    prompts = []
+    for prompt in req.prompts():  # tokenising runs off the event loop: a huge prompt stalls no one
+        prompts.append(await asyncio.to_thread(served.prompt_ids, prompt, "prompt"))
+    await asyncio.to_thread(served.check, prompts[0], params)
+    streams = [s for ids in prompts for s in served.submit(ids, params)]
+    watcher = _abort_on_disconnect(request, streams)
     rid, now, name = f"cmpl-{uuid.uuid4().hex}", int(time.time()), served.model_name
+    echoes = [tokenizer.decode(ids) if req.echo else "" for ids in prompts]
+    echo = [echoes[i // params.n] for i in range(len(streams))]
+    sent = [0] * len(streams)  # characters of each choice's text so far (for text_offset)
+    prompt_tokens = sum(len(ids) for ids in prompts)
 
-    def chunk(text: str, reason: str | None) -> Completion:
-        choice = CompletionChoice(text=text, finish_reason=reason)
+    def chunk(i: int, text: str, reason: str | None, logprobs: list) -> Completion:
+        prefix, echo[i] = echo[i], ""  # the prompt, before the first chunk's text
+        lp = None
+        if params.logprobs is not None:
+            lp = completion_logprobs(tokens, logprobs, sent[i] + len(prefix))
+        text = prefix + text
+        sent[i] += len(text)
+        choice = CompletionChoice(index=i, text=text, finish_reason=reason, logprobs=lp)
         return Completion(id=rid, created=now, model=name, choices=[choice])
 
     if req.stream:
         usage_chunk = Completion(id=rid, created=now, model=name, choices=[])
-        return _event_stream(stream, watcher, chunk, usage_chunk, req.include_usage)
-    text, last = await _collect(stream, watcher)
-    done = chunk(text, last.finish_reason)
-    done.usage = Usage.of(last)
+        return _event_stream(streams, watcher, chunk, usage_chunk, req.include_usage, prompt_tokens)
+    choices = await _collect(streams, watcher)
+    done = Completion(id=rid, created=now, model=name, choices=[])
+    for i, c in enumerate(choices):
+        done.choices += chunk(i, c.text, c.last.finish_reason, c.logprobs).choices
+    done.usage = _usage(choices, prompt_tokens)
     return JSONResponse(done.model_dump())
 
 
@@ -284,29 +380,54 @@ async def chat_completions(request: Request) -> Response:
         raise APIError(400, f"chat template: {e}", "messages") from e
     ids = await asyncio.to_thread(served.prompt_ids, ids, "messages")
     limit = req.token_limit(room=engine.max_model_len - len(ids))
-    stream = served.submit(ids, req.sampling_params(limit))
-    watcher = _abort_on_disconnect(request, stream)
+    params = req.sampling_params(limit, req.logprob_count())
+    await asyncio.to_thread(served.check, ids, params)
+    streams = served.submit(ids, params)
+    watcher = _abort_on_disconnect(request, streams)
     rid, now, name = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), served.model_name
+    tokens = served.tokens
 
-    def chunk(text: str, reason: str | None) -> ChatCompletionChunk:
+    def logprobs_of(found: list) -> dict[str, Any] | None:
+        return None if params.logprobs is None else chat_logprobs(tokens, found)
+
+    def chunk(i: int, text: str, reason: str | None, found: list) -> ChatCompletionChunk:
         delta = {"content": text} if text else {}
-        choice = ChatChunkChoice(delta=delta, finish_reason=reason)
+        choice = ChatChunkChoice(
+            index=i, delta=delta, finish_reason=reason, logprobs=logprobs_of(found)
+        )
         return ChatCompletionChunk(id=rid, created=now, model=name, choices=[choice])
 
     if req.stream:
-        first = ChatChunkChoice(delta={"role": "assistant", "content": ""}, finish_reason=None)
-        head = ChatCompletionChunk(id=rid, created=now, model=name, choices=[first])
+        first = {"role": "assistant", "content": ""}
+        heads = [
+            ChatCompletionChunk(
+                id=rid,
+                created=now,
+                model=name,
+                choices=[ChatChunkChoice(index=i, delta=first, finish_reason=None)],
+            )
+            for i in range(len(streams))
+        ]
         usage_chunk = ChatCompletionChunk(id=rid, created=now, model=name, choices=[])
-        return _event_stream(stream, watcher, chunk, usage_chunk, req.include_usage, head)
-    text, last = await _collect(stream, watcher)
-    message = {"role": "assistant", "content": text}
+        return _event_stream(
+            streams, watcher, chunk, usage_chunk, req.include_usage, len(ids), heads
+        )
+    choices = await _collect(streams, watcher)
     return JSONResponse(
         ChatCompletion(
             id=rid,
             created=now,
             model=name,
-            choices=[ChatChoice(message=message, finish_reason=last.finish_reason)],
-            usage=Usage.of(last),
+            choices=[
+                ChatChoice(
+                    index=i,
+                    message={"role": "assistant", "content": c.text},
+                    finish_reason=c.last.finish_reason,
+                    logprobs=logprobs_of(c.logprobs),
+                )
+                for i, c in enumerate(choices)
+            ],
+            usage=_usage(choices, len(ids)),
         ).model_dump()
     )
 

@@ -21,6 +21,7 @@ from saguaro.core.sequence import Sequence
 from saguaro.engine.model_runner import ModelRunner
 from saguaro.sampling import SamplingParams, SamplingTensors, SparseQ, propose, seed_tensor
 from saguaro.sampling.coupled import propose_coupled
+from saguaro.sampling.processors import Processors, process_draft_row
 from saguaro.sampling.reduce import argmax_rows
 
 # (draft logits [m, V], chain indices of the m rows, depth, positions [m]) -> tokens, q (None:
@@ -41,6 +42,14 @@ class Chain:
     params: SamplingParams
     seed: int
     coupled: bool = False  # coupled sampling: propose q's perturbed argmax, no q needed
+    processors: Processors | None = None  # the request's, applied to the draft's rows too
+    num_prompt: int = 0  # token_ids[num_prompt:] are generated (what the processors count)
+
+    def processed(self, logits: torch.Tensor, drafted: list[int]) -> torch.Tensor:
+        """The draft's row after ``drafted``, processed as the target will process its row
+        there: proposals the target's processors refuse would only be rejected."""
+        generated = self.token_ids[self.num_prompt :]
+        return process_draft_row(logits, self.processors, generated, drafted)
 
 
 def plain_proposals(chains: list[Chain], top_m: int) -> ProposeFn:
@@ -109,6 +118,13 @@ def decode_chains(
     ]
     for depth in range(k_max):
         logits = runner.forward(queries)
+        if any(chains[i].processors is not None for i in active):
+            logits = torch.cat(
+                [
+                    chains[i].processed(logits[r : r + 1], tokens[i][:depth])
+                    for r, i in enumerate(active)
+                ]
+            )
         if greedy:
             drawn = argmax_rows(logits).tolist()
         else:
@@ -157,6 +173,8 @@ class DraftProposer(Proposer):
                 s.params,
                 s.seed,
                 s.params.method(self.sampling) == "coupled",
+                s.processors,
+                s.num_prompt_tokens,
             )
             for s, k in zip(seqs, ks, strict=True)
         ]

@@ -57,7 +57,11 @@ _fields = {
     "user": _garbage,
     "ignore_eos": st.one_of(st.booleans(), _garbage),
     "max_completion_tokens": _small_tokens,
-    "logprobs": _garbage,  # an OpenAI argument saguaro does not take
+    "logprobs": _garbage,
+    "logit_bias": _garbage,
+    "presence_penalty": st.one_of(st.floats(-3, 3), _garbage),
+    "response_format": _garbage,
+    "tools": _garbage,
 }
 # max_tokens is always present and small, so a valid request generates a few tokens at most.
 _completion_body = st.fixed_dictionaries(
@@ -141,7 +145,7 @@ def test_a_request_names_its_sampling_method(server, client, offline):
 def test_a_request_without_sampling_arguments_gets_openai_defaults():
     req = CompletionRequest.model_validate_json(b'{"prompt": "x"}')
     assert req.token_limit() == DEFAULT_COMPLETION_TOKENS
-    assert req.sampling_params(req.token_limit()) == SamplingParams(
+    assert req.sampling_params(req.token_limit(), None) == SamplingParams(
         temperature=DEFAULT_TEMPERATURE, top_p=DEFAULT_TOP_P, max_tokens=16
     )
     chat = ChatCompletionRequest.model_validate_json(
@@ -163,16 +167,16 @@ def test_a_request_without_sampling_arguments_gets_openai_defaults():
 def test_invalid_sampling_values_are_400s():
     req = CompletionRequest.model_validate({"prompt": "x", "stream_options": {}})
     with pytest.raises(APIError) as bad:
-        req.sampling_params(4)
+        req.sampling_params(4, None)
     assert (bad.value.status, bad.value.param) == (400, "stream")
     with pytest.raises(APIError) as bad:
-        CompletionRequest.model_validate({"prompt": "x", "stop": [""]}).sampling_params(4)
+        CompletionRequest.model_validate({"prompt": "x", "stop": [""]}).sampling_params(4, None)
     assert bad.value.status == 400
 
 
-def test_a_list_holding_one_prompt_is_that_prompt():
-    assert CompletionRequest.model_validate({"prompt": ["a"]}).single_prompt() == "a"
-    assert CompletionRequest.model_validate({"prompt": [[1, 2]]}).single_prompt() == [1, 2]
-    assert CompletionRequest.model_validate({"prompt": [1, 2]}).single_prompt() == [1, 2]
-    with pytest.raises(APIError):
-        CompletionRequest.model_validate({"prompt": ["a", "b"]}).single_prompt()
+def test_prompts_are_a_list_of_text_or_token_lists():
+    assert CompletionRequest.model_validate({"prompt": ["a"]}).prompts() == ["a"]
+    assert CompletionRequest.model_validate({"prompt": "a"}).prompts() == ["a"]
+    assert CompletionRequest.model_validate({"prompt": [[1, 2], [3]]}).prompts() == [[1, 2], [3]]
+    assert CompletionRequest.model_validate({"prompt": [1, 2]}).prompts() == [[1, 2]]
+    assert CompletionRequest.model_validate({"prompt": ["a", "b"]}).prompts() == ["a", "b"]

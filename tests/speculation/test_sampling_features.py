@@ -32,7 +32,9 @@ MODES = {
     "sd": dict(mode="sd", num_speculative_tokens=4),
     "sd coupled": dict(mode="sd", num_speculative_tokens=3, sampling="coupled"),
     "ssd hits": dict(mode="ssd", num_speculative_tokens=2, fanout=[2, 2, 2]),
-    "ssd misses, fast backup": dict(mode="ssd", num_speculative_tokens=3, fanout="0", backup="fast"),
+    "ssd misses, fast backup": dict(
+        mode="ssd", num_speculative_tokens=3, fanout="0", backup="fast"
+    ),
     "ssd misses, neural backup": dict(
         mode="ssd", num_speculative_tokens=3, fanout="0", backup="neural"
     ),
