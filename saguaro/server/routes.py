@@ -78,7 +78,15 @@ class ServedModel:
 
     @property
     def tokens(self) -> Tokens:
-        return Tokens(self.engine.tokenizer.decode, self.engine.grammars.token_bytes)
+        tokenizer, grammars = self.engine.tokenizer, self.engine.grammars
+
+        def token_bytes(token: int) -> bytes:
+            try:
+                return grammars.token_bytes(token)
+            except ValueError:  # a tokenizer llguidance cannot read: the decoded text's bytes
+                return tokenizer.decode([token], skip_special_tokens=False).encode()
+
+        return Tokens(tokenizer.decode, token_bytes)
 
     def check_model(self, name: str | None) -> None:
         """404 for a model other than the served one (None means the served one)."""
