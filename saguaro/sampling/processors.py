@@ -46,6 +46,9 @@ class Processors:
     stop_ids: list[int]  # banned while fewer than min_tokens tokens are generated
     prompt_mask: torch.Tensor | None  # [V] bool, the prompt's tokens (repetition penalty only)
     counts: torch.Tensor | None  # [V] float32, c_t over the generated tokens (penalties only)
+    # Sorted ids whose logits a penalty can change: generated ones, and the prompt's under a
+    # repetition penalty. Penalties touch only these columns, not the whole vocabulary.
+    support: torch.Tensor | None = None
     grammar: Grammar | None = None  # structured output
     counted: int = 0  # generated tokens already in ``counts``
 
@@ -72,9 +75,12 @@ class Processors:
         penalised = bool(params.presence_penalty or params.frequency_penalty)
         repeats = params.repetition_penalty != 1
         prompt_mask = None
+        empty = torch.zeros(0, dtype=torch.int64)
+        support = empty if penalised or repeats else None
         if repeats:
             prompt_mask = torch.zeros(vocab_size, dtype=torch.bool)
-            prompt_mask[torch.tensor(list(prompt_ids), dtype=torch.int64)] = True
+            support = torch.tensor(sorted(set(prompt_ids)), dtype=torch.int64)
+            prompt_mask[support] = True
         return cls(
             params=params,
             vocab_size=vocab_size,
@@ -84,18 +90,19 @@ class Processors:
             stop_ids=sorted(set(stop_ids)) if params.min_tokens else [],
             prompt_mask=prompt_mask,
             counts=torch.zeros(vocab_size) if penalised or repeats else None,
+            support=support,
             grammar=grammar,
         )
 
-    def _counts(self, generated: Sequence[int]) -> torch.Tensor:
-        """``c_t`` over ``generated``, caught up from the tokens counted in earlier rounds."""
-        assert self.counts is not None
+    def _catch_up(self, generated: Sequence[int]) -> None:
+        """Count the tokens generated since the last round into ``counts`` and ``support``."""
+        assert self.counts is not None and self.support is not None
         new = generated[self.counted :]
         if new:
             ids = torch.tensor(list(new), dtype=torch.int64)
             self.counts.index_add_(0, ids, torch.ones(len(new)))
+            self.support = torch.unique(torch.cat([self.support, ids]))
             self.counted = len(generated)
-        return self.counts
 
     def banned(self, generated: Sequence[int]) -> list[int]:
         """Tokens that cannot follow ``generated`` (step 2 of the module docstring)."""
@@ -112,32 +119,43 @@ class Processors:
         """Process ``block`` [m, V] in place: row j follows ``generated + drafts[:first + j]``."""
         m = block.shape[0]
         rows = range(first, first + m)
-        p = self.params
         if len(self.bias_ids):
             block[:, self.bias_ids] += self.bias_values.to(block.device)
         self._ban(block, generated, drafts, rows)
-        if self.counts is None:
-            return block
-        counts = self._counts(generated).to(block.device).expand(m, -1).clone()
-        pairs = [(j - first, drafts[i]) for j in rows for i in range(j)]
+        if self.counts is not None:
+            self._penalise(block, generated, drafts, rows)
+        return block
+
+    def _penalise(self, block: torch.Tensor, generated: list[int], drafts: list[int], rows: range):
+        """Steps 3 and 4 of the module docstring on the rows ``rows`` of a round, in place,
+        column by column of the support (every other column is left as it is)."""
+        p = self.params
+        self._catch_up(generated)
+        assert self.counts is not None and self.support is not None
+        ids = self.support
+        seen_drafts = drafts[: rows.stop - 1]
+        if seen_drafts:
+            ids = torch.unique(torch.cat([ids, torch.tensor(seen_drafts, dtype=torch.int64)]))
+        counts = self.counts[ids].expand(len(rows), -1).clone()  # [m, |support|]
+        pairs = [(j - rows.start, drafts[i]) for j in rows for i in range(j)]
         if pairs:  # row j also counts s_1..s_{j-1}
-            rows_, tokens = zip(*pairs, strict=True)
-            counts.index_put_(
-                (torch.tensor(rows_), torch.tensor(tokens)),
-                torch.ones(len(pairs)),
-                accumulate=True,
-            )
+            at, tokens = zip(*pairs, strict=True)
+            columns = torch.searchsorted(ids, torch.tensor(tokens, dtype=torch.int64))
+            counts.index_put_((torch.tensor(at), columns), torch.ones(len(pairs)), accumulate=True)
+        columns = ids.to(block.device)
+        values = block[:, columns]
+        counts = counts.to(block.device)
         seen = counts > 0
         if p.repetition_penalty != 1:
             assert self.prompt_mask is not None
             r = p.repetition_penalty
-            hit = seen | self.prompt_mask.to(block.device)
-            block.copy_(torch.where(hit, torch.where(block > 0, block / r, block * r), block))
+            hit = seen | self.prompt_mask[ids].to(block.device)
+            values = torch.where(hit, torch.where(values > 0, values / r, values * r), values)
         if p.frequency_penalty:
-            block.sub_(counts * p.frequency_penalty)
+            values = values - counts * p.frequency_penalty
         if p.presence_penalty:
-            block.sub_(seen.float() * p.presence_penalty)
-        return block
+            values = values - seen.float() * p.presence_penalty
+        block[:, columns] = values
 
     def _ban(self, block: torch.Tensor, generated: list[int], drafts: list[int], rows: range):
         """Step 2 of the module docstring on the rows ``rows`` of a round, in place."""
@@ -177,10 +195,14 @@ def apply_processors(
     """
     if all(p is None for p in processors):
         return logits
-    out = logits.clone()
+    out = logits.float().clone()
     for proc, gen, draft, row in zip(processors, generated, drafts, rows, strict=True):
         if proc is None:
             continue
-        idx = torch.tensor(row[: len(draft) + 1], device=logits.device)
-        out[idx] = proc.apply(out[idx].float(), gen, draft).to(out.dtype)
+        scored = row[: len(draft) + 1]
+        if scored == list(range(scored[0], scored[0] + len(scored))):  # in place, on a view
+            proc.apply(out[scored[0] : scored[0] + len(scored)], gen, draft)
+        else:
+            idx = torch.tensor(scored, device=logits.device)
+            out[idx] = proc.apply(out[idx], gen, draft)
     return out

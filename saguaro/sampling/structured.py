@@ -62,9 +62,16 @@ class GrammarCompiler:
         if self._tokenizer is None:
             from llguidance import LLTokenizer
 
-            self._tokenizer = LLTokenizer(
-                self.tokenizer_json, n_vocab=self.vocab_size, eos_token=self.eos_ids
-            )
+            try:
+                self._tokenizer = LLTokenizer(
+                    self.tokenizer_json, n_vocab=self.vocab_size, eos_token=self.eos_ids
+                )
+            except Exception as e:
+                raise ValueError(f"llguidance cannot read this tokenizer: {e}") from e
+            except BaseException as e:  # a Rust panic: fail the request, not the thread
+                if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                    raise
+                raise ValueError(f"llguidance cannot read this tokenizer: {e}") from None
         return self._tokenizer
 
     def token_bytes(self, token: int) -> bytes:
