@@ -39,6 +39,7 @@ class RequestOutput:
     error: str | None = None  # why this request failed (finish_reason "error")
     records: list[RoundRecord] = field(default_factory=list)  # what each decoding round did
     logprobs: list[TokenLogprob] | None = None  # per token, when the request asked for them
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # per prompt token (first: None)
     # n > 1: every sample of the prompt, this one (sample 0) first; empty for n = 1
     samples: list[RequestOutput] = field(default_factory=list)
 
@@ -165,6 +166,7 @@ class LLM:
             error=seq.error,
             records=list(seq.records),
             logprobs=None if seq.logprobs is None else list(seq.logprobs),
+            prompt_logprobs=None if seq.prompt_logprobs is None else list(seq.prompt_logprobs),
         )
 
     def snapshot(self) -> EngineSnapshot:

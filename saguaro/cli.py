@@ -39,9 +39,17 @@ def cmd_generate(args: argparse.Namespace) -> int:
             out = llm.last_output
         else:
             out = llm.generate(args.prompt, params)[0]
-            sys.stdout.write(args.prompt + out.text)
+            for i, sample in enumerate(out.samples or [out]):
+                if out.samples:
+                    sys.stdout.write(f"--- sample {i}\n")
+                sys.stdout.write(args.prompt + sample.text + "\n")
+                for lp in sample.logprobs or []:  # token, log-probability, alternatives
+                    top = " ".join(f"{llm.tokenizer.decode([t])!r}:{v:.3f}" for t, v in lp.top)
+                    text = llm.tokenizer.decode([lp.token])
+                    print(f"  {text!r}\t{lp.logprob:.4f}\t{top}", file=sys.stderr)
         elapsed = time.perf_counter() - start
-        sys.stdout.write("\n")
+        if args.stream:
+            sys.stdout.write("\n")
         print(f"[{llm.config.mode}] " + format_summary(out.metrics, elapsed), file=sys.stderr)
     finally:
         llm.close()

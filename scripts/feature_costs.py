@@ -7,8 +7,12 @@
 AR, SD and SSD at batch 1 and 16 on 16 chat prompts asking for JSON, greedy, with each feature
 in turn: none, logprobs (top 5), penalties (presence, frequency, repetition), a JSON schema.
 A token's cost is the decode time per committed token (every round but each request's first,
-whose step also prefills its prompt); configurations are interleaved, medians over rounds.
-Tokens per round show what the schema does to speculation.
+whose step also prefills its prompt), and a feature's cost is the time the engine spends
+sampling and verifying per token (``RoundRecord.verify_s``, which holds the processors, masks
+and log-probabilities) above the plain configuration's, as a share of the plain token: whole
+step times move by more than that between runs on a shared machine, and a schema's requests end
+at different lengths, which changes the batch. Configurations are interleaved, medians over
+rounds. Tokens per round show what the schema does to speculation.
 
 ``work`` times the features' own per-step work on random logits at vocabularies of 49,152
 (SmolLM2's tokenizer) and 151,936 (a byte-level BPE of that size trained on ShareGPT text here,
@@ -75,11 +79,17 @@ def prompts(llm: LLM) -> list[list[int]]:
     ]
 
 
-def decode_cost(outs) -> tuple[float, float, int]:
-    """(seconds per token, tokens per round, tokens) over every round but each first."""
+def decode_cost(outs) -> tuple[float, float, float, int]:
+    """(seconds per token, sampling seconds per token, tokens per round, tokens) over every
+    round but each request's first."""
     rounds = [r for o in outs for r in o.records[1:]]
-    tokens = sum(r.committed for r in rounds)
-    return sum(r.step_s for r in rounds) / max(tokens, 1), tokens / max(len(rounds), 1), tokens
+    tokens = max(sum(r.committed for r in rounds), 1)
+    return (
+        sum(r.step_s for r in rounds) / tokens,
+        sum(r.verify_s for r in rounds) / tokens,
+        tokens / max(len(rounds), 1),
+        tokens,
+    )
 
 
 def e2e(args: argparse.Namespace) -> dict:
@@ -87,7 +97,7 @@ def e2e(args: argparse.Namespace) -> dict:
     for mode, engine in MODES.items():
         with LLM(max_num_seqs=16, **engine) as llm:
             ids = prompts(llm)
-            runs: dict[tuple[int, str], list[tuple[float, float, int]]] = {}
+            runs: dict[tuple[int, str], list[tuple[float, float, float, int]]] = {}
             for _ in range(args.rounds):
                 for batch in BATCHES:
                     for name, kw in FEATURES.items():
@@ -98,10 +108,16 @@ def e2e(args: argparse.Namespace) -> dict:
                             outs += llm.generate(group[i : i + batch], params)
                         runs.setdefault((batch, name), []).append(decode_cost(outs))
             for (batch, name), values in runs.items():
+                plain = runs[(batch, "none")]
+                token_ms = 1e3 * statistics.median(v[0] for v in plain)
+                sampling_ms = 1e3 * statistics.median(v[1] for v in values)
+                plain_sampling_ms = 1e3 * statistics.median(v[1] for v in plain)
                 results[f"{mode} b{batch} {name}"] = {
                     "ms_per_token": 1e3 * statistics.median(v[0] for v in values),
-                    "tokens_per_round": statistics.median(v[1] for v in values),
-                    "tokens": values[0][2],
+                    "sampling_ms_per_token": sampling_ms,
+                    "cost_share": (sampling_ms - plain_sampling_ms) / token_ms,
+                    "tokens_per_round": statistics.median(v[2] for v in values),
+                    "tokens": values[0][3],
                 }
             print(json.dumps({k: v for k, v in results.items() if k.startswith(mode)}, indent=1))
     return results

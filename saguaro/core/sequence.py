@@ -44,6 +44,14 @@ class Sequence:
     num_preemptions: int = 0
     processors: Processors | None = None  # what the request's history does to its logits
     logprobs: list[TokenLogprob] | None = None  # per output token, if the request asks
+    # per prompt token (the first has none: nothing precedes it), if the request asks
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+
+    @property
+    def scores_prompt(self) -> bool:
+        """Its prompt's positions still need logits rows (for their log-probabilities)."""
+        lps = self.prompt_logprobs
+        return lps is not None and len(lps) > 1 and lps[-1] is None
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -87,7 +87,7 @@ class BlockManager:
         """
         assert not seq.block_table
         seq.block_hashes = []
-        if not self.enable_prefix_caching:
+        if not self.enable_prefix_caching or seq.scores_prompt:  # every position gets its row
             return 0
         bs = self.block_size
         prev: int | None = None

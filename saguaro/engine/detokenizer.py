@@ -46,7 +46,9 @@ class Detokenizer:
             start = max(len(seq.text) - _max_len(params.stop) + 1, 0)
             seq.text += full[len(prefix) :]
             st.prefix_offset, st.read_offset = st.read_offset, len(seq.token_ids)
-            for s in params.stop:
+            # min_tokens holds stop strings back too: one completed before it never stops.
+            stops = params.stop if seq.num_output_tokens >= params.min_tokens else []
+            for s in stops:
                 idx = seq.text.find(s, start)
                 if idx != -1:
                     seq.text = seq.text[:idx]

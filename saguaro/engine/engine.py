@@ -242,7 +242,13 @@ class LLMEngine:
         is scheduled at once; the others wait until it has computed the prompt, then take its
         full KV blocks from the prefix cache and compute only the last, partial one."""
         samples = [
-            replace(params, n=1, seed=None if params.seed is None else sample_seed(params.seed, i))
+            replace(
+                params,
+                n=1,
+                seed=None if params.seed is None else sample_seed(params.seed, i),
+                # the prompt is scored once, by the first sample; the others share its blocks
+                prompt_logprobs=params.prompt_logprobs if i == 0 else None,
+            )
             for i in range(params.n)
         ]
         rest = [self._new_sequence(prompt_ids, p) for p in samples[1:]]
@@ -268,6 +274,7 @@ class LLMEngine:
             eos_token_ids=self.eos_token_ids,
             processors=self._processors(prompt_ids, params),
             logprobs=None if params.logprobs is None else [],
+            prompt_logprobs=None if params.prompt_logprobs is None else [None] * len(prompt_ids),
         )
         self.seqs[seq.seq_id] = seq
         self.detok.start(seq)
@@ -436,18 +443,10 @@ class LLMEngine:
                 s.k = int(proposal.num_draft[i]) if proposal is not None else 0
         t1 = time.perf_counter()
         row = {s.seq.seq_id: i for i, s in enumerate(spec)}  # round -> its proposal row
-        queries = []
-        for s in batch:
-            start = s.seq.num_computed_tokens
-            tokens = s.seq.token_ids[start : start + s.num_new_tokens]
-            if s.decode and s.k:
-                tokens = tokens + proposal.tokens[row[s.seq.seq_id], : s.k].tolist()
-            queries.append(
-                self.runner.sequence_query(
-                    s.seq.block_table, start, tokens, s.k + 1 if s.decode else 0
-                )
-            )
+        queries, prompt_rows = self._queries(batch, row, proposal)
         logits = self.runner.forward(queries)
+        if prompt_rows:
+            logits = self._score_prompts(logits, prompt_rows)
         t2 = time.perf_counter()
         for s in batch:
             if not s.decode:
@@ -464,6 +463,46 @@ class LLMEngine:
         if spec and self.proposer is not None:
             self.proposer.observe([s.seq for s in spec], t2 - t1)
         return [s.seq for s in rounds]
+
+    def _queries(
+        self, batch: list[Scheduled], row: dict[int, int], proposal: Proposal | None
+    ) -> tuple[list, list[tuple[Sequence, int, int, int]]]:
+        """One query per scheduled sequence: what it feeds (and proposes), scoring its round's
+        K + 1 positions and, where a request reports its prompt's log-probabilities, every
+        prompt position fed before the last. Returns the queries and, for those prompts,
+        (sequence, first position, first logits row, rows)."""
+        queries, prompt_rows, offset = [], [], 0
+        for s in batch:
+            seq = s.seq
+            start = seq.num_computed_tokens
+            tokens = seq.token_ids[start : start + s.num_new_tokens]
+            if s.decode and s.k:
+                tokens = tokens + proposal.tokens[row[seq.seq_id], : s.k].tolist()
+            scored = s.k + 1 if s.decode else 0
+            if seq.scores_prompt:  # position p scores prompt token p + 1
+                n = min(start + s.num_new_tokens, seq.num_prompt_tokens - 1) - start
+                if n > 0:
+                    prompt_rows.append((seq, start, offset, n))
+                    scored += n
+            queries.append(self.runner.sequence_query(seq.block_table, start, tokens, scored))
+            offset += scored
+        return queries, prompt_rows
+
+    def _score_prompts(
+        self, logits: torch.Tensor, prompt_rows: list[tuple[Sequence, int, int, int]]
+    ) -> torch.Tensor:
+        """Record the prompt log-probabilities (raw) of ``prompt_rows``; return the other rows,
+        the rounds', in order."""
+        taken = torch.zeros(len(logits), dtype=torch.bool)
+        for seq, start, first, n in prompt_rows:
+            k = seq.params.prompt_logprobs
+            assert seq.prompt_logprobs is not None and k is not None
+            st = SamplingTensors.from_params([seq.params] * n)
+            tokens = seq.token_ids[start + 1 : start + 1 + n]
+            found = token_logprobs(logits[first : first + n], tokens, st, [k] * n, "raw")
+            seq.prompt_logprobs[start + 1 : start + 1 + n] = found
+            taken[first : first + n] = True
+        return logits[(~taken).nonzero()[:, 0].to(logits.device)]
 
     def _round(
         self, rounds: list[Scheduled], row: dict[int, int], proposal: Proposal | None, device
@@ -523,7 +562,9 @@ class LLMEngine:
         rnd, drafts, rows = self._round(rounds, row, proposal, logits.device)
         generated = [seq.output_token_ids for seq in seqs]
         processors = [seq.processors for seq in seqs]
-        processed = apply_processors(logits, processors, generated, drafts, rows)
+        # The unprocessed rows are kept only for requests that report their log-probabilities.
+        raw = any(s.logprobs is not None and s.params.logprobs_mode == "raw" for s in seqs)
+        processed = apply_processors(logits, processors, generated, drafts, rows, keep=raw)
         methods = [seq.params.method(self.cfg.sampling) for seq in seqs]
         num_accepted, next_token, errors = self._verify(processed, rnd, methods)
         committed = [d[:k] + [t] for d, k, t in zip(drafts, num_accepted, next_token, strict=True)]

@@ -95,6 +95,10 @@ class SamplingParams:
         None, f"report each token's log-probability and this many alternatives (0..{MAX_LOGPROBS})"
     )
     logprobs_mode: LogprobsMode = opt("raw", "raw: the model's softmax; processed: p's")
+    prompt_logprobs: int | None = opt(
+        None,
+        f"report each prompt token's log-probability and its top alternatives (0..{MAX_LOGPROBS})",
+    )
     structured: StructuredOutput | None = None  # a grammar the text must follow
     seed: int | None = opt(None, "keys every random draw of the request (default: the engine's)")
     max_tokens: int = opt(16, "tokens to generate at most")
@@ -171,9 +175,12 @@ class SamplingParams:
     def _check_outputs(self) -> None:
         if not _is_int(self.n) or not 1 <= self.n <= MAX_SAMPLES:
             raise ValueError(f"n must be an int in [1, {MAX_SAMPLES}], got {self.n!r}")
-        lp = self.logprobs
-        if lp is not None and (not _is_int(lp) or not 0 <= lp <= MAX_LOGPROBS):
-            raise ValueError(f"logprobs must be None or an int in [0, {MAX_LOGPROBS}], got {lp!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            lp = getattr(self, name)
+            if lp is not None and (not _is_int(lp) or not 0 <= lp <= MAX_LOGPROBS):
+                raise ValueError(
+                    f"{name} must be None or an int in [0, {MAX_LOGPROBS}], got {lp!r}"
+                )
         if self.logprobs_mode not in typing.get_args(LogprobsMode):
             raise ValueError(
                 f"logprobs_mode must be one of {typing.get_args(LogprobsMode)}, "

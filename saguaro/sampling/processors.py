@@ -186,16 +186,18 @@ def apply_processors(
     generated: Sequence[list[int]],
     drafts: Sequence[list[int]],
     rows: Sequence[list[int]],
+    keep: bool = True,
 ) -> torch.Tensor:
     """The round's logits with each sequence's processors applied to its scored rows.
 
     Sequence i scores ``rows[i][j]`` for j = 0..len(drafts[i]) (its proposals ``drafts[i]``,
-    after its generated tokens ``generated[i]``). ``logits`` is left as it is: the processed
-    rows go to a copy, made only when some sequence has processors.
+    after its generated tokens ``generated[i]``). With ``keep``, ``logits`` is left as it is
+    (the processed rows go to a copy, made only when some sequence has processors); without, a
+    float32 ``logits`` is processed in place.
     """
     if all(p is None for p in processors):
         return logits
-    out = logits.float().clone()
+    out = logits.float().clone() if keep or logits.dtype != torch.float32 else logits
     for proc, gen, draft, row in zip(processors, generated, drafts, rows, strict=True):
         if proc is None:
             continue

@@ -48,6 +48,8 @@ class StreamEvent:
     error: str | None = None  # the engine failed; also the last event
     # the log-probabilities of the tokens committed since the previous event, if asked for
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    # the prompt's (first: None), on the request's first event, if asked for
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
     @property
     def final(self) -> bool:
@@ -137,11 +139,15 @@ class _Active:
     seq: Sequence
     sent: int = 0  # characters of text already delivered
     sent_logprobs: int = 0  # log-probabilities already delivered
+    sent_prompt: bool = False  # the prompt's log-probabilities went out
 
-    def new_logprobs(self) -> list[TokenLogprob]:
+    def fill(self, event: StreamEvent) -> StreamEvent:
+        """``event`` with the log-probabilities not delivered yet."""
         logprobs = self.seq.logprobs or []
-        new, self.sent_logprobs = logprobs[self.sent_logprobs :], len(logprobs)
-        return new
+        event.logprobs, self.sent_logprobs = logprobs[self.sent_logprobs :], len(logprobs)
+        if not self.sent_prompt and self.seq.prompt_logprobs is not None:
+            event.prompt_logprobs, self.sent_prompt = list(self.seq.prompt_logprobs), True
+        return event
 
 
 def _put_all(items: list[tuple[RequestStream, StreamEvent]]) -> None:
@@ -277,8 +283,7 @@ class AsyncEngine:
             text = self.engine.stream_text(seq)
             delta = text[active.sent :]
             active.sent = max(active.sent, len(text))
-            event = StreamEvent(delta, seq.num_prompt_tokens, seq.num_output_tokens)
-            event.logprobs = active.new_logprobs()
+            event = active.fill(StreamEvent(delta, seq.num_prompt_tokens, seq.num_output_tokens))
             if seq.is_finished:
                 if seq.error is not None:  # this request alone failed
                     event.error = seq.error

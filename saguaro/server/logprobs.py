@@ -32,19 +32,23 @@ def _text(tokenizer: Tokens, token: int) -> str:
 
 
 def completion_logprobs(
-    tokenizer: Tokens, logprobs: list[TokenLogprob], offset: int
+    tokenizer: Tokens, entries: list[tuple[int, TokenLogprob | None]], offset: int
 ) -> dict[str, Any]:
-    """``{tokens, token_logprobs, top_logprobs, text_offset}``; ``offset``: the characters of
-    the choice's text before the first of these tokens."""
-    tokens = [_text(tokenizer, lp.token) for lp in logprobs]
+    """``{tokens, token_logprobs, top_logprobs, text_offset}`` of (token, its log-probability)
+    pairs (None for an echoed prompt's first token); ``offset``: the characters of the choice's
+    text before the first of these tokens."""
+    tokens = [_text(tokenizer, token) for token, _ in entries]
     offsets = []
     for text in tokens:
         offsets.append(offset)
         offset += len(text)
     return {
         "tokens": tokens,
-        "token_logprobs": [_value(lp.logprob) for lp in logprobs],
-        "top_logprobs": [{_text(tokenizer, t): _value(v) for t, v in lp.top} for lp in logprobs],
+        "token_logprobs": [None if lp is None else _value(lp.logprob) for _, lp in entries],
+        "top_logprobs": [
+            None if lp is None else {_text(tokenizer, t): _value(v) for t, v in lp.top}
+            for _, lp in entries
+        ],
         "text_offset": offsets,
     }
 

@@ -18,7 +18,7 @@ import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
@@ -30,7 +30,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from saguaro.engine.engine import LLMEngine
 from saguaro.errors import RequestError
 from saguaro.sampling import SamplingParams
-from saguaro.sampling.logprobs import TokenLogprob
 from saguaro.server.async_engine import AsyncEngine, RequestStream, ShuttingDown, StreamEvent
 from saguaro.server.errors import (
     EXCEPTION_HANDLERS,
@@ -182,26 +181,21 @@ def _abort_on_disconnect(request: Request, streams: list[RequestStream]) -> asyn
     return asyncio.create_task(watch())
 
 
-@dataclass
-class Choice:
-    """What one choice (a prompt's sample) produced in full."""
-
-    text: str
-    last: StreamEvent
-    logprobs: list[TokenLogprob]
-
-
-async def _collect_one(stream: RequestStream) -> Choice:
-    parts, logprobs = [], []
+async def _collect_one(stream: RequestStream) -> StreamEvent:
+    """The whole of one stream as one event: its text and log-probabilities, its last
+    event's counts and finish reason."""
+    parts, logprobs, prompt_logprobs = [], [], None
     async for event in stream:
         parts.append(event.text)
         logprobs += event.logprobs
+        prompt_logprobs = prompt_logprobs or event.prompt_logprobs
     if event.error is not None:
         raise APIError(500, event.error, kind=SERVER_ERROR)
-    return Choice("".join(parts), event, logprobs)
+    event.text, event.logprobs, event.prompt_logprobs = "".join(parts), logprobs, prompt_logprobs
+    return event
 
 
-async def _collect(streams: list[RequestStream], watcher: asyncio.Task[None]) -> list[Choice]:
+async def _collect(streams: list[RequestStream], watcher: asyncio.Task[None]) -> list[StreamEvent]:
     """Every stream's whole text, log-probabilities and last event; 500 if the engine failed
     one of them."""
     try:
@@ -212,8 +206,8 @@ async def _collect(streams: list[RequestStream], watcher: asyncio.Task[None]) ->
             stream.cancel()
 
 
-def _usage(choices: list[Choice], prompt_tokens: int) -> Usage:
-    completion = sum(c.last.completion_tokens for c in choices)
+def _usage(choices: list[StreamEvent], prompt_tokens: int) -> Usage:
+    completion = sum(c.completion_tokens for c in choices)
     return Usage(
         prompt_tokens=prompt_tokens,
         completion_tokens=completion,
@@ -242,8 +236,8 @@ async def _merged(streams: list[RequestStream]) -> AsyncIterator[tuple[int, Stre
             task.cancel()
 
 
-# (choice index, new text, finish reason, new log-probabilities) -> one chunk
-ChunkFn = Callable[[int, str, str | None, list[TokenLogprob]], BaseModel]
+# (choice index, what it gained: text, log-probabilities, finish reason) -> one chunk
+ChunkFn = Callable[[int, StreamEvent], BaseModel]
 
 
 def _event_stream(
@@ -269,7 +263,7 @@ def _event_stream(
                     yield _sse(error_body(event.error, SERVER_ERROR, None, None))
                     break
                 completion_tokens[i] = event.completion_tokens
-                yield _sse(chunk(i, event.text, event.finish_reason, event.logprobs))
+                yield _sse(chunk(i, event))
             else:
                 if include_usage:
                     total = sum(completion_tokens)
@@ -338,10 +332,8 @@ async def completions(request: Request) -> Response:
     req: CompletionRequest = await _parse(request, CompletionRequest)
     served.check_model(req.model)
     params = req.sampling_params(req.token_limit(), req.logprobs)
-    if req.echo and req.logprobs is not None:
-        raise APIError(
-            400, "echo with logprobs (the prompt's log-probabilities) is not supported", "echo"
-        )
+    if req.echo and req.logprobs is not None:  # the echoed prompt comes with its own
+        params = replace(params, prompt_logprobs=req.logprobs)
     prompts = []
     for prompt in req.prompts():  # tokenising runs off the event loop: a huge prompt stalls no one
         prompts.append(await asyncio.to_thread(served.prompt_ids, prompt, "prompt"))
@@ -349,19 +341,29 @@ async def completions(request: Request) -> Response:
     streams = [s for ids in prompts for s in served.submit(ids, params)]
     watcher = _abort_on_disconnect(request, streams)
     rid, now, name = f"cmpl-{uuid.uuid4().hex}", int(time.time()), served.model_name
-    echoes = [tokenizer.decode(ids) if req.echo else "" for ids in prompts]
-    echo = [echoes[i // params.n] for i in range(len(streams))]
+    n = params.n
+    echo = [tokenizer.decode(prompts[i // n]) if req.echo else "" for i in range(len(streams))]
     sent = [0] * len(streams)  # characters of each choice's text so far (for text_offset)
     prompt_tokens = sum(len(ids) for ids in prompts)
+    # A prompt's log-probabilities come with its first sample, whose first event comes first.
+    prompt_lps: dict[int, list] = {}
 
-    def chunk(i: int, text: str, reason: str | None, logprobs: list) -> Completion:
+    def chunk(i: int, event: StreamEvent) -> Completion:
         prefix, echo[i] = echo[i], ""  # the prompt, before the first chunk's text
         lp = None
         if params.logprobs is not None:
-            lp = completion_logprobs(tokens, logprobs, sent[i] + len(prefix))
-        text = prefix + text
+            entries = [(lp.token, lp) for lp in event.logprobs]
+            if event.prompt_logprobs is not None:
+                prompt_lps[i // n] = event.prompt_logprobs
+            if prefix and i // n in prompt_lps:  # this choice's first chunk: the echo
+                ids = prompts[i // n]
+                entries = list(zip(ids, prompt_lps[i // n], strict=True)) + entries
+            lp = completion_logprobs(tokens, entries, sent[i])
+        text = prefix + event.text
         sent[i] += len(text)
-        choice = CompletionChoice(index=i, text=text, finish_reason=reason, logprobs=lp)
+        choice = CompletionChoice(
+            index=i, text=text, finish_reason=event.finish_reason, logprobs=lp
+        )
         return Completion(id=rid, created=now, model=name, choices=[choice])
 
     if req.stream:
@@ -370,7 +372,7 @@ async def completions(request: Request) -> Response:
     choices = await _collect(streams, watcher)
     done = Completion(id=rid, created=now, model=name, choices=[])
     for i, c in enumerate(choices):
-        done.choices += chunk(i, c.text, c.last.finish_reason, c.logprobs).choices
+        done.choices += chunk(i, c).choices
     done.usage = _usage(choices, prompt_tokens)
     return JSONResponse(done.model_dump())
 
@@ -398,10 +400,13 @@ async def chat_completions(request: Request) -> Response:
     def logprobs_of(found: list) -> dict[str, Any] | None:
         return None if params.logprobs is None else chat_logprobs(tokens, found)
 
-    def chunk(i: int, text: str, reason: str | None, found: list) -> ChatCompletionChunk:
-        delta = {"content": text} if text else {}
+    def chunk(i: int, event: StreamEvent) -> ChatCompletionChunk:
+        delta = {"content": event.text} if event.text else {}
         choice = ChatChunkChoice(
-            index=i, delta=delta, finish_reason=reason, logprobs=logprobs_of(found)
+            index=i,
+            delta=delta,
+            finish_reason=event.finish_reason,
+            logprobs=logprobs_of(event.logprobs),
         )
         return ChatCompletionChunk(id=rid, created=now, model=name, choices=[choice])
 
@@ -430,7 +435,7 @@ async def chat_completions(request: Request) -> Response:
                 ChatChoice(
                     index=i,
                     message={"role": "assistant", "content": c.text},
-                    finish_reason=c.last.finish_reason,
+                    finish_reason=c.finish_reason,
                     logprobs=logprobs_of(c.logprobs),
                 )
                 for i, c in enumerate(choices)

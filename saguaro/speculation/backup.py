@@ -38,7 +38,17 @@ def neural_backup(
     for seq, k in zip(seqs, ks, strict=True):
         bm.allocate(seq, len(seq.token_ids) + k)
     chains = [
-        Chain(s.block_table, s.token_ids, s.computed, k, s.params, s.seed, s.coupled)
+        Chain(
+            s.block_table,
+            s.token_ids,
+            s.computed,
+            k,
+            s.params,
+            s.seed,
+            s.coupled,
+            s.processors,
+            s.num_prompt,
+        )
         for s, k in zip(seqs, ks, strict=True)
     ]
     tokens, q = decode_chains(runner, chains, _propose_fn(seqs, cfg, fanout))

@@ -51,6 +51,7 @@ from saguaro.engine.block_manager import BlockManager
 from saguaro.engine.model_runner import ModelRunner
 from saguaro.sampling import SamplingParams, SamplingTensors, SparseQ, propose, seed_tensor
 from saguaro.sampling.coupled import propose_coupled, ranked_proposals
+from saguaro.sampling.processors import Processors, process_draft_row
 from saguaro.sampling.reduce import argmax_rows, topk_rows
 from saguaro.speculation import protocol as P
 from saguaro.speculation.fanout import FanoutEstimator
@@ -88,6 +89,13 @@ class DraftSeq:
     spec: list[int] = field(default_factory=list)  # speculation the target is verifying
     cache: dict[tuple[int, int], Branch] = field(default_factory=dict)
     ranked: list[list[int]] = field(default_factory=list)  # per outcome k: candidate ranking
+    processors: Processors | None = None  # the request's, applied to the draft's rows too
+    num_prompt: int = 0  # token_ids[num_prompt:] are generated (what the processors count)
+
+    def processed(self, logits: torch.Tensor, drafts: list[int]) -> torch.Tensor:
+        """The draft's row [1, V] after the committed tokens and ``drafts``, processed as the
+        target will process its row there (the row itself without processors)."""
+        return process_draft_row(logits, self.processors, self.token_ids[self.num_prompt :], drafts)
 
 
 def kv_blocks(cfg: P.WorkerConfig) -> int:
@@ -276,6 +284,8 @@ class CacheBuilder:
         ``seq.ranked`` for the statistics) and return the branches ``(k, t)`` to decode: the
         top ``F_k`` of each ranking."""
         m = len(rows)
+        if seq.processors is not None:  # row k follows s_1..s_k: the target's row there
+            rows = torch.cat([seq.processed(rows[k : k + 1], seq.spec[:k]) for k in range(m)])
         # One more than MAX_RANK: outcome k < K drops the rejected s_{k+1} from its ranking.
         width = min(MAX_RANK + 1, self.vocab_size)
         if seq.coupled and not seq.params.greedy:
@@ -366,7 +376,7 @@ class CacheBuilder:
                         mask=mask_t,  # copied into the batch mask before the next depth edits it
                     )
                 )
-            logits = self.runner.forward(queries)
+            logits = self._processed(seqs, branches, out_tokens, self.runner.forward(queries))
             drawn = self._draw(seqs, branches, forks, logits, depth, fanout[depth], out_q)
             for i in live:
                 for row, token in zip(out_tokens[i], drawn[i], strict=True):
@@ -383,6 +393,26 @@ class CacheBuilder:
                     None if q is None else q[j, :done].clone(),
                 )
         return depths_s
+
+    @staticmethod
+    def _processed(
+        seqs: list[DraftSeq],
+        branches: list[list[tuple[int, int]]],
+        out_tokens: dict[int, list[list[int]]],
+        logits: torch.Tensor,
+    ) -> torch.Tensor:
+        """One depth's branch rows (in ``out_tokens``' order of sequences), each processed as
+        the target will process it: after the speculation up to its fork, its outcome token and
+        what the branch drew so far."""
+        if all(seqs[i].processors is None for i in out_tokens):
+            return logits
+        rows, r = [], 0
+        for i, drawn in out_tokens.items():
+            for (k, t), so_far in zip(branches[i], drawn, strict=True):
+                prefix = seqs[i].spec[:k] + [t] + so_far
+                rows.append(seqs[i].processed(logits[r : r + 1], prefix))
+                r += 1
+        return torch.cat(rows)
 
     def _draw(
         self,

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from saguaro.sampling import SparseQ
+from saguaro.sampling import SamplingParams, SparseQ
 
 if TYPE_CHECKING:
     from saguaro.config import EngineConfig
@@ -104,9 +104,13 @@ class WorkerConfig:
 class SeqUpdate:
     seq_id: int
     new_tokens: list[int]  # committed since the last request (whole prompt for a new sequence)
-    temperature: float = 0.0  # sampling settings and seed: sent with a new sequence only
-    top_k: int = 0
-    top_p: float = 1.0
+    # Sent with a new sequence only: the request's settings (None: greedy), and what its
+    # logits processors need beyond them (saguaro.sampling.processors.Processors.build), so that
+    # the draft proposes what the target's processors allow.
+    params: SamplingParams | None = None
+    num_prompt: int = 0  # new_tokens[:num_prompt] is the prompt
+    stop_ids: list[int] = field(default_factory=list)  # held back while under min_tokens
+    bad_words: list[tuple[int, ...]] = field(default_factory=list)  # tokenized
     seed: int = 0  # the request's seed: keys the draft's noise (saguaro.sampling.noise)
     coupled: bool = False  # the request's method: coupled sampling, else rejection sampling
     new: bool = False

@@ -120,16 +120,17 @@ class SSDProposer(Proposer):
         for s in seqs:
             sent = self.known.get(s.seq_id)
             if sent is None:
-                p = s.params
+                proc = s.processors
                 updates.append(
                     P.SeqUpdate(
                         s.seq_id,
                         list(s.token_ids),
-                        p.temperature,
-                        p.top_k,
-                        p.top_p,
+                        s.params,
+                        s.num_prompt_tokens,
+                        list(proc.stop_ids) if proc is not None else [],
+                        list(proc.bad_words) if proc is not None else [],
                         s.seed,
-                        coupled=p.method(self.cfg.sampling) == "coupled",
+                        coupled=s.params.method(self.cfg.sampling) == "coupled",
                         new=True,
                     )
                 )

@@ -16,6 +16,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -23,8 +24,12 @@ from saguaro.config import EngineConfig
 from saguaro.distributed.channel import Channel, ChannelError
 from saguaro.engine.block_manager import BlockManager
 from saguaro.engine.model_runner import ModelRunner
+from saguaro.models.config import ModelConfig
 from saguaro.models.loader import load_model
+from saguaro.models.tokenizer import Tokenizer
 from saguaro.sampling import SamplingParams
+from saguaro.sampling.processors import Processors
+from saguaro.sampling.structured import GrammarCompiler
 from saguaro.speculation import protocol as P
 from saguaro.speculation.backup import fast_backup, neural_backup
 from saguaro.speculation.cache_builder import CacheBuilder, DraftSeq, kv_blocks
@@ -37,6 +42,19 @@ HELLO_TIMEOUT_S = 600.0
 # the socket, which ends the wait anyway.
 IDLE_TIMEOUT_S = 7 * 24 * 3600.0
 PR_SET_PDEATHSIG = 1  # prctl option, <linux/prctl.h>
+
+
+def draft_grammars(draft_dir: Path, config: ModelConfig) -> GrammarCompiler | None:
+    """Grammars over the draft's tokenizer (None: its directory has none, and structured
+    requests are drafted unconstrained)."""
+    path = draft_dir / "tokenizer.json"
+    if not path.is_file():
+        return None
+    eos = set(config.eos_token_ids)
+    eos_token = Tokenizer(draft_dir).eos_token_id
+    if eos_token is not None:
+        eos.add(eos_token)
+    return GrammarCompiler(path.read_text(), config.vocab_size, sorted(eos))
 
 
 class DraftWorker:
@@ -58,6 +76,7 @@ class DraftWorker:
         if cfg.compile:  # compile before any build is timed: compiling is not drafting
             self.runner.warm_up()
         self.builder = CacheBuilder(cfg, self.runner, self.bm, self.vocab_size)
+        self.grammars = draft_grammars(Path(cfg.draft_dir), model.config)
         self.seqs: dict[int, DraftSeq] = {}
         self.pending: list[DraftSeq] = []  # the last reply's sequences, whose cache comes next
 
@@ -75,8 +94,9 @@ class DraftWorker:
         order: list[DraftSeq] = []
         for u in req.updates:
             if u.new:
-                params = SamplingParams(temperature=u.temperature, top_k=u.top_k, top_p=u.top_p)
+                params = u.params or SamplingParams(temperature=0)
                 seq = DraftSeq(u.seq_id, list(u.new_tokens), params, u.seed, u.coupled)
+                seq.processors, seq.num_prompt = self._processors(u, params), u.num_prompt
                 self.seqs[u.seq_id] = seq
                 specs[u.seq_id] = P.SeqSpec(u.seq_id, [], None, None, None)
                 misses.append(seq)
@@ -115,6 +135,24 @@ class DraftWorker:
             backup_s=backup_s,
             cut=b.cut,
         )
+
+    def _processors(self, u: P.SeqUpdate, params: SamplingParams) -> Processors | None:
+        """The request's processors, as the target runs them: its grammar compiled over the
+        draft's tokenizer (the engine checked it is the target's). A request whose processors
+        cannot be built here is drafted without them: any proposal is verified exactly."""
+        if not params.has_processors:
+            return None
+        try:
+            grammar = None
+            if params.structured is not None and self.grammars is not None:
+                grammar = self.grammars.compile(params.structured)
+            prompt = u.new_tokens[: u.num_prompt]
+            return Processors.build(
+                params, prompt, self.vocab_size, u.stop_ids, u.bad_words, grammar
+            )
+        except ValueError as e:
+            log.warning("request %d is drafted without its processors: %s", u.seq_id, e)
+            return None
 
     def _backup(self, misses: list[DraftSeq], kind: str, specs: dict[int, P.SeqSpec]) -> None:
         if kind == "fast":

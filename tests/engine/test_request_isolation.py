@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from saguaro import LLM, SamplingParams
-from saguaro.engine import engine as engine_module
 from saguaro.engine.engine import NON_FINITE_LOGITS
+from saguaro.sampling import round as round_module
 
 PROMPTS = ["def add(a, b):", "x", "import os\n", "for i in range(10):"]
 VICTIM = "# " + "a long prompt that marks its request by its positions " * 2
@@ -76,7 +76,7 @@ def test_non_finite_logits_fail_that_request_only(llm, reference, monkeypatch):
 def test_an_exception_in_one_requests_verification_fails_it_alone(llm, reference, monkeypatch):
     """Whatever raises inside verification: the batch is retried request by request, and only
     the request that still raises ends, with an error that names no internals."""
-    real = engine_module.verify
+    real = round_module.verify
     poison_seed = 666
 
     def fragile(logits, st, tokens, num, seeds, *rest):
@@ -84,7 +84,7 @@ def test_an_exception_in_one_requests_verification_fails_it_alone(llm, reference
             raise RuntimeError("/secret/path/kernel.cpp:12 boom")
         return real(logits, st, tokens, num, seeds, *rest)
 
-    monkeypatch.setattr(engine_module, "verify", fragile)
+    monkeypatch.setattr(round_module, "verify", fragile)
     params = [normal_params(i) for i in range(len(PROMPTS))]
     victim = SamplingParams(temperature=0.8, seed=poison_seed, max_tokens=12)
     outs = llm.generate([VICTIM, *PROMPTS], [victim, *params])

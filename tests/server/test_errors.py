@@ -43,7 +43,6 @@ BAD_REQUESTS = [
     bad("store", CHAT, {"messages": USER, "store": True}, param="store"),
     bad("suffix", CMPL, {"prompt": "x", "suffix": "y"}, param="suffix"),
     bad("best_of > n", CMPL, {"prompt": "x", "best_of": 3}, param="best_of"),
-    bad("echo with logprobs", CMPL, {"prompt": "x", "echo": True, "logprobs": 1}, param="echo"),
     bad("logprobs > 5", CMPL, {"prompt": "x", "logprobs": 6}, param="logprobs"),
     bad("penalty > 2", CMPL, {"prompt": "x", "presence_penalty": 2.5}, param="presence_penalty"),
     bad("logit_bias key", CMPL, {"prompt": "x", "logit_bias": {"a": 1}}, param="logit_bias"),

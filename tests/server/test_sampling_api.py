@@ -211,3 +211,14 @@ def test_langchain_chat_openai_with_its_defaults(sd_server):
     ).with_structured_output({"title": "Item", **SCHEMA}, method="json_schema")
     value = constrained.invoke("hi")
     assert set(value) == {"ok", "size"}
+
+
+def test_echo_with_logprobs_reports_the_prompt_too(client, offline):
+    ids = offline.tokenizer.encode(PROMPTS[0])
+    out = client.completions.create(
+        model=MODEL, prompt=PROMPTS[0], max_tokens=4, echo=True, logprobs=1, **GREEDY
+    )
+    lp = out.choices[0].logprobs
+    assert out.choices[0].text.startswith(PROMPTS[0])
+    assert len(lp.tokens) == len(ids) + 4 and lp.token_logprobs[0] is None
+    assert all(v is not None and v <= 0 for v in lp.token_logprobs[1:])

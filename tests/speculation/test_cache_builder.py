@@ -254,10 +254,10 @@ def test_sequences_of_every_kind_built_together_get_what_they_get_alone(tiny_dra
     sequence may sum in another order (the matrix library picks its path by shape and CPU)."""
     k, fanout = 3, [2, 1, 1, 2]
     kinds = [
-        dict(temperature=0.0),
-        dict(temperature=0.9, top_p=0.8),
-        dict(temperature=0.8, coupled=True),
-        dict(temperature=1.0, top_k=5),
+        dict(params=SamplingParams(temperature=0.0)),
+        dict(params=SamplingParams(temperature=0.9, top_p=0.8)),
+        dict(params=SamplingParams(temperature=0.8), coupled=True),
+        dict(params=SamplingParams(temperature=1.0, top_k=5)),
     ]
     prompts = [[5, 17, 99, 3], [200, 1, 2, 3, 4], [7, 7, 8], [42, 8, 61]]
 

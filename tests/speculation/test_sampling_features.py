@@ -221,3 +221,40 @@ def test_first_two_tokens_follow_the_processed_target(small_vocab_pair, name, te
     assert tv < floor, f"{name}: TV {tv:.4f} >= noise floor {floor:.4f}"
     if name == "ssd hits":
         assert hits, "the hit path was not exercised"
+
+
+def test_min_tokens_holds_stop_strings_back(ar, tiny_llama):
+    llm = LLM(model=str(tiny_llama), max_model_len=256)
+    text = ar["none"][0].text
+    stop = text[2]  # a character AR writes third: a stop string there ends the text early
+    cut = llm.generate(BATCH[0], greedy(stop=[stop]))[0]
+    assert cut.finish_reason == "stop" and len(cut.token_ids) < 8
+    held = llm.generate(BATCH[0], greedy(stop=[stop], min_tokens=8))[0]
+    assert len(held.token_ids) >= 8 and held.text.startswith(text[:3])
+
+
+@pytest.mark.parametrize("engine", [dict(mode="ar"), dict(mode="sd", num_speculative_tokens=3)])
+def test_prompt_logprobs_are_the_models(tiny_llama, close_draft, engine):
+    """Each prompt token's log-probability given the tokens before it, as transformers computes
+    it, also when the prompt is fed in chunks and its blocks sit in the prefix cache."""
+    import transformers
+
+    ref = transformers.AutoModelForCausalLM.from_pretrained(tiny_llama).eval()
+    draft = None if engine["mode"] == "ar" else str(close_draft)
+    llm = LLM(model=str(tiny_llama), draft=draft, max_model_len=256, max_num_batched_tokens=24,
+              **engine)  # fmt: skip
+    prompt = PROMPTS[3] * 3
+    ids = llm.tokenizer.encode(prompt)
+    with torch.no_grad():
+        want = torch.log_softmax(ref(torch.tensor([ids])).logits[0].float(), -1)
+    llm.generate(prompt, greedy())  # its blocks are now in the prefix cache
+    outs = llm.generate([prompt, prompt], greedy(prompt_logprobs=2, n=2))
+    for out in outs:
+        lps = out.prompt_logprobs
+        assert len(lps) == len(ids) and lps[0] is None
+        for p, lp in enumerate(lps[1:]):
+            assert lp.token == ids[p + 1]
+            assert math.isclose(lp.logprob, float(want[p, ids[p + 1]]), abs_tol=1e-4)
+            assert [t for t, _ in lp.top] == want[p].topk(2).indices.tolist()
+        assert out.samples[1].prompt_logprobs is None  # scored once, by the first sample
+        assert out.samples[1].metrics["cached_prompt_tokens"] > 0
