@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -199,6 +200,43 @@ def exact_first_two(target_dir: Path, prompt_ids: list[int], params) -> torch.Te
         seqs = torch.tensor([prompt_ids + [t] for t in range(vocab)])
         p2 = logits_to_probs(ref(seqs).logits[:, -1], st.repeat_interleave(vocab))
     return p1[:, None] * p2
+
+
+def sample_first_two(
+    target: Path,
+    draft: Path | None,
+    make_params,
+    samples: int,
+    batch: int,
+    check=None,
+    **engine,
+) -> tuple[torch.Tensor, int]:
+    """Counts [V, V] of the first two tokens of ``samples`` requests of the prompt [1, 4, 2]
+    (``make_params(seed)`` each, seeds 0, 1, ...), run ``batch`` at a time, and how many batches
+    hit SSD's cache; ``check(out)`` sees every output. ``engine``: more EngineConfig fields."""
+    from saguaro import LLM
+
+    vocab = SMALL_VOCAB
+    counts, hits, seeds = torch.zeros(vocab, vocab), 0, itertools.count()
+    with LLM(
+        model=str(target),
+        draft=None if draft is None else str(draft),
+        max_model_len=32,
+        max_num_seqs=batch,
+        num_kv_blocks=batch,
+        block_size=16,
+        max_num_batched_tokens=20 * batch,
+        draft_timeout_s=60,
+        **engine,
+    ) as llm:
+        for _ in range(samples // batch):
+            params = [make_params(next(seeds)) for _ in range(batch)]
+            for out in llm.generate([[1, 4, 2]] * batch, params):
+                if check is not None:
+                    check(out)
+                counts[out.token_ids[0], out.token_ids[1]] += 1
+            hits += llm.last_run.get("cache_hit_rate", 0) > 0
+    return counts, hits
 
 
 def scaled_head_copy(src: Path, dst: Path, factor: float) -> Path:

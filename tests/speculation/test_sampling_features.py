@@ -4,7 +4,6 @@ first two tokens by enumeration, within the total-variation noise floor)."""
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import pytest
@@ -12,7 +11,7 @@ import torch
 
 from saguaro import LLM, SamplingParams
 from saguaro.sampling import SamplingTensors, logits_to_probs
-from tests.conftest import PROMPTS, SMALL_VOCAB
+from tests.conftest import PROMPTS, SMALL_VOCAB, sample_first_two
 from tests.sampling.test_processors import reference
 from tests.stats import tv_noise_floor
 
@@ -138,7 +137,7 @@ def test_n_samples_share_the_prompts_blocks_and_differ(tiny_llama, close_draft):
 V = SMALL_VOCAB
 TV_SAMPLES = 8_000
 TV_BATCH = 1_000
-TV_PROMPT = [1, 4, 2]
+TV_PROMPT = [1, 4, 2]  # sample_first_two's
 TV_FEATURES = dict(
     presence_penalty=0.5,
     frequency_penalty=0.8,
@@ -187,35 +186,13 @@ def test_first_two_tokens_follow_the_processed_target(small_vocab_pair, name, te
     engine.setdefault("sampling", "rejection")
     base = SamplingParams(temperature=temperature, max_tokens=4, ignore_eos=True, **TV_FEATURES)
     expected = exact_first_two_processed(target, base)
-    counts = torch.zeros(V, V)
-    seeds = itertools.count()
-    with LLM(
-        model=str(target),
-        draft=str(draft),
-        max_model_len=32,
-        max_num_seqs=TV_BATCH,
-        num_kv_blocks=TV_BATCH,
-        block_size=16,
-        max_num_batched_tokens=20 * TV_BATCH,
-        draft_timeout_s=60,
-        **engine,
-    ) as llm:
-        hits = 0
-        for _ in range(TV_SAMPLES // TV_BATCH):
-            params = [
-                SamplingParams(
-                    temperature=temperature,
-                    max_tokens=4,
-                    ignore_eos=True,
-                    seed=next(seeds),
-                    **TV_FEATURES,
-                )
-                for _ in range(TV_BATCH)
-            ]
-            for out in llm.generate([TV_PROMPT] * TV_BATCH, params):
-                counts[out.token_ids[0], out.token_ids[1]] += 1
-            hits += llm.last_run.get("cache_hit_rate", 0) > 0
-            assert llm.last_run["accepted"] > 0
+
+    def params(seed: int) -> SamplingParams:
+        return SamplingParams(
+            temperature=temperature, max_tokens=4, ignore_eos=True, seed=seed, **TV_FEATURES
+        )
+
+    counts, hits = sample_first_two(target, draft, params, TV_SAMPLES, TV_BATCH, **engine)
     tv = 0.5 * (counts / counts.sum() - expected).abs().sum().item()
     floor = tv_noise_floor(V * V, TV_SAMPLES)
     assert tv < floor, f"{name}: TV {tv:.4f} >= noise floor {floor:.4f}"

@@ -3,7 +3,6 @@ give AR's tokens, and at T > 0 the first two tokens follow the masked target's e
 
 from __future__ import annotations
 
-import itertools
 import json
 import re
 import shutil
@@ -17,7 +16,8 @@ from saguaro import LLM, SamplingParams
 from saguaro.errors import RequestError
 from saguaro.sampling import SamplingTensors, logits_to_probs
 from saguaro.sampling.params import StructuredOutput
-from tests.conftest import EOS, PROMPTS, SMALL_VOCAB
+from tests.conftest import EOS, PROMPTS, SMALL_VOCAB, sample_first_two
+from tests.speculation.test_sampling_features import MODES
 from tests.stats import tv_noise_floor
 
 SCHEMA = {
@@ -33,14 +33,6 @@ CONSTRAINTS = {
     "regex": StructuredOutput("regex", "[ab]{3}-[0-9]{2}"),
     "choice": StructuredOutput("choice", ["red", "green", "blue"]),
     "grammar": StructuredOutput("grammar", GRAMMAR),
-}
-MODES = {
-    "sd": dict(mode="sd", num_speculative_tokens=4),
-    "sd coupled": dict(mode="sd", num_speculative_tokens=3, sampling="coupled"),
-    "ssd hits": dict(mode="ssd", num_speculative_tokens=2, fanout=[2, 2, 2]),
-    "ssd misses, fast backup": dict(
-        mode="ssd", num_speculative_tokens=3, fanout="0", backup="fast"
-    ),
 }
 BATCH = PROMPTS[:4]
 MAX_TOKENS = 160  # the schema's flexible whitespace can run long under a random model
@@ -120,7 +112,7 @@ REGEX = "[abc][dea]"  # the first token one of a, b, c; the second one of d, e, 
 FIRST, SECOND = [0, 1, 2], [3, 4, 0]
 TV_SAMPLES = 8_000
 TV_BATCH = 1_000
-TV_PROMPT = [1, 4, 2]
+TV_PROMPT = [1, 4, 2]  # sample_first_two's
 
 
 def letter_tokenizer() -> Tokenizer:
@@ -177,31 +169,21 @@ def test_first_two_tokens_follow_the_masked_target(letter_pair, name, engine):
     temperature = 1.0
     expected = exact_first_two_masked(target, temperature)
     engine.setdefault("sampling", "rejection")
-    counts = torch.zeros(V, V)
-    seeds = itertools.count()
-    with LLM(
-        model=str(target),
-        draft=None if name == "ar" else str(draft),
-        max_model_len=32,
-        max_num_seqs=TV_BATCH,
-        num_kv_blocks=TV_BATCH,
-        block_size=16,
-        max_num_batched_tokens=20 * TV_BATCH,
-        draft_timeout_s=60,
-        **engine,
-    ) as llm:
-        constraint = StructuredOutput("regex", REGEX)
-        for _ in range(TV_SAMPLES // TV_BATCH):
-            batch = [
-                SamplingParams(
-                    temperature=temperature, max_tokens=3, seed=next(seeds), structured=constraint
-                )
-                for _ in range(TV_BATCH)
-            ]
-            for out in llm.generate([TV_PROMPT] * TV_BATCH, batch):
-                assert out.text[:2] == LETTERS[out.token_ids[0]] + LETTERS[out.token_ids[1]]
-                assert re.fullmatch(REGEX, out.text), out.text
-                counts[out.token_ids[0], out.token_ids[1]] += 1
+    constraint = StructuredOutput("regex", REGEX)
+
+    def params(seed: int) -> SamplingParams:
+        return SamplingParams(
+            temperature=temperature, max_tokens=3, seed=seed, structured=constraint
+        )
+
+    def check(out) -> None:
+        assert out.text[:2] == LETTERS[out.token_ids[0]] + LETTERS[out.token_ids[1]]
+        assert re.fullmatch(REGEX, out.text), out.text
+
+    drafted = None if name == "ar" else draft
+    counts, _ = sample_first_two(
+        target, drafted, params, TV_SAMPLES, TV_BATCH, check=check, **engine
+    )
     tv = 0.5 * (counts / counts.sum() - expected).abs().sum().item()
     floor = tv_noise_floor(V * V, TV_SAMPLES)
     assert tv < floor, f"{name}: TV {tv:.4f} >= noise floor {floor:.4f}"
