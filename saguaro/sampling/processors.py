@@ -19,7 +19,7 @@ Why speculation stays exact: position j of a round is scored with the draft toke
 committed. So processing row j over ``g + s_1..s_{j-1}`` gives it exactly the distribution AR
 computes after committing the same tokens; verification (any method) then compares the draft
 against that ``p``. The draft's own q may ignore the processors (any q is verified exactly); an
-in-process draft applies them too (:func:`process_draft_row`), so that it proposes what the
+in-process draft applies them too (:func:`process_draft_rows`), so that it proposes what the
 target can accept.
 """
 
@@ -39,7 +39,6 @@ class Processors:
     """One request's processors, with what they keep of its history between rounds."""
 
     params: SamplingParams
-    vocab_size: int
     bias_ids: torch.Tensor  # [B] int64
     bias_values: torch.Tensor  # [B] float32
     bad_words: list[tuple[int, ...]]  # token sequences never generated
@@ -83,7 +82,6 @@ class Processors:
             prompt_mask[support] = True
         return cls(
             params=params,
-            vocab_size=vocab_size,
             bias_ids=torch.tensor(list(bias), dtype=torch.int64),
             bias_values=torch.tensor(list(bias.values()), dtype=torch.float32),
             bad_words=[tuple(w) for w in bad_words if w],
@@ -170,14 +168,20 @@ class Processors:
                     block[j].masked_fill_(refused.to(block.device), -torch.inf)
 
 
-def process_draft_row(
-    logits: torch.Tensor, proc: Processors | None, generated: list[int], drafts: list[int]
+def process_draft_rows(
+    logits: torch.Tensor,
+    proc: Processors | None,
+    generated: list[int],
+    drafts: list[int],
+    first: int | None = None,
 ) -> torch.Tensor:
-    """A draft's logits row [1, V] after ``generated + drafts``, processed as the target's row
-    at that position is (a copy; the row itself when the request has no processors)."""
+    """A draft's logits rows [m, V], row j after ``generated + drafts[:first + j]`` (``first``
+    None: one row after all of ``drafts``), processed as the target's rows at those positions
+    are (a copy; the rows themselves when the request has no processors)."""
     if proc is None:
         return logits
-    return proc.apply(logits.float().clone(), generated, drafts, first=len(drafts))
+    first = len(drafts) if first is None else first
+    return proc.apply(logits.float().clone(), generated, drafts, first)
 
 
 def apply_processors(

@@ -4,8 +4,8 @@ A constraint (a JSON schema, any JSON object, a regular expression, a choice amo
 Lark grammar) compiles to an llguidance grammar over the model's tokenizer. llguidance was
 chosen over xgrammar and outlines-core: a dependency-free abi3 wheel (xgrammar pulls torch,
 transformers and triton; outlines-core builds a vocabulary-wide index per schema), masks computed
-per step from the token trie in tens of microseconds at a 49k vocabulary with no index to build,
-and ``rollback``, which speculation needs.
+per step from the token trie with no index to build (docs/bench-features has their cost), and
+``rollback``, which speculation needs.
 
 For a prefix with generated tokens ``g``, the mask ``A(g)`` is the set of tokens the grammar
 accepts after ``g`` (end-of-sequence once it is complete); the processed logits are ``-inf``
@@ -48,8 +48,8 @@ def grammar_text(constraint: StructuredOutput) -> str:
 
 
 class GrammarCompiler:
-    """Compiles constraints over one tokenizer (its llguidance view is built on first use, about
-    half a second at a 49k vocabulary, and kept)."""
+    """Compiles constraints over one tokenizer (its llguidance view, which walks the whole
+    vocabulary, is built on the first request that needs it, and kept)."""
 
     def __init__(self, tokenizer_json: str, vocab_size: int, eos_ids: Sequence[int]) -> None:
         self.tokenizer_json = tokenizer_json

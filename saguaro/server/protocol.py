@@ -12,16 +12,13 @@ saguaro does not do (tools, audio, predicted outputs, ``suffix``, ...) are a 400
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from saguaro.sampling import SamplingParams
 from saguaro.sampling.params import MAX_LOGPROBS, MAX_SAMPLES, LogprobsMode, StructuredOutput
 from saguaro.server.errors import APIError
-
-if TYPE_CHECKING:
-    from saguaro.server.async_engine import StreamEvent
 
 # OpenAI's limits and defaults, so that its clients see the same API.
 MAX_STOP_SEQUENCES = 4
@@ -311,11 +308,13 @@ class Usage(BaseModel):
     total_tokens: int
 
     @classmethod
-    def of(cls, event: StreamEvent) -> Usage:
+    def count(cls, prompt_tokens: int, completion_tokens: list[int]) -> Usage:
+        """A request's usage: its prompts' tokens and every choice's generated tokens."""
+        completion = sum(completion_tokens)
         return cls(
-            prompt_tokens=event.prompt_tokens,
-            completion_tokens=event.completion_tokens,
-            total_tokens=event.prompt_tokens + event.completion_tokens,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion,
+            total_tokens=prompt_tokens + completion,
         )
 
 

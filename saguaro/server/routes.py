@@ -206,15 +206,6 @@ async def _collect(streams: list[RequestStream], watcher: asyncio.Task[None]) ->
             stream.cancel()
 
 
-def _usage(choices: list[StreamEvent], prompt_tokens: int) -> Usage:
-    completion = sum(c.completion_tokens for c in choices)
-    return Usage(
-        prompt_tokens=prompt_tokens,
-        completion_tokens=completion,
-        total_tokens=prompt_tokens + completion,
-    )
-
-
 async def _merged(streams: list[RequestStream]) -> AsyncIterator[tuple[int, StreamEvent]]:
     """The events of all ``streams`` as they come, each with its stream's index."""
     queue: asyncio.Queue[tuple[int, StreamEvent]] = asyncio.Queue()
@@ -266,12 +257,7 @@ def _event_stream(
                 yield _sse(chunk(i, event))
             else:
                 if include_usage:
-                    total = sum(completion_tokens)
-                    usage_chunk.usage = Usage(
-                        prompt_tokens=prompt_tokens,
-                        completion_tokens=total,
-                        total_tokens=prompt_tokens + total,
-                    )
+                    usage_chunk.usage = Usage.count(prompt_tokens, completion_tokens)
                     yield _sse(usage_chunk)
         finally:
             watcher.cancel()
@@ -373,7 +359,7 @@ async def completions(request: Request) -> Response:
     done = Completion(id=rid, created=now, model=name, choices=[])
     for i, c in enumerate(choices):
         done.choices += chunk(i, c).choices
-    done.usage = _usage(choices, prompt_tokens)
+    done.usage = Usage.count(prompt_tokens, [c.completion_tokens for c in choices])
     return JSONResponse(done.model_dump())
 
 
@@ -440,7 +426,7 @@ async def chat_completions(request: Request) -> Response:
                 )
                 for i, c in enumerate(choices)
             ],
-            usage=_usage(choices, len(ids)),
+            usage=Usage.count(len(ids), [c.completion_tokens for c in choices]),
         ).model_dump()
     )
 

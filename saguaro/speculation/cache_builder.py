@@ -51,7 +51,7 @@ from saguaro.engine.block_manager import BlockManager
 from saguaro.engine.model_runner import ModelRunner
 from saguaro.sampling import SamplingParams, SamplingTensors, SparseQ, propose, seed_tensor
 from saguaro.sampling.coupled import propose_coupled, ranked_proposals
-from saguaro.sampling.processors import Processors, process_draft_row
+from saguaro.sampling.processors import Processors, process_draft_rows
 from saguaro.sampling.reduce import argmax_rows, topk_rows
 from saguaro.speculation import protocol as P
 from saguaro.speculation.fanout import FanoutEstimator
@@ -92,10 +92,14 @@ class DraftSeq:
     processors: Processors | None = None  # the request's, applied to the draft's rows too
     num_prompt: int = 0  # token_ids[num_prompt:] are generated (what the processors count)
 
-    def processed(self, logits: torch.Tensor, drafts: list[int]) -> torch.Tensor:
-        """The draft's row [1, V] after the committed tokens and ``drafts``, processed as the
-        target will process its row there (the row itself without processors)."""
-        return process_draft_row(logits, self.processors, self.token_ids[self.num_prompt :], drafts)
+    def processed(
+        self, logits: torch.Tensor, drafts: list[int], first: int | None = None
+    ) -> torch.Tensor:
+        """The draft's rows [m, V] after the committed tokens, row j after
+        ``drafts[:first + j]`` (``first`` None: one row after all of ``drafts``), processed as
+        the target will process its rows there (the rows themselves without processors)."""
+        generated = self.token_ids[self.num_prompt :]
+        return process_draft_rows(logits, self.processors, generated, drafts, first)
 
 
 def kv_blocks(cfg: P.WorkerConfig) -> int:
@@ -285,7 +289,7 @@ class CacheBuilder:
         top ``F_k`` of each ranking."""
         m = len(rows)
         if seq.processors is not None:  # row k follows s_1..s_k: the target's row there
-            rows = torch.cat([seq.processed(rows[k : k + 1], seq.spec[:k]) for k in range(m)])
+            rows = seq.processed(rows, seq.spec, first=0)
         # One more than MAX_RANK: outcome k < K drops the rejected s_{k+1} from its ranking.
         width = min(MAX_RANK + 1, self.vocab_size)
         if seq.coupled and not seq.params.greedy:

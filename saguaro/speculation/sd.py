@@ -21,7 +21,7 @@ from saguaro.core.sequence import Sequence
 from saguaro.engine.model_runner import ModelRunner
 from saguaro.sampling import SamplingParams, SamplingTensors, SparseQ, propose, seed_tensor
 from saguaro.sampling.coupled import propose_coupled
-from saguaro.sampling.processors import Processors, process_draft_row
+from saguaro.sampling.processors import Processors, process_draft_rows
 from saguaro.sampling.reduce import argmax_rows
 
 # (draft logits [m, V], chain indices of the m rows, depth, positions [m]) -> tokens, q (None:
@@ -49,7 +49,7 @@ class Chain:
         """The draft's row after ``drafted``, processed as the target will process its row
         there: proposals the target's processors refuse would only be rejected."""
         generated = self.token_ids[self.num_prompt :]
-        return process_draft_row(logits, self.processors, generated, drafted)
+        return process_draft_rows(logits, self.processors, generated, drafted)
 
 
 def plain_proposals(chains: list[Chain], top_m: int) -> ProposeFn:
