@@ -128,8 +128,9 @@ class LLM:
         draft_stats = self.engine.draft_stats(min(len(seqs), self.config.max_num_seqs))
         if draft_stats:
             self.last_run[self.config.mode] = draft_stats
-        if self.engine.draft_failure:
-            self.last_run["draft_failure"] = self.engine.draft_failure
+        failure = self.engine.draft_health().failure
+        if failure:
+            self.last_run["draft_failure"] = failure
         return [self._outputs(p, samples) for p, samples in added]
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> Iterator[str]:

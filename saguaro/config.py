@@ -43,11 +43,12 @@ def parse_fanout(spec: str, K: int) -> list[int] | str:
     return values
 
 
-Mode = Literal["ar", "sd", "ssd"]
+Mode = Literal["ar", "sd", "ssd", "auto"]
 Dtype = Literal["float32", "bfloat16", "float16"]
 SamplingMethod = Literal["auto", RequestMethod]
 Backup = Literal["auto", "neural", "fast"]
 DraftWorker = Literal["spawn", "external"]
+AutoCores = Literal["shared", "own"]
 Quantization = Literal["auto", "none", "gguf", "int4", "int4-g64", "int4-g128", "int8"]
 Kernels = Literal["auto", "saguaro", "torch"]
 
@@ -72,7 +73,23 @@ class EngineConfig:
         "draft model directory or name (default with sd/ssd and the default model: "
         "smollm2-135m-instruct-draft, trained for it)",
     )
-    mode: Mode = opt("ar", "decoding: autoregressive, speculative (sd) or SSD")
+    mode: Mode | None = opt(
+        None,
+        "decoding: autoregressive (ar), speculative (sd), SSD, or auto: each step the one the "
+        "cost model predicts fastest for the running batch, with its K (default: auto when a "
+        "draft is given, else ar)",
+    )
+    auto_ssd: bool = opt(
+        True,
+        "auto: SSD is among the choices (its worker takes cores of its own on CPU); without it "
+        "auto chooses between AR and SD on every core",
+    )
+    auto_cores: AutoCores = opt(
+        "shared",
+        "auto with SSD on CPU: shared: AR and SD steps compute on every core (the idle worker's "
+        "too) and SSD steps leave the worker its core; own: the target keeps its own cores in "
+        "every mode, the worker has the next (the paper's layout)",
+    )
     num_speculative_tokens: int = opt(4, "speculation length K", flags=("--k",))
     dtype: Dtype = opt("float32", "weights and activations")
     draft_dtype: Dtype | None = opt(
@@ -127,12 +144,12 @@ class EngineConfig:
         120.0, "tensor parallel: a rank silent this long inside a forward ends the engine"
     )
     draft_top_m: int = opt(DEFAULT_TOP_M, "sd/ssd: the draft samples from its top-M tokens")
-    # coupled for SSD, whose cache it serves better; rejection for AR and SD, where it accepts
-    # more (docs/sampling.md).
+    # coupled where an SSD worker runs, whose cache it serves better and whose text it keeps
+    # across auto's switches; rejection for AR and SD, where it accepts more (docs/sampling.md).
     sampling: SamplingMethod = opt(
         "auto",
         "how T > 0 is sampled exactly: rejection sampling, or coupled (a seed gives the same text "
-        "in every mode); auto: coupled for ssd, rejection otherwise",
+        "in every mode); auto: coupled where an SSD worker runs (ssd, auto), rejection otherwise",
     )
     # --- SSD (mode="ssd") ---
     fanout: str | list[int] = opt(
@@ -169,6 +186,8 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         check_choices(self)
+        if self.mode is None:
+            self.mode = "auto" if self.draft else "ar"
         if self.num_speculative_tokens < 1:
             raise ValueError(
                 f"num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}"
@@ -202,7 +221,7 @@ class EngineConfig:
         if not 0 < self.saguaro_c <= 1:
             raise ValueError(f"saguaro_c must be in (0, 1], got {self.saguaro_c}")
         if self.sampling == "auto":
-            self.sampling = "coupled" if self.mode == "ssd" else "rejection"
+            self.sampling = "coupled" if self.uses_worker else "rejection"
         if self.draft_restarts < 0 or self.draft_restart_backoff_s < 0:
             raise ValueError("draft_restarts and draft_restart_backoff_s must be >= 0")
         if self.draft_top_m < 1:
@@ -216,7 +235,12 @@ class EngineConfig:
                 f"fanout must list K+1={self.num_speculative_tokens + 1} non-negative counts, "
                 f"got {self.fanout}"
             )
-        if self.mode == "ssd" and self.device == "cpu" and self.pin_cpus:
+        if self.shares_cores:
+            cores = process_cpus()
+            self.target_cpus = self.target_cpus or cores
+            self.draft_cpus = self.draft_cpus or cores[-1:]
+            self.draft_threads = self.draft_threads or len(self.draft_cpus)
+        elif self.uses_worker and self.device == "cpu" and self.pin_cpus:
             cores = process_cpus()
             if len(cores) >= 2:
                 # The target's ranks take one core each while a core is left for the worker.
@@ -235,11 +259,30 @@ class EngineConfig:
                     f"GPUs cuda:{first}..cuda:{last}; {torch.cuda.device_count()} are visible"
                 )
             if (
-                self.mode == "ssd"
+                self.uses_worker
                 and self.draft_device is None
                 and last + 1 < torch.cuda.device_count()
             ):
                 self.draft_device = f"cuda:{last + 1}"  # the draft's own GPU, after the ranks
+
+    @property
+    def uses_worker(self) -> bool:
+        """An SSD draft worker runs: mode ssd, or auto with SSD among its choices."""
+        return self.mode == "ssd" or (self.mode == "auto" and self.auto_ssd)
+
+    @property
+    def shares_cores(self) -> bool:
+        """Mode auto on CPU whose target computes on the worker's cores while SSD is not running
+        (``auto_cores`` shared; one target rank, at least two cores)."""
+        return (
+            self.mode == "auto"
+            and self.auto_ssd
+            and self.auto_cores == "shared"
+            and self.device == "cpu"
+            and self.pin_cpus
+            and self.tensor_parallel_size == 1
+            and len(process_cpus()) >= 2
+        )
 
     @property
     def lookahead(self) -> int:

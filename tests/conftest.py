@@ -209,11 +209,13 @@ def sample_first_two(
     samples: int,
     batch: int,
     check=None,
+    prepare=None,
     **engine,
 ) -> tuple[torch.Tensor, int]:
     """Counts [V, V] of the first two tokens of ``samples`` requests of the prompt [1, 4, 2]
     (``make_params(seed)`` each, seeds 0, 1, ...), run ``batch`` at a time, and how many batches
-    hit SSD's cache; ``check(out)`` sees every output. ``engine``: more EngineConfig fields."""
+    hit SSD's cache; ``check(out)`` sees every output, ``prepare(llm)`` the engine before its
+    first request. ``engine``: more EngineConfig fields."""
     from saguaro import LLM
 
     vocab = SMALL_VOCAB
@@ -229,6 +231,8 @@ def sample_first_two(
         draft_timeout_s=60,
         **engine,
     ) as llm:
+        if prepare is not None:
+            prepare(llm)
         for _ in range(samples // batch):
             params = [make_params(next(seeds)) for _ in range(batch)]
             for out in llm.generate([[1, 4, 2]] * batch, params):

@@ -49,6 +49,9 @@ def bonus_counts(records: list[RoundRecord]) -> tuple[int, int]:
     return full, hits
 
 
+MIN_CHOICE_SHARE = 0.01  # choices that ran fewer rounds are left out of a row's summary
+
+
 @dataclass
 class Row:
     """One variant in one cell (dataset, temperature, batch size), over all its runs."""
@@ -82,6 +85,14 @@ class Row:
     ssd: dict[str, Any] | None = None  # last round's fan-out, budget, timings; policy inputs
     round_costs: dict[str, float] | None = None  # SSD: mean ms per engine round, by part
     step_costs: dict[str, float] | None = None  # saguaro modes: mean ms per engine step, by part
+
+    @property
+    def choices(self) -> str | None:
+        """Mode auto: the share of rounds each choice (mode:k) ran, largest first."""
+        if self.mode != "auto":
+            return None
+        shares = sorted(self.speculation.get("choices", {}).items(), key=lambda kv: -kv[1])
+        return " ".join(f"{c} {share:.0%}" for c, share in shares if share >= MIN_CHOICE_SHARE)
 
 
 def round_costs(group: list[Run]) -> dict[str, float] | None:

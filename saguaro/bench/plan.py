@@ -21,7 +21,7 @@ SEED_STRIDE = 1_000_003
 # Modes that also run held to one core with --one-core-baselines (the pre-equal-hardware view).
 ONE_CORE_MODES = ("ar", "sd")
 # saguaro's modes with a draft model, whose precision --draft-dtypes varies
-DRAFT_MODES = ("sd", "ssd")
+DRAFT_MODES = ("sd", "ssd", "auto")
 
 # Modes that sample with their own sampler, not saguaro's (one variant whatever --sampling says).
 OWN_SAMPLER_MODES = ("hf-assisted", *PEER_MODES)

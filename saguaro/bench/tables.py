@@ -28,6 +28,7 @@ COLUMNS = (
     ("× AR", "speedup_vs_ar", "{:.2f}×"),
     ("× SD", "speedup_vs_sd", "{:.2f}×"),
     ("predicted × AR", "predicted_speedup", "{:.2f}×"),
+    ("auto's rounds", "choices", "{}"),
 )
 
 

@@ -37,6 +37,11 @@ def summarize(records: Iterable[RoundRecord]) -> dict[str, Any]:
         "accepted_histogram": dict(sorted(Counter(r.num_accepted for r in records).items())),
         "target_s": sum(r.target_s for r in records),
         "draft_s": sum(r.draft_s for r in records),
+        # the strategy and proposals of each round (mode auto chooses them step by step)
+        "choices": {
+            f"{mode}:{k}": n / rounds
+            for (mode, k), n in sorted(Counter((r.mode, r.num_drafted) for r in records).items())
+        },
     }
     ssd = [r for r in records if r.hit is not None]
     if ssd:

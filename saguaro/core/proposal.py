@@ -36,6 +36,24 @@ class Proposal:
     hit: list[bool | None] | None = None  # SSD: per row, outcome found in the speculation cache
     backup: list[str | None] | None = None  # SSD: per row, backup used on a miss
     wait_s: float = 0.0  # SSD: time the target waited for these proposals
+    mode: str = "sd"  # the strategy that proposed: sd or ssd (ar when nothing was proposed)
+
+    @classmethod
+    def none(cls, n: int, width: int) -> Proposal:
+        """No proposals for n sequences: their rounds are AR rounds."""
+        return cls(
+            torch.zeros(n, width, dtype=torch.int64), torch.zeros(n, dtype=torch.int64), mode="ar"
+        )
+
+
+@dataclass(frozen=True)
+class DraftHealth:
+    """Whether a proposer can propose: ``running``, ``restarting`` (a failed draft worker will be
+    started again) or ``failed`` (for good); its restarts and the last failure."""
+
+    state: str = "running"
+    restarts: int = 0
+    failure: str | None = None
 
 
 class Proposer(ABC):
@@ -52,8 +70,10 @@ class Proposer(ABC):
         the engine registers no block past this many tokens."""
         return None
 
-    def observe(self, seqs: list[Sequence], target_s: float) -> None:
-        """Called after each round with its sequences (their last record) and verify time."""
+    def observe(self, seqs: list[Sequence], target_s: float, positions: int) -> None:
+        """Called after each round with its sequences (their last record), the seconds of the
+        target's forward and the positions it computed (more than the rounds scored when prompt
+        chunks shared it)."""
         return None  # default: nothing to do
 
     def preempted(self, seq: Sequence) -> None:
@@ -64,9 +84,21 @@ class Proposer(ABC):
         """``seq`` finished or was aborted: forget it."""
         return None  # default: nothing to do
 
+    def pause(self) -> None:
+        """Rounds are run without this proposer until it is next asked to propose."""
+        return None  # default: nothing to do
+
     def stats(self, batch: int) -> dict[str, Any]:
         """Strategy-specific figures for a batch of ``batch`` sequences (empty: none)."""
         return {}
+
+    def health(self) -> DraftHealth:
+        """Whether the proposer is proposing (default: always)."""
+        return DraftHealth()
+
+    def calibrate(self, probe: TargetProbe) -> None:
+        """Called once before serving with a probe that times the target's forwards."""
+        return None  # default: nothing to measure
 
     def close(self, failed: bool = False) -> None:
         """Free what the proposer holds; after a failure, do not wait for it to cooperate."""
@@ -84,3 +116,6 @@ class DraftSetup:
 
 
 ProposerFactory = Callable[["EngineConfig", DraftSetup], Proposer]
+TargetProbe = Callable[[int, int], float]
+"""(sequences, positions each) -> seconds of one target forward of that shape, after a context
+of typical length (writes KV only where no sequence lives: used before serving)."""

@@ -20,13 +20,13 @@ import torch
 
 from saguaro import placement
 from saguaro.config import EngineConfig, resolve_model_dirs
-from saguaro.core.proposal import DraftSetup, Proposal, Proposer, ProposerFactory
+from saguaro.core.proposal import DraftHealth, DraftSetup, Proposal, Proposer, ProposerFactory
 from saguaro.core.records import RoundRecord
 from saguaro.core.sequence import Sequence, Status
 from saguaro.core.snapshot import EngineSnapshot
 from saguaro.engine.block_manager import BlockManager
 from saguaro.engine.detokenizer import Detokenizer
-from saguaro.engine.model_runner import ModelRunner
+from saguaro.engine.model_runner import ModelRunner, time_forward
 from saguaro.engine.scheduler import Scheduled, Scheduler
 from saguaro.engine.tensor_parallel import TensorParallelTarget, rank_placements
 from saguaro.errors import (
@@ -114,9 +114,7 @@ class LLMEngine:
         except BaseException:
             self.close()  # a failed start leaves the process as it found it
             raise
-        self.draft_failure: str | None = None
-        self.draft_restarts = 0  # SSD worker restarts after failures, over the engine's life
-        self._restart_at: float | None = None  # when the next restart is due (monotonic)
+        self.draft_failure: str | None = None  # why a proposer was dropped for good
         self.num_steps = 0
         self.seqs: dict[int, Sequence] = {}  # unfinished requests
         # n > 1: the samples after the first, held until it has computed their shared prompt
@@ -204,6 +202,11 @@ class LLMEngine:
                 draft_dir, self.max_model_len, target.config.vocab_size, num_blocks
             )
             self.proposer = self._make_proposer(cfg, self._draft_setup)
+            self.proposer.calibrate(self._time_target)
+
+    def _time_target(self, num_seqs: int, positions: int) -> float:
+        """A proposer's probe of the target's cost (before serving: see time_forward)."""
+        return time_forward(self.runner, num_seqs, positions)
 
     # ---- requests ---------------------------------------------------------------------------
 
@@ -333,60 +336,29 @@ class LLMEngine:
         """Why the engine cannot step any more (a rank of its tensor-parallel target failed)."""
         return self.tensor_parallel.failure if self.tensor_parallel is not None else None
 
-    @property
-    def draft_state(self) -> str:
-        """ "none" (AR), "running", "restarting" (a failed SSD worker will be restarted) or
-        "failed" (speculation is off for good; decoding stays exact)."""
-        if self.cfg.mode == "ar":
-            return "none"
+    def draft_health(self) -> DraftHealth:
+        """The draft's state: ``none`` (AR), else the proposer's (running, restarting, failed);
+        ``failed`` once a proposer that cannot recover has been dropped."""
         if self.proposer is not None:
-            return "running"
-        return "restarting" if self._restart_at is not None else "failed"
+            return self.proposer.health()
+        if self.draft_failure is not None:
+            return DraftHealth("failed", 0, self.draft_failure)
+        return DraftHealth("none")
 
     def _drop_proposer(self, why: Exception) -> None:
-        """The draft is gone: go on exactly without speculation (AR) and, for an SSD worker,
-        schedule its restart: after ``draft_restart_backoff_s``, doubling with each restart,
-        at most ``draft_restarts`` times over the engine's life."""
+        """The draft is gone for good: go on exactly without speculation (AR)."""
         log.warning("saguaro: %s; continuing without speculation (AR)", why)
         assert self.proposer is not None
         self.proposer.close(failed=True)
         self.proposer = None
         self.scheduler.lookahead = 0
         self.draft_failure = str(why)
-        self._schedule_restart()
-
-    def _schedule_restart(self) -> None:
-        cfg = self.cfg
-        if cfg.mode != "ssd" or self.draft_restarts >= cfg.draft_restarts:
-            self._restart_at = None
-            log.warning("saguaro: speculation stays off (draft restarts: %d)", self.draft_restarts)
-            return
-        delay = cfg.draft_restart_backoff_s * 2**self.draft_restarts
-        self._restart_at = time.monotonic() + delay
-        log.warning("saguaro: restarting the draft worker in %.1f s", delay)
-
-    def _restart_worker(self) -> None:
-        """Bring a failed SSD worker back once its backoff has passed. Requests in flight carry
-        on: the new worker is sent each sequence's tokens as it first sees it."""
-        if self._restart_at is None or time.monotonic() < self._restart_at:
-            return
-        self._restart_at = None
-        self.draft_restarts += 1
-        try:
-            self.proposer = self._make_proposer(self.cfg, self._draft_setup)
-        except DraftWorkerError as e:
-            log.warning("saguaro: the draft worker did not restart: %s", e)
-            self.draft_failure = str(e)
-            self._schedule_restart()
-            return
-        self.scheduler.lookahead = self.cfg.lookahead
-        self.draft_failure = None
-        log.warning("saguaro: draft worker restarted (%d so far)", self.draft_restarts)
 
     def snapshot(self) -> EngineSnapshot:
         """A read-only view of the engine's state. Safe to call from another thread while the
         engine steps: it reads counters and queue lengths only."""
         bm, sched = self.block_manager, self.scheduler
+        draft = self.draft_health()
         return EngineSnapshot(
             mode=self.cfg.mode,
             lookahead=self.cfg.lookahead,
@@ -398,9 +370,9 @@ class LLMEngine:
             kv_blocks_total=bm.num_blocks,
             kv_blocks_free=bm.num_free_blocks,
             prefix_hit_tokens=bm.prefix_hit_tokens,
-            draft_state=self.draft_state,
-            draft_restarts=self.draft_restarts,
-            draft_failure=self.draft_failure,
+            draft_state=draft.state,
+            draft_restarts=draft.restarts,
+            draft_failure=draft.failure,
             tensor_parallel_size=self.cfg.tensor_parallel_size,
             failure=self.failure,
         )
@@ -422,7 +394,6 @@ class LLMEngine:
             raise TensorParallelError(self.failure)
         if self.placement is not None:  # another engine may have run in this process since
             placement.place(self, self.placement)
-        self._restart_worker()
         batch = self.scheduler.schedule()
         if not batch:
             return []
@@ -461,7 +432,8 @@ class LLMEngine:
             if s.seq.records and s.seq.records[-1].step == self.num_steps:
                 s.seq.records[-1].step_s = step_s
         if spec and self.proposer is not None:
-            self.proposer.observe([s.seq for s in spec], t2 - t1)
+            positions = sum(len(q.token_ids) for q in queries)
+            self.proposer.observe([s.seq for s in spec], t2 - t1, positions)
         return [s.seq for s in rounds]
 
     def _queries(
@@ -597,6 +569,7 @@ class LLMEngine:
                     token=new[-1],
                     committed=count,
                     step=self.num_steps,
+                    mode=proposal.mode if j is not None else "ar",
                     hit=proposal.hit[j] if j is not None and proposal.hit else None,
                     backup=proposal.backup[j] if j is not None and proposal.backup else None,
                     target_s=target_s / n,

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
@@ -194,3 +195,19 @@ class ModelRunner:
 
 def _to(t: torch.Tensor | None, dev: torch.device) -> torch.Tensor | None:
     return None if t is None else t.to(dev)
+
+
+# The context a timed forward attends to: a typical served length, short enough for any pool.
+TIMING_CONTEXT = 128
+
+
+def time_forward(runner: ModelRunner, num_seqs: int, positions: int) -> float:
+    """Seconds of one forward of ``num_seqs`` queries of ``positions`` tokens each (logits at
+    every one, as a verification), after ``TIMING_CONTEXT`` tokens of context. Every query uses
+    the pool's first blocks, so this writes KV only there: call it before serving."""
+    context = max(0, min(TIMING_CONTEXT, runner.num_slots - positions))
+    blocks = list(range(-(-(context + positions) // runner.block_size)))
+    query = runner.sequence_query(blocks, context, [0] * positions, positions)
+    start = time.perf_counter()
+    runner.forward([query] * num_seqs)
+    return time.perf_counter() - start

@@ -80,6 +80,7 @@ class EngineStats:
 
     accepted_length: Histogram  # tokens committed per decoding round (1 + accepted)
     finished: Counter[str] = field(default_factory=Counter)  # requests by finish reason
+    rounds: Counter[tuple[str, int]] = field(default_factory=Counter)  # by (mode, proposals)
     prompt_tokens: int = 0
     generation_tokens: int = 0
     drafted_tokens: int = 0
@@ -101,6 +102,7 @@ class EngineStats:
             if seq.num_output_tokens > 1:
                 self.tpot.observe((end - seq.first_token_time) / (seq.num_output_tokens - 1))
         for r in seq.records:
+            self.rounds[r.mode, r.num_drafted] += 1
             self.accepted_length.observe(1 + r.num_accepted)
             self.drafted_tokens += r.num_drafted
             self.accepted_tokens += r.num_accepted

@@ -138,6 +138,13 @@ def render_metrics(ae: AsyncEngine, http: Counter[tuple[str, int]], model: str) 
                 "Proposals accepted.",
                 [("", st.accepted_tokens)],
             ),
+            (
+                "saguaro_rounds_total",
+                "counter",
+                "Decoding rounds of finished requests by the strategy that proposed (mode auto "
+                "chooses it each step) and the proposals verified (k).",
+                [(_labels(mode=m, k=k), n) for (m, k), n in sorted(st.rounds.items())],
+            ),
             ("saguaro_ssd_rounds_total", "counter", "SSD rounds.", [("", st.ssd_rounds)]),
             (
                 "saguaro_ssd_cache_hits_total",

@@ -6,27 +6,60 @@ from saguaro.config import EngineConfig
 from saguaro.core.proposal import DraftSetup, Proposer
 from saguaro.engine.model_runner import ModelRunner
 from saguaro.models.loader import load_model
+from saguaro.speculation.auto import AutoProposer, Threads
+from saguaro.speculation.sd import DraftProposer
+from saguaro.speculation.ssd import SSDProposer
+from saguaro.speculation.supervisor import Supervised
 
 
 def make_proposer(cfg: EngineConfig, setup: DraftSetup) -> Proposer:
-    """SD: the draft in this process, sharing the target's block tables. SSD: a draft worker
-    (spawned, or an external one joining), which raises DraftWorkerError if it does not start."""
+    """SD: the draft in this process, sharing the target's block tables. SSD: a supervised draft
+    worker (spawned, or an external one joining), which raises DraftWorkerError if it does not
+    start. auto: both (SSD where ``auto_ssd``), chosen between step by step."""
     if cfg.mode == "sd":
-        from saguaro.speculation.sd import DraftProposer
-
-        draft = load_model(
-            setup.draft_dir,
-            cfg.draft_dtype,
-            cfg.device,
-            quantization=cfg.draft_quantization,
-            kernels=cfg.kernels == "saguaro",
-        )
-        runner = ModelRunner(draft, setup.num_kv_blocks, cfg.block_size, cfg.device, cfg.compile)
-        if cfg.compile:
-            runner.warm_up()
-        return DraftProposer(runner, cfg.draft_top_m, cfg.sampling)
+        return _in_process(cfg, setup)
     if cfg.mode == "ssd":
-        from saguaro.speculation.ssd import SSDProposer
-
-        return SSDProposer(cfg, str(setup.draft_dir), setup.max_model_len, setup.vocab_size)
+        return _worker(cfg, setup)
+    if cfg.mode == "auto":
+        sd = _in_process(cfg, setup)
+        try:
+            ssd = _worker(cfg, setup) if cfg.auto_ssd else None
+        except BaseException:
+            sd.close()
+            raise
+        return AutoProposer(
+            sd, ssd, cfg.num_speculative_tokens, cfg.max_num_seqs, _shared_threads(cfg)
+        )
     raise ValueError(f"mode {cfg.mode!r} has no proposer")
+
+
+def _shared_threads(cfg: EngineConfig) -> Threads | None:
+    """auto on shared cores: every target core's thread for AR and SD, the worker's left out
+    for SSD (EngineConfig.shares_cores)."""
+    if not cfg.shares_cores or cfg.target_cpus is None or cfg.draft_cpus is None:
+        return None
+    own = [c for c in cfg.target_cpus if c not in cfg.draft_cpus]
+    return Threads(other=cfg.num_threads or len(cfg.target_cpus), ssd=max(1, len(own)))
+
+
+def _in_process(cfg: EngineConfig, setup: DraftSetup) -> DraftProposer:
+    draft = load_model(
+        setup.draft_dir,
+        cfg.draft_dtype,
+        cfg.device,
+        quantization=cfg.draft_quantization,
+        kernels=cfg.kernels == "saguaro",
+    )
+    runner = ModelRunner(draft, setup.num_kv_blocks, cfg.block_size, cfg.device, cfg.compile)
+    if cfg.compile:
+        runner.warm_up()
+    return DraftProposer(runner, cfg.draft_top_m, cfg.sampling)
+
+
+def _worker(cfg: EngineConfig, setup: DraftSetup) -> Supervised:
+    def start() -> SSDProposer:
+        return SSDProposer(cfg, str(setup.draft_dir), setup.max_model_len, setup.vocab_size)
+
+    return Supervised(
+        start, cfg.num_speculative_tokens, cfg.draft_restarts, cfg.draft_restart_backoff_s
+    )

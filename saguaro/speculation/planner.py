@@ -1,4 +1,6 @@
-"""How much speculation cache to build each round: budget B and branch depth d (docs/design.md §5).
+"""The cost model behind every choice of how to speculate (docs/design.md §5, §12): which mode
+runs each round (AR, SD with k proposals, SSD), and for SSD how much cache to build (budget B
+and branch depth d).
 
 The draft worker builds the cache for round T while the target verifies it. For n sequences a
 build costs `T_build(B, d) = T_fixed + d T_depth(n B)`: a fixed part (glue pass, candidate
@@ -26,7 +28,8 @@ m have not varied enough to fit one.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import bisect
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 # Before a line can be fitted: each extra branch costs this fraction of a one-branch forward.
@@ -118,3 +121,111 @@ def plan_build(
             if rate > best.rate:
                 best = Plan(b, d, rate)
     return best
+
+
+# ---- which mode runs a round (docs/design.md §12) ----------------------------------------------
+
+
+@dataclass
+class Curve:
+    """Online seconds as a function of a size m (positions in a target forward, rows of a draft
+    step): an exponential moving average at each size observed, linear between neighbouring
+    sizes, flat below the smallest and extended along the last segment's slope (never falling)
+    beyond the largest. A forward's cost is far from linear in m on a CPU (flat while bound by
+    reading the weights, then rising with the arithmetic), so no single line fits it."""
+
+    alpha: float = EMA_ALPHA
+    knots: dict[int, _Ema] = field(default_factory=dict)
+
+    def observe(self, m: int, seconds: float) -> None:
+        self.knots.setdefault(m, _Ema(self.alpha)).update(seconds)
+
+    def __call__(self, m: int) -> float | None:
+        if not self.knots:
+            return None
+        sizes = sorted(self.knots)
+        i = bisect.bisect_left(sizes, m)
+        if i < len(sizes) and sizes[i] == m:
+            return self._at(m)
+        if i == 0 or len(sizes) == 1:  # below the smallest size, or one size only: flat
+            return self._at(sizes[0])
+        if i == len(sizes):  # beyond the largest size: the last segment's slope, never falling
+            lo, hi = sizes[-2], sizes[-1]
+            slope = max(0.0, (self._at(hi) - self._at(lo)) / (hi - lo))
+            return self._at(hi) + slope * (m - hi)
+        lo, hi = sizes[i - 1], sizes[i]
+        return self._at(lo) + (self._at(hi) - self._at(lo)) * (m - lo) / (hi - lo)
+
+    def _at(self, m: int) -> float:
+        value = self.knots[m].value
+        assert value is not None
+        return value
+
+
+@dataclass(frozen=True)
+class Choice:
+    """How one step's rounds run: ``mode`` ar, sd or ssd, with ``k`` proposals per sequence
+    (0 for AR; K for SSD, whose worker plans its own cache)."""
+
+    mode: str
+    k: int
+
+
+@dataclass(frozen=True)
+class SSDEstimates:
+    """The SSD worker's figures (saguaro/speculation/policy.py): hit rate, tokens a round commits
+    on a hit and on a miss, and the primary speculation's and the backup's seconds relative to
+    the target's forward."""
+
+    p_hit: float
+    e_hit: float
+    e_miss: float
+    t_p: float
+    t_b: float
+
+
+def plan_mode(
+    *,
+    n: int,
+    k_max: int,
+    target_s: Callable[[int], float],  # positions in one forward -> seconds
+    ssd_target_s: Callable[[int], float],  # the same in an SSD step (fewer cores, maybe)
+    other_s: Callable[[int], float],  # positions scored -> the step's seconds beyond forwards
+    draft_s: Callable[[int], float] | None,  # rows -> seconds of one SD draft step
+    tokens: Sequence[float],  # expected tokens committed by the batch for k = 0..k_max
+    ssd: SSDEstimates | None,
+) -> dict[Choice, float]:
+    """Predicted tokens per second of a batch of n sequences under each choice:
+
+        AR:      n / (T(n) + O(n))
+        SD, k:   E(k) / (T(n (k + 1)) + O(n (k + 1)) + k D(n))
+        SSD:     n (p E_hit + (1 - p) E_miss)
+                 / (p^n max(V, T_p F) + (1 - p^n) (V + T_b F)),  F = T(n (K + 1)),  V = F + O(...)
+
+    T(m) is a target forward over m positions (in SSD's steps on the cores the worker leaves
+    it: fewer where AR and SD borrow the worker's), O(m) the rest of a step that scores m
+    positions (scheduling, processors, verification, commit), D(n) one draft forward over n
+    rows, E(k)
+    the batch's expected commits with k proposals each, sum_i (1 + sum_{j<=k} prod_{l<=j}
+    a_il) for per-position acceptance a_il. An SD round drafts k tokens, then verifies them;
+    nothing overlaps. An SSD round is the §7 round in seconds: the batch waits for its target
+    step V, or for the primary speculation if longer, when every sequence hit (p^n), and for a
+    backup after V when any missed. Each is expected tokens per round over expected round time
+    (renewal-reward), the long-run rate of repeating that choice.
+    """
+    rates = {Choice("ar", 0): n / (target_s(n) + other_s(n))}
+    if draft_s is not None:
+        for k in range(1, k_max + 1):
+            m = n * (k + 1)
+            rates[Choice("sd", k)] = tokens[k] / (target_s(m) + other_s(m) + k * draft_s(n))
+    if ssd is not None:
+        m = n * (k_max + 1)
+        forward = ssd_target_s(m)
+        step = forward + other_s(m)
+        all_hit = ssd.p_hit**n
+        seconds = all_hit * max(step, ssd.t_p * forward) + (1.0 - all_hit) * (
+            step + ssd.t_b * forward
+        )
+        per_seq = ssd.p_hit * ssd.e_hit + (1.0 - ssd.p_hit) * ssd.e_miss
+        rates[Choice("ssd", k_max)] = n * per_seq / seconds
+    return rates

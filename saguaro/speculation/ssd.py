@@ -4,8 +4,8 @@ Each round the proposer sends the worker what the target committed since its las
 receives the next speculation for every sequence at once: from the speculation cache on a hit,
 from a backup on a miss (chosen per round by :class:`BackupPolicy` from online estimates). While
 the target verifies, the worker prepares the following round. If the worker dies, errors or does
-not answer within ``draft_timeout_s``, :class:`DraftWorkerError` is raised and the engine carries
-on without it (exactly: it falls back to AR).
+not answer within ``draft_timeout_s``, :class:`DraftWorkerError` is raised; the supervisor
+(:mod:`saguaro.speculation.supervisor`) carries on without it, exactly, and restarts it.
 """
 
 from __future__ import annotations
@@ -194,9 +194,10 @@ class SSDProposer(Proposer):
             hit=[s.hit for s in reply.specs],
             backup=[s.backup for s in reply.specs],
             wait_s=wait_s,
+            mode="ssd",
         )
 
-    def observe(self, seqs: list[Sequence], target_s: float) -> None:
+    def observe(self, seqs: list[Sequence], target_s: float, positions: int) -> None:
         """Feed the backup policy with this round's outcomes and the verification time."""
         self.verify_s = target_s
         for s in seqs:
@@ -210,7 +211,11 @@ class SSDProposer(Proposer):
         if self.known.pop(seq.seq_id, None) is not None:
             self.dropped.append(seq.seq_id)
         if not self.known:  # idle until the next request: not part of any round or window
-            self.round_started = self.replied_at = self.last_wait_s = None
+            self.pause()
+
+    def pause(self) -> None:
+        # Time until the next request is not one round of ours, nor a window to build in.
+        self.round_started = self.replied_at = self.last_wait_s = None
 
     def stats(self, batch: int) -> dict:
         """Fan-out, budget, cache-build timings (the last round's, and cumulative ``totals``),

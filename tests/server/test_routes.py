@@ -218,7 +218,8 @@ def test_ssd_serves_exactly_and_reports_a_failed_draft_worker(tiny_llama, tiny_d
         assert 0 <= metrics["saguaro_ssd_cache_hit_rate"] <= 1
         assert httpx.get(f"{served.url}/health").json()["draft"] == "running"
 
-        llm.engine.proposer.proc.kill()  # the worker dies: the server carries on, exactly (AR)
+        # the worker dies: the server carries on, exactly (AR)
+        llm.engine.proposer.worker.proc.kill()
         out = client.completions.create(**kw)
         assert out.choices[0].text == ref.text
         health = httpx.get(f"{served.url}/health")

@@ -83,10 +83,10 @@ def test_killed_worker_changes_nothing(tiny_llama, close_draft, reference):
         ]
         for _ in range(3):
             eng.step()
-        eng.proposer.proc.kill()
+        eng.proposer.worker.proc.kill()
         while eng.has_unfinished():
             eng.step()
-        assert eng.proposer is None and "exited" in eng.draft_failure
+        assert eng.proposer.worker is None and "exited" in eng.draft_health().failure
     assert [s.output_token_ids for s in seqs] == reference
 
 

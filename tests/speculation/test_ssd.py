@@ -218,7 +218,7 @@ def _run_with_fault(llm, fault, steps_before=3):
     seqs = [eng.add_request(eng.encode_prompt(p), GREEDY) for p in PROMPTS[:4]]
     for _ in range(steps_before):
         eng.step()
-    fault(eng.proposer.proc)
+    fault(eng.proposer.worker.proc)
     t0 = time.monotonic()
     while eng.has_unfinished():
         eng.step()
@@ -230,8 +230,10 @@ def test_worker_killed_mid_generation(tiny_llama, close_draft, ar_reference, cap
     with caplog.at_level(logging.WARNING, logger="saguaro"):
         with ssd(tiny_llama, close_draft, num_speculative_tokens=3, draft_restarts=0) as llm:
             seqs = _run_with_fault(llm, lambda proc: proc.kill())
-            assert llm.engine.draft_failure and "exited" in llm.engine.draft_failure
-            assert llm.engine.proposer is None
+            assert (
+                llm.engine.draft_health().failure and "exited" in llm.engine.draft_health().failure
+            )
+            assert llm.engine.draft_health().state == "failed"
     for p, s in zip(PROMPTS, seqs, strict=False):
         assert s.output_token_ids == ar_reference[p]
     assert "continuing without speculation" in caplog.text
@@ -241,13 +243,13 @@ def test_worker_that_stops_answering_times_out(tiny_llama, close_draft, ar_refer
     with ssd(
         tiny_llama, close_draft, num_speculative_tokens=3, draft_timeout_s=2, draft_restarts=0
     ) as llm:
-        proc = llm.engine.proposer.proc
+        proc = llm.engine.proposer.worker.proc
         try:
             seqs = _run_with_fault(llm, lambda p: os.kill(p.pid, signal.SIGSTOP))
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(proc.pid, signal.SIGCONT)
-        assert "stopped answering" in llm.engine.draft_failure
+        assert "stopped answering" in llm.engine.draft_health().failure
     for p, s in zip(PROMPTS, seqs, strict=False):
         assert s.output_token_ids == ar_reference[p]
     assert proc.wait(timeout=10) is not None  # reaped
@@ -256,7 +258,7 @@ def test_worker_that_stops_answering_times_out(tiny_llama, close_draft, ar_refer
 def test_two_engines_side_by_side_and_shutdown_reaps(tiny_llama, close_draft, ar_reference):
     a = ssd(tiny_llama, close_draft, num_speculative_tokens=2)
     b = ssd(tiny_llama, close_draft, num_speculative_tokens=3)
-    pa, pb = a.engine.proposer, b.engine.proposer
+    pa, pb = a.engine.proposer.worker, b.engine.proposer.worker
     assert pa.channel.port != pb.channel.port
     outs = a.generate(PROMPTS[:2], GREEDY) + b.generate(PROMPTS[:2], GREEDY)
     assert [o.token_ids for o in outs] == [ar_reference[p] for p in PROMPTS[:2]] * 2
@@ -347,7 +349,7 @@ def test_replies_over_the_device_lane_give_the_same_text(tiny_llama, close_draft
         backup="neural",
         sampling="rejection",
     ) as llm:
-        assert llm.engine.proposer.channel.lane is not None
+        assert llm.engine.proposer.worker.channel.lane is not None
         got = [o.token_ids for o in llm.generate(PROMPTS[:3], params)]
         assert llm.last_run["drafted"] > 0
     assert got == expected
@@ -365,13 +367,13 @@ def test_requests_that_reach_the_end_of_the_context_keep_the_worker(tiny_llama, 
             tiny_llama, close_draft, num_speculative_tokens=3, max_model_len=None, **overrides
         ) as llm:
             outs = llm.generate(prompts, params)
-            assert llm.engine.proposer is not None, llm.engine.draft_failure
+            assert llm.engine.draft_health().state == "running", llm.engine.draft_health().failure
             assert [o.token_ids for o in outs] == [o.token_ids for o in ar]
             assert all(len(o.prompt_token_ids) + len(o.token_ids) == limit for o in outs)
             again = llm.generate(PROMPTS[:2], GREEDY)  # the worker still answers
-            assert llm.engine.proposer is not None and len(again[0].token_ids) == 32
+            assert llm.engine.draft_health().state == "running" and len(again[0].token_ids) == 32
             # finished requests leave nothing in the engine or the proposer
-            assert llm.engine.seqs == {} and llm.engine.proposer.known == {}
+            assert llm.engine.seqs == {} and llm.engine.proposer.worker.known == {}
 
 
 def test_a_killed_worker_is_restarted_and_speculation_resumes(
@@ -388,7 +390,7 @@ def test_a_killed_worker_is_restarted_and_speculation_resumes(
         draft_restart_backoff_s=0.0,
     ) as llm:
         eng = llm.engine
-        first = eng.proposer.proc
+        first = eng.proposer.worker.proc
         long = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
         seqs = [eng.add_request(eng.encode_prompt(p), long) for p in PROMPTS[:3]]
         for _ in range(3):
@@ -396,13 +398,13 @@ def test_a_killed_worker_is_restarted_and_speculation_resumes(
         first.kill()
         while eng.has_unfinished():
             eng.step()
-        assert eng.draft_restarts == 1 and eng.draft_state == "running"
+        assert eng.draft_health().restarts == 1 and eng.draft_health().state == "running"
         resumed = [r for s in seqs for r in s.records if r.hit is not None and r.step > 5]
         assert resumed, "no SSD rounds after the restart"
         assert first.poll() is not None  # the dead worker was reaped
         ar = LLM(model=str(tiny_llama), max_model_len=256).generate(PROMPTS[:3], long)
         assert [s.output_token_ids for s in seqs] == [o.token_ids for o in ar]
-        eng.proposer.proc.kill()  # the cap is reached: speculation stays off, still exact
+        eng.proposer.worker.proc.kill()  # the cap is reached: speculation stays off, still exact
         outs = llm.generate(PROMPTS[:2], GREEDY)
-        assert eng.draft_state == "failed" and eng.proposer is None
+        assert eng.draft_health().state == "failed" and eng.proposer.worker is None
         assert [o.token_ids for o in outs] == [ar_reference[p] for p in PROMPTS[:2]]

@@ -1,0 +1,293 @@
+"""mode="auto": before each step, the strategy that serves the running batch best (docs/design.md
+§12): AR, SD with k = 1..K proposals, or SSD, chosen by the planner's cost model
+(:func:`saguaro.speculation.planner.plan_mode`) from what the engine measures as it runs.
+
+Exactness does not depend on the choice. Each round's proposals come with the distribution
+they were drawn from (point masses for greedy and coupled proposals), and verification is exact
+for any proposal and any k (docs/design.md §3); the choice is made before the round from past
+timings and outcomes, never from the round's own randomness. A request whose rounds switch mode
+therefore samples exactly the target's distribution; under coupled sampling its text is the
+target's noise's and so the same in every mode.
+
+The SSD worker stays up while SD or AR runs (it idles, its cache for a round that never came
+unused): switching back costs one miss, not a start. Hysteresis keeps the choice from
+flapping: a new choice must beat the current one's predicted rate by ``HYSTERESIS``, and a choice
+runs at least ``MIN_DWELL`` steps. Estimates of a mode not chosen go stale, so a mode that has
+not run for ``EXPLORE_EVERY`` steps runs for ``EXPLORE_STEPS``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from saguaro.core.proposal import DraftHealth, Proposal, Proposer, TargetProbe
+from saguaro.core.sequence import Sequence
+from saguaro.engine.model_runner import time_forward
+from saguaro.speculation.planner import EMA_ALPHA, Choice, Curve, SSDEstimates, plan_mode
+from saguaro.speculation.policy import PRIOR_ACCEPT, BackupPolicy
+from saguaro.speculation.sd import DraftProposer
+
+HYSTERESIS = 0.05  # a new choice must promise this much more than the current one
+MIN_DWELL = 4  # steps a choice runs before another may replace it
+EXPLORE_EVERY = 64  # steps after which a mode not run since is tried again
+EXPLORE_STEPS = 2  # steps such a try runs: enough for fresh timings and outcomes
+PRIOR_ROUNDS = 8.0  # a request's own acceptance counts as much as the pool after this many
+CALIBRATION_REPEATS = 2  # forwards timed per shape at start (the faster is kept)
+CALIBRATION_SEQS = (1, 2, 4, 8, 16, 32, 64)  # batch sizes timed at start, up to max_num_seqs
+
+
+@dataclass(frozen=True)
+class Threads:
+    """Torch threads of the target's process where auto shares the worker's cores: ``other``
+    for AR and SD steps (every core), ``ssd`` for SSD steps (the cores the worker leaves)."""
+
+    other: int
+    ssd: int
+
+
+@dataclass
+class Acceptance:
+    """Per-position acceptance a_j = P(s_j accepted | s_1..s_{j-1} accepted): pooled over
+    requests (exponential moving averages of the counts) and per request (its own counts,
+    shrunk towards the pool by ``PRIOR_ROUNDS`` pseudo-rounds)."""
+
+    k_max: int
+    alpha: float = EMA_ALPHA
+    pooled: list[float] = field(init=False)
+    own: dict[int, tuple[list[int], list[int]]] = field(default_factory=dict)  # tried, accepted
+
+    def __post_init__(self) -> None:
+        self.pooled = [PRIOR_ACCEPT] * self.k_max
+
+    def observe(self, seq_id: int | None, drafted: int, accepted: int) -> None:
+        """A round that verified ``drafted`` proposals and accepted ``accepted``: positions
+        1..accepted were accepted, position accepted + 1 (if drafted) rejected. ``seq_id``
+        None: the pool only (the request has ended)."""
+        own = None
+        if seq_id is not None:
+            own = self.own.setdefault(seq_id, ([0] * self.k_max, [0] * self.k_max))
+        for j in range(min(accepted + 1, drafted)):
+            ok = j < accepted
+            if own is not None:
+                own[0][j] += 1
+                own[1][j] += ok
+            self.pooled[j] += self.alpha * (ok - self.pooled[j])
+
+    def expected(self, seq_id: int, k: int) -> float:
+        """Expected tokens a round with k proposals commits: 1 + sum_{j<=k} prod_{l<=j} a_l."""
+        tried, hits = self.own.get(seq_id, ([0] * self.k_max, [0] * self.k_max))
+        total, run = 1.0, 1.0
+        for j in range(k):
+            a = (hits[j] + PRIOR_ROUNDS * self.pooled[j]) / (tried[j] + PRIOR_ROUNDS)
+            run *= a
+            total += run
+        return total
+
+    def forget(self, seq_id: int) -> None:
+        self.own.pop(seq_id, None)
+
+
+class AutoProposer(Proposer):
+    """Runs SD's in-process draft, SSD's (supervised) worker or nothing, step by step.
+
+    ``force`` (tests and experiments only: no request can reach it) overrides the choice: step
+    number -> Choice."""
+
+    def __init__(
+        self,
+        sd: DraftProposer,
+        ssd: Proposer | None,
+        k_max: int,
+        max_num_seqs: int,
+        threads: Threads | None = None,
+    ) -> None:
+        self.sd, self.ssd = sd, ssd
+        self.k_max, self.max_num_seqs = k_max, max_num_seqs
+        self.threads = threads
+        self.target, self.other, self.draft = Curve(), Curve(), Curve()
+        # an SSD step's target forward runs on fewer threads where the cores are shared
+        self.ssd_target = Curve() if threads is not None else self.target
+        self.acceptance = Acceptance(k_max)
+        self.force: Callable[[int], Choice] | None = None
+        self.choice: Choice | None = None  # the last step's
+        self.settled: Choice | None = None  # the cost model's, which tries interrupt
+        self.trying = Choice("ar", 0)  # a stale mode's, while ``exploring``
+        self.steps = 0
+        self.since: dict[str, int] = {"ar": 0, "sd": 0, "ssd": 0}  # steps since each mode ran
+        self.dwell = 0  # steps since the settled choice was made
+        self.exploring = 0  # steps left of a try
+        self.last_rates: dict[Choice, float] = {}
+        self.counts: dict[Choice, int] = {}  # steps run under each choice
+
+    # ---- the choice ----------------------------------------------------------------------------
+
+    def rates(self, seqs: list[Sequence]) -> dict[Choice, float]:
+        """Predicted tokens per second of this batch under each choice."""
+        n = len(seqs)
+        tokens = [
+            sum(self.acceptance.expected(s.seq_id, k) for s in seqs) for k in range(self.k_max + 1)
+        ]
+        return plan_mode(
+            n=n,
+            k_max=self.k_max,
+            target_s=lambda m: self.target(m) or 0.0,
+            ssd_target_s=lambda m: self.ssd_target(m) or 0.0,
+            other_s=lambda m: self.other(m) or 0.0,
+            draft_s=lambda rows: self.draft(rows) or 0.0,
+            tokens=tokens,
+            ssd=self._ssd_estimates(n),
+        )
+
+    def _ssd_estimates(self, n: int) -> SSDEstimates | None:
+        if self.ssd is None or self.ssd.health().state != "running":
+            return None
+        policy = self._policy()
+        if policy is None:
+            return None
+        kind = policy.choose(n)
+        return SSDEstimates(
+            policy.p_hit, policy.e_hit, policy.e_miss[kind], policy.t_p, policy.t_b[kind]
+        )
+
+    def _policy(self) -> BackupPolicy | None:
+        worker = getattr(self.ssd, "worker", self.ssd)
+        return getattr(worker, "policy", None)
+
+    def choose(self, seqs: list[Sequence]) -> Choice:
+        """The forced choice, a stale mode's try, or the settled choice: the best predicted one,
+        replaced only by one that beats it by ``HYSTERESIS`` after ``MIN_DWELL`` steps."""
+        if self.force is not None:
+            return self.force(self.steps)
+        rates = self.last_rates = self.rates(seqs)
+        if self.exploring:
+            self.exploring -= 1
+            return self.trying
+        stale = [c for c in rates if self.since[c.mode] >= EXPLORE_EVERY]
+        if stale:
+            self.trying = max(stale, key=rates.__getitem__)
+            self.exploring = EXPLORE_STEPS - 1
+            return self.trying
+        best, settled = max(rates, key=rates.__getitem__), self.settled
+        if (
+            settled is None
+            or settled not in rates
+            or (self.dwell >= MIN_DWELL and rates[best] > rates[settled] * (1.0 + HYSTERESIS))
+        ):
+            self.settled, self.dwell = best, 0
+        return self.settled
+
+    # ---- the Proposer interface ----------------------------------------------------------------
+
+    def propose(self, seqs: list[Sequence], ks: list[int]) -> Proposal:
+        choice = self.choose(seqs)
+        self.advance(choice)
+        return self._proposal(choice, seqs, ks)
+
+    def advance(self, choice: Choice) -> None:
+        """Book one step under ``choice`` (a worker left idle is told so)."""
+        leaving_ssd = self.choice is not None and self.choice.mode == "ssd" and choice.mode != "ssd"
+        if leaving_ssd and self.ssd is not None:
+            self.ssd.pause()
+        self.choice = choice
+        self.steps += 1
+        self.dwell += 1
+        self.counts[choice] = self.counts.get(choice, 0) + 1
+        for mode in self.since:
+            self.since[mode] = 0 if mode == choice.mode else self.since[mode] + 1
+
+    def _proposal(self, choice: Choice, seqs: list[Sequence], ks: list[int]) -> Proposal:
+        self._use_threads(choice.mode)
+        if choice.mode == "ssd" and self.ssd is not None:
+            return self.ssd.propose(seqs, ks)
+        if choice.mode == "sd" and choice.k > 0:
+            return self.sd.propose(seqs, [min(k, choice.k) for k in ks])
+        return Proposal.none(len(seqs), self.k_max)
+
+    def observe(self, seqs: list[Sequence], target_s: float, positions: int) -> None:
+        """Learn from the round just verified: its forward's cost (when it scored only these
+        rounds: a prompt chunk in the same forward would blur it), the rest of the step, the
+        draft's steps, and every sequence's acceptance."""
+        records = [s.records[-1] for s in seqs if s.records]
+        scored = sum(r.num_drafted + 1 for r in records)
+        ssd_step = self.choice is not None and self.choice.mode == "ssd"
+        if records and positions == scored:
+            (self.ssd_target if ssd_step else self.target).observe(positions, target_s)
+            # each record holds its share of the step, of the forward and of the proposing
+            # (SD's drafting, SSD's wait)
+            step_s = sum(r.step_s for r in records)
+            draft_s = sum(r.draft_s for r in records)
+            self.other.observe(positions, max(0.0, step_s - target_s - draft_s))
+            k = max(r.num_drafted for r in records)
+            if self.choice is not None and self.choice.mode == "sd" and k > 0:
+                self.draft.observe(len(records), draft_s / k)
+        for s in seqs:
+            r = s.records[-1] if s.records else None
+            if r is not None and r.num_drafted and r.backup != "fast":
+                seq_id = None if s.is_finished else s.seq_id
+                self.acceptance.observe(seq_id, r.num_drafted, r.num_accepted)
+        if ssd_step and self.ssd is not None:
+            self.ssd.observe(seqs, target_s, positions)
+
+    def calibrate(self, probe: TargetProbe) -> None:
+        """Time the target's forwards and the draft's steps at the batch sizes the engine can
+        run, so the first choices are made on measured costs, not guesses."""
+        sizes = [n for n in CALIBRATION_SEQS if n <= self.max_num_seqs]
+
+        def timed(fn: Callable[[], float]) -> float:
+            return min(fn() for _ in range(CALIBRATION_REPEATS))
+
+        if self.ssd_target is not self.target:
+            self._use_threads("ssd")
+            for n in sizes:
+                m = n * (self.k_max + 1)
+                self.ssd_target.observe(m, timed(lambda n=n: probe(n, self.k_max + 1)))
+        self._use_threads("sd")
+        for n in sizes:
+            for k in (0, self.k_max):
+                m = n * (k + 1)
+                self.target.observe(m, timed(lambda n=n, k=k: probe(n, k + 1)))
+            self.draft.observe(n, timed(lambda n=n: time_forward(self.sd.runner, n, 1)))
+
+    def _use_threads(self, mode: str) -> None:
+        """Where the cores are shared: torch threads for an SSD step or for the others."""
+        if self.threads is None:
+            return
+        want = self.threads.ssd if mode == "ssd" else self.threads.other
+        if torch.get_num_threads() != want:
+            torch.set_num_threads(want)
+
+    def draft_ready(self, seq: Sequence) -> int | None:
+        # SD's draft KV lives in the engine's blocks (SSD's in its worker's)
+        return self.sd.draft_ready(seq)
+
+    def preempted(self, seq: Sequence) -> None:
+        self.sd.preempted(seq)
+        if self.ssd is not None:
+            self.ssd.preempted(seq)
+
+    def release(self, seq: Sequence) -> None:
+        self.sd.release(seq)
+        self.acceptance.forget(seq.seq_id)
+        if self.ssd is not None:
+            self.ssd.release(seq)
+
+    def health(self) -> DraftHealth:
+        # SD's draft cannot fail apart from the engine; SSD's worker can, leaving AR and SD
+        return self.ssd.health() if self.ssd is not None else DraftHealth()
+
+    def stats(self, batch: int) -> dict:
+        out = dict(self.ssd.stats(batch)) if self.ssd is not None else {}
+        out["auto"] = {
+            "choice": None if self.choice is None else f"{self.choice.mode}:{self.choice.k}",
+            "steps": {f"{c.mode}:{c.k}": n for c, n in sorted(self.counts.items(), key=str)},
+            "rates": {f"{c.mode}:{c.k}": r for c, r in self.last_rates.items()},
+        }
+        return out
+
+    def close(self, failed: bool = False) -> None:
+        self.sd.close(failed)
+        if self.ssd is not None:
+            self.ssd.close(failed)

@@ -1,0 +1,120 @@
+"""Supervision of SSD's draft worker: a failed worker is closed and, after a backoff, restarted.
+
+A worker that dies, errors or stops answering raises :class:`DraftWorkerError` from ``propose``.
+The supervisor closes it and answers that round, and every round until a new worker is up, with
+no proposals: those rounds are AR rounds, exact like any other (the target samples every token
+it commits). Restarts come after ``backoff_s``, doubling with each, at most ``max_restarts``
+times over the supervisor's life; then speculation stays off. Requests in flight carry on
+across a restart: the new worker is sent each sequence's tokens as it first sees it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from saguaro.core.proposal import DraftHealth, Proposal, Proposer, TargetProbe
+from saguaro.core.sequence import Sequence
+from saguaro.errors import DraftWorkerError
+
+log = logging.getLogger("saguaro")
+
+
+class Supervised(Proposer):
+    """A proposer started by ``start`` (which raises DraftWorkerError if it cannot start: the
+    first start's failure is the caller's), kept running by restarting it after failures."""
+
+    def __init__(
+        self, start: Callable[[], Proposer], width: int, max_restarts: int, backoff_s: float
+    ) -> None:
+        self._start = start
+        self.width = width  # K: the columns of an empty proposal
+        self.max_restarts = max_restarts
+        self.backoff_s = backoff_s
+        self.worker: Proposer | None = start()
+        self.restarts = 0
+        self.failure: str | None = None
+        self._restart_at: float | None = None  # when the next restart is due (monotonic)
+
+    def propose(self, seqs: list[Sequence], ks: list[int]) -> Proposal:
+        self._restart_if_due()
+        if self.worker is not None:
+            try:
+                return self.worker.propose(seqs, ks)
+            except DraftWorkerError as e:
+                self._drop(e)
+        return Proposal.none(len(seqs), self.width)
+
+    def _drop(self, why: Exception) -> None:
+        log.warning("saguaro: %s; continuing without speculation (AR)", why)
+        assert self.worker is not None
+        self.worker.close(failed=True)
+        self.worker = None
+        self.failure = str(why)
+        self._schedule_restart()
+
+    def _schedule_restart(self) -> None:
+        if self.restarts >= self.max_restarts:
+            self._restart_at = None
+            log.warning("saguaro: speculation stays off (draft restarts: %d)", self.restarts)
+            return
+        delay = self.backoff_s * 2**self.restarts
+        self._restart_at = time.monotonic() + delay
+        log.warning("saguaro: restarting the draft worker in %.1f s", delay)
+
+    def _restart_if_due(self) -> None:
+        if self._restart_at is None or time.monotonic() < self._restart_at:
+            return
+        self._restart_at = None
+        self.restarts += 1
+        try:
+            self.worker = self._start()
+        except DraftWorkerError as e:
+            log.warning("saguaro: the draft worker did not restart: %s", e)
+            self.failure = str(e)
+            self._schedule_restart()
+            return
+        self.failure = None
+        log.warning("saguaro: draft worker restarted (%d so far)", self.restarts)
+
+    def health(self) -> DraftHealth:
+        if self.worker is not None:
+            state = "running"
+        else:
+            state = "restarting" if self._restart_at is not None else "failed"
+        return DraftHealth(state, self.restarts, self.failure)
+
+    # ---- the rest goes to the worker while there is one ---------------------------------------
+
+    def draft_ready(self, seq: Sequence) -> int | None:
+        return self.worker.draft_ready(seq) if self.worker is not None else None
+
+    def observe(self, seqs: list[Sequence], target_s: float, positions: int) -> None:
+        if self.worker is not None:
+            self.worker.observe(seqs, target_s, positions)
+
+    def preempted(self, seq: Sequence) -> None:
+        if self.worker is not None:
+            self.worker.preempted(seq)
+
+    def release(self, seq: Sequence) -> None:
+        if self.worker is not None:
+            self.worker.release(seq)
+
+    def pause(self) -> None:
+        if self.worker is not None:
+            self.worker.pause()
+
+    def stats(self, batch: int) -> dict:
+        return self.worker.stats(batch) if self.worker is not None else {}
+
+    def calibrate(self, probe: TargetProbe) -> None:
+        if self.worker is not None:
+            self.worker.calibrate(probe)
+
+    def close(self, failed: bool = False) -> None:
+        self._restart_at = None
+        if self.worker is not None:
+            self.worker.close(failed)
+            self.worker = None

@@ -1,0 +1,243 @@
+"""mode="auto": the choice between AR, SD with k proposals and SSD follows the cost model
+(unit tests fed synthetic costs: no timing), and a request stays exact across forced switches
+in every direction (greedy equal to AR, the first two tokens' distribution at T > 0, coupled
+sampling's seeded text)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from saguaro import LLM, SamplingParams
+from saguaro.speculation.auto import (
+    EXPLORE_EVERY,
+    HYSTERESIS,
+    MIN_DWELL,
+    Acceptance,
+    AutoProposer,
+)
+from saguaro.speculation.planner import Choice, Curve, SSDEstimates, plan_mode
+from tests.conftest import PROMPTS, SMALL_VOCAB, exact_first_two, sample_first_two
+from tests.stats import tv_noise_floor
+
+K = 3
+MS = 1e-3
+
+
+def rates(n, target, other=lambda m: 0.0, draft=lambda r: 0.5 * MS, accept=0.8, ssd=None):
+    """plan_mode for n sequences of per-position acceptance ``accept``."""
+    tokens = [n * sum(accept**j for j in range(k + 1)) for k in range(K + 1)]
+    return plan_mode(
+        n=n,
+        k_max=K,
+        target_s=target,
+        ssd_target_s=target,
+        other_s=other,
+        draft_s=draft,
+        tokens=tokens,
+        ssd=ssd,
+    )
+
+
+def best(r):
+    return max(r, key=r.__getitem__)
+
+
+def memory_bound(m):
+    """A forward that costs 10 ms up to 64 positions, then grows with them."""
+    return 10 * MS + max(0, m - 64) * 0.2 * MS
+
+
+def test_a_memory_bound_target_and_a_good_draft_speculate_fully():
+    assert best(rates(1, memory_bound)) == Choice("sd", K)
+
+
+def test_a_poor_draft_speculates_less_or_not_at_all():
+    assert best(rates(1, memory_bound, accept=0.3)).k < K
+    assert best(rates(1, memory_bound, accept=0.02)) == Choice("ar", 0)
+
+
+def test_a_large_batch_on_a_compute_bound_target_decodes_autoregressively():
+    assert best(rates(64, memory_bound)) == Choice("ar", 0)
+
+
+def test_an_expensive_draft_loses_to_ar():
+    assert best(rates(1, memory_bound, draft=lambda r: 20 * MS)) == Choice("ar", 0)
+
+
+def test_ssd_wins_where_its_hits_hide_the_drafting_and_loses_where_misses_stall():
+    good = SSDEstimates(p_hit=0.9, e_hit=3.0, e_miss=3.0, t_p=0.8, t_b=0.4)
+    assert best(rates(1, memory_bound, ssd=good)) == Choice("ssd", K)
+    poor = SSDEstimates(p_hit=0.3, e_hit=3.0, e_miss=1.2, t_p=0.8, t_b=1.0)
+    assert best(rates(16, memory_bound, ssd=poor)).mode != "ssd"
+
+
+def test_the_overhead_of_a_step_counts_against_every_choice():
+    """A large cost per scored position beyond the forward (sampling, verification) makes the
+    long speculations that most rounds reject too dear."""
+    cheap = best(rates(1, memory_bound, accept=0.5))
+    dear = best(rates(1, memory_bound, accept=0.5, other=lambda m: 4 * MS * m))
+    assert dear.k < cheap.k
+
+
+def test_a_curve_interpolates_between_the_sizes_it_saw_and_never_falls_beyond():
+    c = Curve(alpha=1.0)
+    assert c(4) is None
+    c.observe(1, 1.0)
+    assert c(1) == 1.0 and c(8) == 1.0  # one size: flat
+    c.observe(5, 2.0)
+    c.observe(9, 1.5)
+    assert c(0) == 1.0 and c(3) == pytest.approx(1.5)
+    assert c(7) == pytest.approx(1.75)
+    assert c(20) == 1.5  # beyond the last: the last segment's slope, never falling
+
+
+def test_acceptance_per_request_leans_on_the_pool_until_it_has_its_own():
+    acc = Acceptance(k_max=2, alpha=0.5)
+    for _ in range(20):
+        acc.observe(1, drafted=2, accepted=2)  # request 1 accepts everything
+        acc.observe(2, drafted=2, accepted=0)  # request 2 nothing
+    assert acc.expected(1, 2) > 2.5 > acc.expected(3, 2) > 1.3 > acc.expected(2, 2)
+    acc.observe(None, drafted=2, accepted=2)  # an ended request feeds the pool only
+    acc.forget(1)
+    assert 1 not in acc.own and acc.expected(1, 0) == 1.0
+
+
+def chooser(predicted: dict[Choice, float]) -> AutoProposer:
+    """An AutoProposer whose cost model predicts ``predicted`` (tokens/s) whatever the batch."""
+    auto = AutoProposer(SimpleNamespace(), None, K, 8)
+    auto.rates = lambda seqs: predicted
+    return auto
+
+
+def run_steps(auto: AutoProposer, steps: int) -> list[Choice]:
+    chosen = []
+    for _ in range(steps):
+        chosen.append(auto.choose([SimpleNamespace(seq_id=0)]))
+        auto.advance(chosen[-1])
+    return chosen
+
+
+def test_hysteresis_keeps_a_choice_against_a_small_gain_and_dwells():
+    sd, sd_short, ar = Choice("sd", K), Choice("sd", 1), Choice("ar", 0)
+    predicted = {ar: 100.0, sd_short: 180.0, sd: 180.0 * (1 + HYSTERESIS / 2)}
+    auto = chooser(predicted)
+    assert run_steps(auto, 1) == [sd]  # the first choice is the best
+    auto.settled, auto.dwell = sd_short, 0  # say the costs had favoured it a moment ago
+    assert run_steps(auto, 2 * MIN_DWELL) == [sd_short] * (2 * MIN_DWELL)
+    auto.settled, auto.dwell = ar, 0  # a large gain switches, but only after MIN_DWELL steps
+    chosen = run_steps(auto, MIN_DWELL + 1)
+    assert chosen[:MIN_DWELL] == [ar] * MIN_DWELL and chosen[-1] == sd
+
+
+def test_a_mode_not_run_for_a_while_is_tried_again():
+    sd, ar = Choice("sd", K), Choice("ar", 0)
+    auto = chooser({ar: 100.0, Choice("sd", 1): 150.0, sd: 200.0})
+    modes = [c.mode for c in run_steps(auto, 3 * EXPLORE_EVERY)]
+    assert modes.count("sd") > 0.9 * len(modes)
+    tries = [i for i, m in enumerate(modes) if m == "ar"]
+    assert tries[:2] == [EXPLORE_EVERY, EXPLORE_EVERY + 1]  # tried once stale, then left again
+    assert modes[EXPLORE_EVERY + 2] == "sd"
+    assert modes[-1] == "sd"
+
+
+# ---- exact across switches ---------------------------------------------------------------------
+
+CYCLE = [
+    Choice("ssd", K),
+    Choice("sd", 1),
+    Choice("ar", 0),
+    Choice("sd", K),
+    Choice("ssd", K),
+    Choice("ssd", K),
+    Choice("sd", 2),
+]
+
+
+def force_cycle(llm):
+    llm.engine.proposer.force = lambda step: CYCLE[step % len(CYCLE)]
+
+
+def auto(target, draft, **kw) -> LLM:
+    kw.setdefault("max_model_len", 256)
+    kw.setdefault("max_num_seqs", 8)
+    kw.setdefault("draft_timeout_s", 60)
+    return LLM(model=str(target), draft=str(draft), num_speculative_tokens=K, **kw)
+
+
+def test_auto_is_the_default_with_a_draft_and_samples_coupled(tiny_llama, close_draft):
+    with auto(tiny_llama, close_draft) as llm:
+        assert llm.config.mode == "auto" and llm.config.sampling == "coupled"
+        outs = llm.generate(PROMPTS[:2], SamplingParams(temperature=0, max_tokens=16))
+        assert all(o.token_ids for o in outs)
+        stats = llm.draft_stats()["auto"]
+        assert sum(stats["steps"].values()) > 0 and stats["choice"] is not None
+
+
+@pytest.mark.parametrize("backup", ["neural", "fast"])
+def test_greedy_output_equals_ar_across_forced_switches(tiny_llama, close_draft, backup):
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    ar = LLM(model=str(tiny_llama), max_model_len=256).generate(PROMPTS[:4], params)
+    with auto(tiny_llama, close_draft, backup=backup, fanout=[2, 1, 1, 2]) as llm:
+        force_cycle(llm)
+        outs = llm.generate(PROMPTS[:4], params)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in ar]
+    records = [r for o in outs for r in o.records]
+    assert {r.mode for r in records} == {"ar", "sd", "ssd"}
+    assert {r.num_drafted for r in records if r.mode == "sd"} == {1, 2, K}
+    assert any(r.hit for r in records), "no SSD round hit its cache"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sampling", ["rejection", "coupled"])
+def test_first_two_tokens_follow_the_target_across_forced_switches(small_vocab_pair, sampling):
+    target, draft, _ = small_vocab_pair
+    expected = exact_first_two(
+        target, [1, 4, 2], SamplingParams(temperature=0.8, max_tokens=4, ignore_eos=True)
+    )
+
+    def params(seed: int) -> SamplingParams:
+        return SamplingParams(temperature=0.8, max_tokens=4, ignore_eos=True, seed=seed)
+
+    samples, batch = 8_000, 1_000
+    counts, hits = sample_first_two(
+        target,
+        draft,
+        params,
+        samples,
+        batch,
+        prepare=force_cycle,
+        num_speculative_tokens=K,
+        sampling=sampling,
+        fanout=[3, 2, 2, 3],
+        backup="neural",
+    )
+    tv = 0.5 * (counts / counts.sum() - expected).abs().sum().item()
+    floor = tv_noise_floor(SMALL_VOCAB * SMALL_VOCAB, samples)
+    assert tv < floor, f"{sampling}: TV {tv:.4f} >= noise floor {floor:.4f}"
+    assert hits, "the SSD hit path was not exercised"
+
+
+def test_coupled_sampling_keeps_its_seeded_text_across_switches(tiny_llama, close_draft):
+    params = [
+        SamplingParams(temperature=0.9, top_p=0.95, max_tokens=40, ignore_eos=True, seed=s)
+        for s in range(4)
+    ]
+    with LLM(model=str(tiny_llama), max_model_len=256, sampling="coupled") as ar:
+        reference = [o.token_ids for o in ar.generate(PROMPTS[:4], params)]
+    with auto(tiny_llama, close_draft, backup="neural") as llm:
+        force_cycle(llm)
+        outs = llm.generate(PROMPTS[:4], params)
+    assert [o.token_ids for o in outs] == reference
+    assert {r.mode for o in outs for r in o.records} == {"ar", "sd", "ssd"}
+
+
+def test_auto_without_ssd_chooses_between_ar_and_sd_with_no_worker(tiny_llama, close_draft):
+    with auto(tiny_llama, close_draft, auto_ssd=False) as llm:
+        assert llm.engine.proposer.ssd is None and llm.config.sampling == "rejection"
+        params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+        outs = llm.generate(PROMPTS[:2], params)
+        ar = LLM(model=str(tiny_llama), max_model_len=256).generate(PROMPTS[:2], params)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in ar]
+    assert {r.mode for o in outs for r in o.records} <= {"ar", "sd"}
