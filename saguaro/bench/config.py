@@ -65,7 +65,7 @@ def names_of(allowed: tuple[str, ...]) -> Callable[[str], tuple[str, ...]]:
 # --quick: a short run (one dataset, few prompts, two batch sizes, greedy only, no transformers).
 # Options given explicitly win over it.
 QUICK: dict[str, Any] = dict(
-    modes=("ar", "sd", "ssd"),
+    modes=("ar", "sd", "ssd", "auto"),
     datasets=("humaneval",),
     num_prompts=4,
     max_tokens=96,

@@ -26,14 +26,17 @@ import torch
 from saguaro.core.proposal import DraftHealth, Proposal, Proposer, TargetProbe
 from saguaro.core.sequence import Sequence
 from saguaro.engine.model_runner import time_forward
-from saguaro.speculation.planner import EMA_ALPHA, Choice, Curve, SSDEstimates, plan_mode
-from saguaro.speculation.policy import PRIOR_ACCEPT, BackupPolicy
+from saguaro.speculation.planner import EMA_ALPHA, Choice, Curve, plan_mode
+from saguaro.speculation.policy import PRIOR_ACCEPT
 from saguaro.speculation.sd import DraftProposer
+from saguaro.speculation.supervisor import Supervised
 
 HYSTERESIS = 0.05  # a new choice must promise this much more than the current one
 MIN_DWELL = 4  # steps a choice runs before another may replace it
 EXPLORE_EVERY = 64  # steps after which a mode not run since is tried again
-EXPLORE_STEPS = 2  # steps such a try runs: enough for fresh timings and outcomes
+# steps such a try runs: SSD's first round after a pause misses by construction and teaches
+# nothing, so two more for fresh timings and outcomes
+EXPLORE_STEPS = 3
 PRIOR_ROUNDS = 8.0  # a request's own acceptance counts as much as the pool after this many
 CALIBRATION_REPEATS = 2  # forwards timed per shape at start (the faster is kept)
 CALIBRATION_SEQS = (1, 2, 4, 8, 16, 32, 64)  # batch sizes timed at start, up to max_num_seqs
@@ -76,15 +79,15 @@ class Acceptance:
                 own[1][j] += ok
             self.pooled[j] += self.alpha * (ok - self.pooled[j])
 
-    def expected(self, seq_id: int, k: int) -> float:
-        """Expected tokens a round with k proposals commits: 1 + sum_{j<=k} prod_{l<=j} a_l."""
+    def expected(self, seq_id: int) -> list[float]:
+        """Expected tokens a round with k proposals commits, for k = 0..k_max:
+        1 + sum_{j<=k} prod_{l<=j} a_l."""
         tried, hits = self.own.get(seq_id, ([0] * self.k_max, [0] * self.k_max))
-        total, run = 1.0, 1.0
-        for j in range(k):
-            a = (hits[j] + PRIOR_ROUNDS * self.pooled[j]) / (tried[j] + PRIOR_ROUNDS)
-            run *= a
-            total += run
-        return total
+        out, run = [1.0], 1.0
+        for j in range(self.k_max):
+            run *= (hits[j] + PRIOR_ROUNDS * self.pooled[j]) / (tried[j] + PRIOR_ROUNDS)
+            out.append(out[-1] + run)
+        return out
 
     def forget(self, seq_id: int) -> None:
         self.own.pop(seq_id, None)
@@ -99,7 +102,7 @@ class AutoProposer(Proposer):
     def __init__(
         self,
         sd: DraftProposer,
-        ssd: Proposer | None,
+        ssd: Supervised | None,
         k_max: int,
         max_num_seqs: int,
         threads: Threads | None = None,
@@ -127,9 +130,10 @@ class AutoProposer(Proposer):
     def rates(self, seqs: list[Sequence]) -> dict[Choice, float]:
         """Predicted tokens per second of this batch under each choice."""
         n = len(seqs)
-        tokens = [
-            sum(self.acceptance.expected(s.seq_id, k) for s in seqs) for k in range(self.k_max + 1)
-        ]
+        if not self.target.knots:  # before any measurement (calibrate always runs first)
+            return {Choice("ar", 0): 0.0}
+        per_seq = [self.acceptance.expected(s.seq_id) for s in seqs]
+        tokens = [sum(e[k] for e in per_seq) for k in range(self.k_max + 1)]
         return plan_mode(
             n=n,
             k_max=self.k_max,
@@ -138,23 +142,9 @@ class AutoProposer(Proposer):
             other_s=lambda m: self.other(m) or 0.0,
             draft_s=lambda rows: self.draft(rows) or 0.0,
             tokens=tokens,
-            ssd=self._ssd_estimates(n),
+            ssd=None if self.ssd is None else self.ssd.estimates(n),
         )
 
-    def _ssd_estimates(self, n: int) -> SSDEstimates | None:
-        if self.ssd is None or self.ssd.health().state != "running":
-            return None
-        policy = self._policy()
-        if policy is None:
-            return None
-        kind = policy.choose(n)
-        return SSDEstimates(
-            policy.p_hit, policy.e_hit, policy.e_miss[kind], policy.t_p, policy.t_b[kind]
-        )
-
-    def _policy(self) -> BackupPolicy | None:
-        worker = getattr(self.ssd, "worker", self.ssd)
-        return getattr(worker, "policy", None)
 
     def choose(self, seqs: list[Sequence]) -> Choice:
         """The forced choice, a stale mode's try, or the settled choice: the best predicted one,

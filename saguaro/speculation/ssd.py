@@ -29,6 +29,7 @@ from saguaro.distributed.processes import SHUTDOWN_GRACE_S, reap
 from saguaro.errors import DraftWorkerError
 from saguaro.sampling import SparseQ
 from saguaro.speculation import protocol as P
+from saguaro.speculation.planner import SSDEstimates
 from saguaro.speculation.policy import BackupPolicy
 
 log = logging.getLogger("saguaro")
@@ -66,6 +67,9 @@ class SSDProposer(Proposer):
         self.last_wait_s: float | None = None
         self.replied_at: float | None = None
         self.last_reply: P.RoundReply | None = None
+        # After a pause the next round's outcomes were never predicted (the worker did not see
+        # the rounds in between): they are misses that say nothing about the cache.
+        self.resuming = False
         # Cumulative per-round draft-side seconds and counts (callers diff two snapshots); round_s
         # is the wall time from one request to the next while sequences are in flight.
         self.totals = dict.fromkeys(
@@ -202,8 +206,9 @@ class SSDProposer(Proposer):
         self.verify_s = target_s
         for s in seqs:
             r = s.records[-1]
-            if r.hit is not None:
+            if r.hit is not None and not self.resuming:
                 self.policy.observe_round(r.hit, r.num_accepted + 1, r.backup)
+        self.resuming = False
         if self.last_reply is not None:
             self.policy.observe_times(target_s, primary_s=self.last_reply.build_s)
 
@@ -216,6 +221,14 @@ class SSDProposer(Proposer):
     def pause(self) -> None:
         # Time until the next request is not one round of ours, nor a window to build in.
         self.round_started = self.replied_at = self.last_wait_s = None
+        self.resuming = True
+
+    def estimates(self, batch: int) -> SSDEstimates:
+        """The policy's figures for a batch of ``batch``, misses served by the backup it would
+        choose (docs/design.md §7, §12)."""
+        kind = self.policy.choose(batch)
+        p = self.policy
+        return SSDEstimates(p.p_hit, p.e_hit, p.e_miss[kind], p.t_p, p.t_b[kind])
 
     def stats(self, batch: int) -> dict:
         """Fan-out, budget, cache-build timings (the last round's, and cumulative ``totals``),

@@ -17,6 +17,8 @@ from collections.abc import Callable
 from saguaro.core.proposal import DraftHealth, Proposal, Proposer, TargetProbe
 from saguaro.core.sequence import Sequence
 from saguaro.errors import DraftWorkerError
+from saguaro.speculation.planner import SSDEstimates
+from saguaro.speculation.ssd import SSDProposer
 
 log = logging.getLogger("saguaro")
 
@@ -26,13 +28,13 @@ class Supervised(Proposer):
     first start's failure is the caller's), kept running by restarting it after failures."""
 
     def __init__(
-        self, start: Callable[[], Proposer], width: int, max_restarts: int, backoff_s: float
+        self, start: Callable[[], SSDProposer], width: int, max_restarts: int, backoff_s: float
     ) -> None:
         self._start = start
         self.width = width  # K: the columns of an empty proposal
         self.max_restarts = max_restarts
         self.backoff_s = backoff_s
-        self.worker: Proposer | None = start()
+        self.worker: SSDProposer | None = start()
         self.restarts = 0
         self.failure: str | None = None
         self._restart_at: float | None = None  # when the next restart is due (monotonic)
@@ -105,6 +107,10 @@ class Supervised(Proposer):
     def pause(self) -> None:
         if self.worker is not None:
             self.worker.pause()
+
+    def estimates(self, batch: int) -> SSDEstimates | None:
+        """The worker's cost estimates (None while it is down)."""
+        return self.worker.estimates(batch) if self.worker is not None else None
 
     def stats(self, batch: int) -> dict:
         return self.worker.stats(batch) if self.worker is not None else {}

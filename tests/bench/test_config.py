@@ -10,7 +10,11 @@ from saguaro.config import MODES
 
 def test_quick_preset_yields_to_explicit_flags():
     cfg = parse_config(["--quick", "--max-tokens", "16"])
-    assert cfg.max_tokens == 16 and cfg.batch_sizes == (1, 4) and cfg.modes == ("ar", "sd", "ssd")
+    assert (
+        cfg.max_tokens == 16
+        and cfg.batch_sizes == (1, 4)
+        and cfg.modes == ("ar", "sd", "ssd", "auto")
+    )
     assert cfg.temperatures == (0.0,) and cfg.datasets == ("humaneval",)
     assert parse_config(["--prompts", "x.jsonl"]).datasets == ()
     assert parse_config(["--quick", "--prompts", "x.jsonl"]).datasets == ()

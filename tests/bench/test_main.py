@@ -132,3 +132,20 @@ def test_sampling_methods_side_by_side(tiny_llama, tiny_draft, prompt_file, tmp_
     assert res["correctness"]["ok"] is True and res["correctness"]["checked"] == 6
     for r in res["results"]:
         assert r["speedup_vs_ar"] is not None  # found the AR row of the same method
+
+
+def test_auto_reports_the_rounds_of_each_choice(tiny_llama, tiny_draft, prompt_file, tmp_path):
+    """Mode auto runs beside the fixed modes; its row says which choices its rounds ran."""
+    out = tmp_path / "out"
+    argv = args(
+        tiny_llama, tiny_draft, prompt_file, out, "--modes", "ar,auto", "--batch-sizes", "1",
+        "--temperatures", "0", "--k", "2",
+    )  # fmt: skip
+    assert bench_main(argv) == 0
+    res = json.loads((out / "results.json").read_text())
+    assert res["correctness"]["ok"] is True
+    auto = next(r for r in res["results"] if r["mode"] == "auto")
+    shares = auto["speculation"]["choices"]
+    assert shares and sum(shares.values()) == pytest.approx(1.0)
+    assert all(c.split(":")[0] in ("ar", "sd", "ssd") for c in shares)
+    assert "auto's rounds" in (out / "results.md").read_text()

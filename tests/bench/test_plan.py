@@ -12,7 +12,7 @@ def test_variants_per_k_fanout_and_c():
     labels = [v.label for v in build_variants(full)]
     assert labels == [
         "ar", "sd k=2", "sd k=4", "ssd k=2 f=2,1,1", "ssd k=2 f=auto", "ssd k=4 f=auto",
-        "hf-assisted k=2", "hf-assisted k=4",
+        "auto k=2", "auto k=4", "hf-assisted k=2", "hf-assisted k=4",
     ]  # fmt: skip
     swept = build_variants(parse_config(["--modes", "ssd", "--saguaro-c", "1,0.5"]))
     assert [(v.label, v.saguaro_c) for v in swept] == [("ssd c=1", 1.0), ("ssd c=0.5", 0.5)]
