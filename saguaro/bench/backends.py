@@ -81,6 +81,14 @@ def every_core(owner: object, threads: int | None = None) -> None:
     placement.place(owner, placement.on_cores(placement.process_cpus(), threads))
 
 
+def _one_core(mode: str) -> dict[str, object]:
+    """The target on the first core, one thread: auto's worker then takes the next core (the
+    paper's layout)."""
+    if mode == "auto":
+        return {"auto_cores": "own"}
+    return {"target_cpus": placement.process_cpus()[:1], "num_threads": 1}
+
+
 class SaguaroBackend:
     """An `LLM` of one mode, kept for the whole bench (SSD: its draft worker too)."""
 
@@ -107,12 +115,9 @@ class SaguaroBackend:
             draft_dtype=variant.draft_dtype,
             tensor_parallel_size=variant.tensor_parallel_size,
             # Equal hardware by default: the engine's placement (AR/SD: every core; SSD: target
-            # and worker on their own). One core, one thread only where asked for.
-            **(
-                {"target_cpus": placement.process_cpus()[:1], "num_threads": 1}
-                if variant.one_core
-                else {}
-            ),
+            # and worker on their own; auto: AR and SD on every core, SSD's target on the
+            # worker's complement). The target on one core only where asked for.
+            **(_one_core(variant.mode) if variant.one_core else {}),
         )
 
     def generate(self, prompts: list[list[int]], params: list[SamplingParams]) -> Generation:

@@ -122,6 +122,12 @@ class BenchConfig:
     ks: tuple[int, ...] = opt(
         (4,), "speculation length(s) K", flags=("--k",), parse=positive_ints, metavar="K,.."
     )
+    largest_k_only: tuple[str, ...] = opt(
+        (),
+        "modes run at the largest --k only (auto: its K_max, beside SD swept over every K)",
+        parse=names_of(BENCH_MODES),
+        metavar="M,..",
+    )
     fanouts: tuple[str, ...] = opt(
         ("auto",),
         "SSD fan-out(s), space-separated: auto | geometric | empirical | F | F_0,..,F_K",

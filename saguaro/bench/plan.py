@@ -18,8 +18,10 @@ REPEAT_STRIDE = 65_537
 SEED_STRIDE = 1_000_003
 
 
-# Modes that also run held to one core with --one-core-baselines (the pre-equal-hardware view).
-ONE_CORE_MODES = ("ar", "sd")
+# Modes that also run with their target held to one core with --one-core-baselines: the paper's
+# layout, where the target has the same cores in every mode and SSD's draft one more (auto's
+# SSD worker has the next core; its AR and SD steps stay on the first).
+ONE_CORE_MODES = ("ar", "sd", "auto")
 # saguaro's modes with a draft model, whose precision --draft-dtypes varies
 DRAFT_MODES = ("sd", "ssd", "auto")
 
@@ -56,15 +58,18 @@ def build_variants(cfg: BenchConfig) -> list[Variant]:
     Each of these per sampling method, except HF and the llama.cpp peers, which have their own
     samplers. A label names a variant by its mode and only the settings that vary in this run."""
     ssd_pairs: list[tuple[int, str]] = []
+    def ks_of(mode: str) -> tuple[int, ...]:
+        return (max(cfg.ks),) if mode in cfg.largest_k_only else cfg.ks
+
     for f in cfg.fanouts:
         errors = []
-        for k in cfg.ks:
+        for k in ks_of("ssd"):
             try:
                 parse_fanout(f, k)
                 ssd_pairs.append((k, f))
             except ValueError as e:
                 errors.append(str(e))
-        if len(errors) == len(cfg.ks):
+        if len(errors) == len(ks_of("ssd")):
             raise ValueError(errors[0])
     many_k, many_f, many_c = len(cfg.ks) > 1, len(cfg.fanouts) > 1, len(cfg.saguaro_cs) > 1
     many_s = len(cfg.samplings) > 1
@@ -113,7 +118,7 @@ def build_variants(cfg: BenchConfig) -> list[Variant]:
                 else:
                     found = [
                         Variant(mode, k, label=label(mode, sm, k) + tail, sampling=sm)
-                        for k in cfg.ks
+                        for k in ks_of(mode)
                     ]
                 found = [
                     replace(v, compiled=compiled, tensor_parallel_size=tp, dtype=dt) for v in found

@@ -84,3 +84,15 @@ def test_draft_dtypes_vary_the_speculative_modes_only_within_their_targets_setup
     # the output is the target's: a bfloat16 draft is compared with (and checked against) AR
     assert len({v.setup for v in variants}) == 1
     assert all(v.draft_dtype is None for v in build_variants(parse_config(["--modes", "sd"])))
+
+
+def test_largest_k_only_and_autos_paper_layout():
+    cfg = parse_config(
+        ["--modes", "ar,sd,auto", "--k", "1,4", "--largest-k-only", "auto", "--one-core-baselines"]
+    )
+    got = [(v.label, v.k, v.one_core) for v in build_variants(cfg)]
+    assert got == [
+        ("ar", None, False), ("ar 1 core", None, True),
+        ("sd k=1", 1, False), ("sd k=4", 4, False), ("sd k=1 1 core", 1, True),
+        ("sd k=4 1 core", 4, True), ("auto k=4", 4, False), ("auto k=4 1 core", 4, True),
+    ]  # fmt: skip
