@@ -58,6 +58,7 @@ def build_variants(cfg: BenchConfig) -> list[Variant]:
     Each of these per sampling method, except HF and the llama.cpp peers, which have their own
     samplers. A label names a variant by its mode and only the settings that vary in this run."""
     ssd_pairs: list[tuple[int, str]] = []
+
     def ks_of(mode: str) -> tuple[int, ...]:
         return (max(cfg.ks),) if mode in cfg.largest_k_only else cfg.ks
 

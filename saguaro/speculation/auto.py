@@ -145,7 +145,6 @@ class AutoProposer(Proposer):
             ssd=None if self.ssd is None else self.ssd.estimates(n),
         )
 
-
     def choose(self, seqs: list[Sequence]) -> Choice:
         """The forced choice, a stale mode's try, or the settled choice: the best predicted one,
         replaced only by one that beats it by ``HYSTERESIS`` after ``MIN_DWELL`` steps."""
