@@ -67,18 +67,28 @@ def compile_library(out: Path, flags: list[str]) -> None:
     os.replace(tmp, out)
 
 
+def default_flags() -> list[str]:
+    return [*BASE_FLAGS, march()]
+
+
 @cache
-def library() -> ctypes.CDLL:
-    """The compiled kernels (built on first use)."""
+def build(flags: tuple[str, ...]) -> ctypes.CDLL:
+    """The kernels compiled with ``flags`` (built on first use; tests build the AVX2 and the
+    generic linear paths side by side this way)."""
     import torch  # noqa: F401  (loads the OpenMP runtime the library shares)
 
-    flags = [*BASE_FLAGS, march()]
     digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
     path = cache_dir() / f"cpu_kernels-{digest}.so"
     if not path.is_file():
-        compile_library(path, flags)
+        compile_library(path, list(flags))
     lib = ctypes.CDLL(str(path))
     for name, args in SIGNATURES.items():
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = args, None
     return lib
+
+
+@cache
+def library() -> ctypes.CDLL:
+    """The compiled kernels for this CPU."""
+    return build(tuple(default_flags()))

@@ -39,7 +39,13 @@ typedef uint8_t v16b __attribute__((vector_size(16)));
 typedef uint16_t v16h __attribute__((vector_size(32)));
 
 enum { FMT_F32 = 0, FMT_BF16 = 1, FMT_Q8 = 2, FMT_Q4 = 3 };
-enum { BLOCK = 32, LANES = 16, COLS = 4, ROWS = 4, MAX_HEAD_DIM = 256 };
+enum { BLOCK = 32, LANES = 16, MAX_HEAD_DIM = 256, MAX_TILE_ROWS = 8 };
+
+/* Without AVX-512 the linear layers take the AVX2 path below (same chains, same bits);
+ * SAGUARO_GENERIC forces the generic vector code, which the tests build to compare the two. */
+#if defined(__AVX2__) && !defined(__AVX512F__) && !defined(SAGUARO_GENERIC)
+#define SAGUARO_AVX2 1
+#endif
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -61,12 +67,16 @@ INLINE v16 load_bf16(const uint16_t *p) {
 }
 
 /* Lane sums by one fixed tree: (0+8, 1+9, ...), then halves again, down to one. */
-INLINE float lane_sum(v16 a) {
-    float t[LANES];
-    memcpy(t, &a, sizeof t);
+INLINE float tree_sum(float t[LANES]) {
     for (int s = LANES / 2; s >= 1; s /= 2)
         for (int i = 0; i < s; i++) t[i] = t[i] + t[i + s];
     return t[0];
+}
+
+INLINE float lane_sum(v16 a) {
+    float t[LANES];
+    memcpy(t, &a, sizeof t);
+    return tree_sum(t);
 }
 
 INLINE float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
@@ -78,6 +88,104 @@ typedef struct {
     int64_t k, group;
     int fmt;
 } Weight;
+
+#ifdef SAGUARO_AVX2
+/* AVX2 holds each 16-lane chain in two 8-lane registers (lanes 0-7 and 8-15 of the generic
+ * code's v16) and updates them with the same FMAs in the same order, so every output has the
+ * generic code's bits. It is written with intrinsics because GCC lowers 64-byte vectors on
+ * AVX2 through the stack and scalar byte extracts (about 5x slower for quantized weights).
+ * The tile is one column of up to six rows: 12 accumulators and a block's 4 weight vectors fill
+ * AVX2's 16 registers (AVX-512 has 32), and a K + 1 = 5-row verification converts each weight
+ * once. */
+enum { ROWS = 6, COLS = 1 };
+
+/* The low 8 bytes of v, unsigned, as 8 floats (exact). */
+INLINE __m256 low_bytes_f32(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)); }
+
+/* Block `b` of row `n` as q[i] = weights 8i .. 8i + 7, with its group's scale d and min m. */
+INLINE void weight_block8(const Weight *w, const int fmt, int64_t n, int64_t b, __m256 d,
+                          __m256 m, __m256 q[4]) {
+    const int64_t k = w->k;
+    if (fmt == FMT_F32) {
+        const float *p = (const float *)w->codes + n * k + b * BLOCK;
+        for (int i = 0; i < 4; i++) q[i] = _mm256_loadu_ps(p + 8 * i);
+        return;
+    }
+    if (fmt == FMT_BF16) {
+        const uint16_t *p = (const uint16_t *)w->codes + n * k + b * BLOCK;
+        for (int i = 0; i < 4; i++) {
+            const __m128i h = _mm_loadu_si128((const __m128i *)(p + 8 * i));
+            q[i] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+        }
+        return;
+    }
+    if (fmt == FMT_Q8) {
+        const int8_t *p = (const int8_t *)w->codes + n * k + b * BLOCK;
+        for (int i = 0; i < 4; i++) {
+            const __m128i v = _mm_loadl_epi64((const __m128i *)(p + 8 * i));
+            q[i] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
+        }
+    } else {
+        const uint8_t *p = (const uint8_t *)w->codes + n * (k / 2) + b * (BLOCK / 2);
+        const __m128i v = _mm_loadu_si128((const __m128i *)p), nibble = _mm_set1_epi8(15);
+        const __m128i lo = _mm_and_si128(v, nibble);
+        const __m128i hi = _mm_and_si128(_mm_srli_epi16(v, 4), nibble);
+        q[0] = low_bytes_f32(lo);
+        q[1] = low_bytes_f32(_mm_srli_si128(lo, 8));
+        q[2] = low_bytes_f32(hi);
+        q[3] = low_bytes_f32(_mm_srli_si128(hi, 8));
+    }
+    for (int i = 0; i < 4; i++) q[i] = _mm256_fmadd_ps(q[i], d, m);
+}
+
+INLINE void group_scale(const Weight *w, const int fmt, int64_t g, __m256 *d, __m256 *m) {
+    const int quantized = fmt == FMT_Q8 || fmt == FMT_Q4;
+    *d = _mm256_set1_ps(quantized ? half_to_float(w->scales[g]) : 1.0f);
+    *m = _mm256_set1_ps(quantized ? half_to_float(w->mins[g]) : 0.0f);
+}
+
+/* Block `b` of row `n` as 32 floats at dst. */
+INLINE void block_floats(const Weight *w, const int fmt, int64_t n, int64_t b, float *dst) {
+    __m256 d, m, q[4];
+    group_scale(w, fmt, n * (w->k / w->group) + b * BLOCK / w->group, &d, &m);
+    weight_block8(w, fmt, n, b, d, m, q);
+    for (int i = 0; i < 4; i++) _mm256_storeu_ps(dst + 8 * i, q[i]);
+}
+
+/* As the generic linear_tile below: the chain of lane l takes x[k] * w[k] for k = l mod 16 in
+ * increasing k, so lanes 0-7 take q[0] then q[2] of each block, lanes 8-15 q[1] then q[3]. */
+INLINE void linear_tile(const float *x, const Weight *w, const int fmt, float *out, int64_t n_out,
+                        int64_t r0, int nr, int64_t n0, int64_t wn0, int nc) {
+    __m256 acc[COLS][ROWS][2];
+    for (int c = 0; c < COLS; c++)
+        for (int r = 0; r < ROWS; r++) acc[c][r][0] = acc[c][r][1] = _mm256_setzero_ps();
+    const int64_t groups = w->k / w->group, per_group = w->group / BLOCK;
+    for (int64_t gi = 0; gi < groups; gi++) {
+        __m256 d[COLS], m[COLS];
+        for (int c = 0; c < nc; c++) group_scale(w, fmt, (wn0 + c) * groups + gi, &d[c], &m[c]);
+        for (int64_t b = gi * per_group; b < (gi + 1) * per_group; b++)
+            for (int c = 0; c < nc; c++) {
+                __m256 q[4];
+                weight_block8(w, fmt, wn0 + c, b, d[c], m[c], q);
+                for (int r = 0; r < nr; r++) {
+                    const float *xr = x + (r0 + r) * w->k + b * BLOCK;
+                    for (int i = 0; i < 4; i++)
+                        acc[c][r][i % 2] = _mm256_fmadd_ps(_mm256_loadu_ps(xr + 8 * i), q[i],
+                                                           acc[c][r][i % 2]);
+                }
+            }
+    }
+    for (int r = 0; r < nr; r++)
+        for (int c = 0; c < nc; c++) {
+            float t[LANES];
+            _mm256_storeu_ps(t, acc[c][r][0]);
+            _mm256_storeu_ps(t + 8, acc[c][r][1]);
+            out[(r0 + r) * n_out + n0 + c] = tree_sum(t);
+        }
+}
+
+#else
+enum { ROWS = 4, COLS = 4 };
 
 /* Block `b` (weights 32b .. 32b + 31) of row `n` as floats: lo = weights 0..15, hi = 16..31. */
 INLINE void weight_block(const Weight *w, const int fmt, int64_t n, int64_t b, v16 *lo, v16 *hi) {
@@ -141,9 +249,24 @@ INLINE void linear_tile(const float *x, const Weight *w, const int fmt, float *o
         for (int c = 0; c < nc; c++) out[(r0 + r) * n_out + n0 + c] = lane_sum(acc[c][r]);
 }
 
+/* Block `b` of row `n` as 32 floats at dst. */
+INLINE void block_floats(const Weight *w, const int fmt, int64_t n, int64_t b, float *dst) {
+    v16 lo, hi;
+    weight_block(w, fmt, n, b, &lo, &hi);
+    store_f32(dst, lo);
+    store_f32(dst + LANES, hi);
+}
+#endif
+
 /* Constant tile shapes and formats, so that each call is unrolled with its accumulators in
  * registers and no branch on the format is left in the loop. */
 #define TILE(NR, NC) linear_tile(x, w, fmt, out, n_out, r0, NR, n0, wn0, NC)
+#define REST(NR)                                                                              \
+    case NR:                                                                                  \
+        if (NR < ROWS) {                                                                      \
+            if (nc == COLS) TILE(NR < ROWS ? NR : 1, COLS); else TILE(NR < ROWS ? NR : 1, 1); \
+        }                                                                                     \
+        break;
 
 INLINE void linear_rows(const float *x, int64_t m, const Weight *w, const int fmt, float *out,
                         int64_t n_out, int64_t n0, int64_t wn0, int nc) {
@@ -151,9 +274,10 @@ INLINE void linear_rows(const float *x, int64_t m, const Weight *w, const int fm
     for (; r0 + ROWS <= m; r0 += ROWS) {
         if (nc == COLS) TILE(ROWS, COLS); else TILE(ROWS, 1);
     }
-    const int rest = (int)(m - r0);
-    for (int r = 0; r < rest; r++, r0++) {
-        if (nc == COLS) TILE(1, COLS); else TILE(1, 1);
+    /* The last rows in one tile of their own height (ROWS <= MAX_TILE_ROWS). */
+    switch ((int)(m - r0)) {
+    REST(1) REST(2) REST(3) REST(4) REST(5) REST(6) REST(7)
+    default: break;
     }
 }
 
@@ -173,12 +297,8 @@ INLINE void linear_columns(const float *x, int64_t m, const Weight w, const int 
         return;
     }
     for (int c = 0; c < nc; c++)
-        for (int64_t b = 0; b < w.k / BLOCK; b++) {
-            v16 lo, hi;
-            weight_block(&w, fmt, n0 + c, b, &lo, &hi);
-            store_f32(buf + c * w.k + b * BLOCK, lo);
-            store_f32(buf + c * w.k + b * BLOCK + LANES, hi);
-        }
+        for (int64_t b = 0; b < w.k / BLOCK; b++)
+            block_floats(&w, fmt, n0 + c, b, buf + c * w.k + b * BLOCK);
     const Weight dense = {buf, NULL, NULL, w.k, w.group, FMT_F32};
     linear_rows(x, m, &dense, FMT_F32, out, n_out, n0, 0, nc);
     free(buf);

@@ -6,6 +6,7 @@ to its own dtype. The formats of :class:`PackedWeight` are the kernel's (see its
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 
 import torch
@@ -66,8 +67,9 @@ def fits_head(d: int) -> bool:
     return fits_rows(d) and d <= MAX_HEAD_DIM
 
 
-def linear(x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
-    """``x [m, k] @ W^T`` in float32 ([m, n])."""
+def linear(x: torch.Tensor, w: PackedWeight, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """``x [m, k] @ W^T`` in float32 ([m, n]); ``lib``: a build of the kernels other than this
+    CPU's (tests)."""
     if x.shape[-1] != w.k or not fits_linear(w.k):
         raise ValueError(f"linear kernel: input width {x.shape[-1]}, weight [{w.n}, {w.k}]")
     x = _f32(x)
@@ -77,7 +79,7 @@ def linear(x: torch.Tensor, w: PackedWeight) -> torch.Tensor:
         return out
     scales = w.scales.data_ptr() if w.scales is not None else None
     mins = w.mins.data_ptr() if w.mins is not None else None
-    library().saguaro_linear(
+    (lib or library()).saguaro_linear(
         x.data_ptr(), m, w.k, w.codes.data_ptr(), scales, mins, w.n, w.group or w.k,
         FORMATS[w.fmt], out.data_ptr(), _threads(),
     )  # fmt: skip

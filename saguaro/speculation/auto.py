@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from saguaro.core.proposal import DraftHealth, Proposal, Proposer, TargetProbe
+from saguaro.core.records import RoundRecord
 from saguaro.core.sequence import Sequence
 from saguaro.engine.model_runner import time_forward
 from saguaro.speculation.planner import EMA_ALPHA, Choice, Curve, plan_mode
@@ -196,29 +197,34 @@ class AutoProposer(Proposer):
         return Proposal.none(len(seqs), self.k_max)
 
     def observe(self, seqs: list[Sequence], target_s: float, positions: int) -> None:
-        """Learn from the round just verified: its forward's cost (when it scored only these
-        rounds: a prompt chunk in the same forward would blur it), the rest of the step, the
-        draft's steps, and every sequence's acceptance."""
-        records = [s.records[-1] for s in seqs if s.records]
-        scored = sum(r.num_drafted + 1 for r in records)
+        """Learn from the round just verified: its costs, every sequence's acceptance, and (an
+        SSD step) the worker's cache outcomes."""
+        latest = [(s, s.records[-1]) for s in seqs if s.records]
         ssd_step = self.choice is not None and self.choice.mode == "ssd"
-        if records and positions == scored:
-            (self.ssd_target if ssd_step else self.target).observe(positions, target_s)
-            # each record holds its share of the step, of the forward and of the proposing
-            # (SD's drafting, SSD's wait)
-            step_s = sum(r.step_s for r in records)
-            draft_s = sum(r.draft_s for r in records)
-            self.other.observe(positions, max(0.0, step_s - target_s - draft_s))
-            k = max(r.num_drafted for r in records)
-            if self.choice is not None and self.choice.mode == "sd" and k > 0:
-                self.draft.observe(len(records), draft_s / k)
-        for s in seqs:
-            r = s.records[-1] if s.records else None
-            if r is not None and r.num_drafted and r.backup != "fast":
+        self._observe_costs([r for _, r in latest], target_s, positions, ssd_step)
+        for s, r in latest:
+            if r.num_drafted and r.backup != "fast":
                 seq_id = None if s.is_finished else s.seq_id
                 self.acceptance.observe(seq_id, r.num_drafted, r.num_accepted)
         if ssd_step and self.ssd is not None:
             self.ssd.observe(seqs, target_s, positions)
+
+    def _observe_costs(
+        self, records: list[RoundRecord], target_s: float, positions: int, ssd_step: bool
+    ) -> None:
+        """The forward's cost (only when it scored these rounds alone: a prompt chunk in the
+        same forward would blur it), the rest of the step, and the draft's steps."""
+        if not records or positions != sum(r.num_drafted + 1 for r in records):
+            return
+        (self.ssd_target if ssd_step else self.target).observe(positions, target_s)
+        # each record holds its share of the step, of the forward and of the proposing (SD's
+        # drafting, SSD's wait)
+        step_s = sum(r.step_s for r in records)
+        draft_s = sum(r.draft_s for r in records)
+        self.other.observe(positions, max(0.0, step_s - target_s - draft_s))
+        k = max(r.num_drafted for r in records)
+        if self.choice is not None and self.choice.mode == "sd" and k > 0:
+            self.draft.observe(len(records), draft_s / k)
 
     def calibrate(self, probe: TargetProbe) -> None:
         """Time the target's forwards and the draft's steps at the batch sizes the engine can

@@ -9,12 +9,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from saguaro.kernels import ops
+from saguaro.kernels import build, ops
 from saguaro.kernels.ops import PackedWeight
 from saguaro.models.quant import SCHEMES, dequantize, quantize
 
 N, K = 74, 128  # 74 = 18 tiles of 4 columns and a tail of 2; K = 4 blocks of 32
-ROW_COUNTS = (1, 2, 3, 4, 5, 9, 16)
+# every tile height and remainder of both paths (AVX-512: tiles of 4 rows; AVX2: of 6)
+ROW_COUNTS = (1, 2, 3, 4, 5, 6, 7, 9, 13, 16)
 # float32 reassociation over K = 128 products of unit-scale values
 SUM_TOLERANCE = 1e-4
 
@@ -47,6 +48,21 @@ def test_linear_equals_the_dense_product_and_each_row_is_its_own(name):
         assert torch.equal(ops.linear(x, w), full)
     finally:
         torch.set_num_threads(threads)
+
+
+def test_the_avx2_path_computes_the_generic_codes_bits():
+    """Without AVX-512 the linear layers run intrinsics over 8-lane halves instead of GCC's
+    16-lane vectors: the same chains by construction. Both builds (and this CPU's own) must give
+    every row the same bits, in every format and at every tile height, so a token's logits do not
+    depend on the x86 vendor or its vector width."""
+    avx2 = build.build((*build.BASE_FLAGS, "-march=x86-64-v3"))
+    generic = build.build((*build.BASE_FLAGS, "-march=x86-64-v3", "-DSAGUARO_GENERIC"))
+    x = torch.randn(max(ROW_COUNTS), K, generator=torch.Generator().manual_seed(2))
+    for name, w in weights().items():
+        for m in ROW_COUNTS:
+            want = ops.linear(x[:m], w, generic)
+            assert torch.equal(ops.linear(x[:m], w, avx2), want), (name, m)
+            assert torch.equal(ops.linear(x[:m], w), want), (name, m)
 
 
 def test_bfloat16_and_column_tails():
