@@ -13,7 +13,10 @@ The SSD worker stays up while SD or AR runs (it idles, its cache for a round tha
 unused): switching back costs one miss, not a start. Hysteresis keeps the choice from
 flapping: a new choice must beat the current one's predicted rate by ``HYSTERESIS``, and a choice
 runs at least ``MIN_DWELL`` steps. Estimates of a mode not chosen go stale, so a mode that has
-not run for ``EXPLORE_EVERY`` steps runs for ``EXPLORE_STEPS``.
+not run for ``EXPLORE_EVERY`` steps runs for ``EXPLORE_STEPS``; each try that leaves it unchosen
+doubles its interval, up to ``EXPLORE_MAX`` (a try costs more than its steps: the draft catches
+up on the tokens it missed, and SSD's first round after a pause misses), and being chosen resets
+it.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from saguaro.speculation.supervisor import Supervised
 HYSTERESIS = 0.05  # a new choice must promise this much more than the current one
 MIN_DWELL = 4  # steps a choice runs before another may replace it
 EXPLORE_EVERY = 64  # steps after which a mode not run since is tried again
+EXPLORE_MAX = 2048  # the longest interval between tries of a mode that keeps losing
 # steps such a try runs: SSD's first round after a pause misses by construction and teaches
 # nothing, so two more for fresh timings and outcomes
 EXPLORE_STEPS = 3
@@ -121,6 +125,7 @@ class AutoProposer(Proposer):
         self.trying = Choice("ar", 0)  # a stale mode's, while ``exploring``
         self.steps = 0
         self.since: dict[str, int] = {"ar": 0, "sd": 0, "ssd": 0}  # steps since each mode ran
+        self.interval = dict.fromkeys(self.since, EXPLORE_EVERY)  # steps between tries
         self.dwell = 0  # steps since the settled choice was made
         self.exploring = 0  # steps left of a try
         self.last_rates: dict[Choice, float] = {}
@@ -155,10 +160,12 @@ class AutoProposer(Proposer):
         if self.exploring:
             self.exploring -= 1
             return self.trying
-        stale = [c for c in rates if self.since[c.mode] >= EXPLORE_EVERY]
+        stale = [c for c in rates if self.since[c.mode] >= self.interval[c.mode]]
         if stale:
             self.trying = max(stale, key=rates.__getitem__)
             self.exploring = EXPLORE_STEPS - 1
+            mode = self.trying.mode
+            self.interval[mode] = min(2 * self.interval[mode], EXPLORE_MAX)
             return self.trying
         best, settled = max(rates, key=rates.__getitem__), self.settled
         if (
@@ -167,6 +174,7 @@ class AutoProposer(Proposer):
             or (self.dwell >= MIN_DWELL and rates[best] > rates[settled] * (1.0 + HYSTERESIS))
         ):
             self.settled, self.dwell = best, 0
+            self.interval[best.mode] = EXPLORE_EVERY
         return self.settled
 
     # ---- the Proposer interface ----------------------------------------------------------------

@@ -133,16 +133,25 @@ def test_hysteresis_keeps_a_choice_against_a_small_gain_and_dwells():
     assert chosen[:MIN_DWELL] == [ar] * MIN_DWELL and chosen[-1] == sd
 
 
-def test_a_mode_not_run_for_a_while_is_tried_again():
+def test_a_mode_not_run_for_a_while_is_tried_again_less_often_while_it_loses():
     sd, ar = Choice("sd", K), Choice("ar", 0)
-    auto = chooser({ar: 100.0, Choice("sd", 1): 150.0, sd: 200.0})
-    modes = [c.mode for c in run_steps(auto, 3 * EXPLORE_EVERY)]
-    assert modes.count("sd") > 0.9 * len(modes)
-    tries = [i for i, m in enumerate(modes) if m == "ar"]
-    first = list(range(EXPLORE_EVERY, EXPLORE_EVERY + EXPLORE_STEPS))
-    assert tries[:EXPLORE_STEPS] == first  # tried once stale, then left again
-    assert modes[EXPLORE_EVERY + EXPLORE_STEPS] == "sd"
-    assert modes[-1] == "sd"
+    predicted = {ar: 100.0, Choice("sd", 1): 150.0, sd: 200.0}
+    auto = chooser(predicted)
+    modes = [c.mode for c in run_steps(auto, 8 * EXPLORE_EVERY)]
+    assert modes.count("sd") > 0.95 * len(modes)
+    starts = [i for i, m in enumerate(modes) if m == "ar" and modes[i - 1] != "ar"]
+    want, at, gap = [], EXPLORE_EVERY, EXPLORE_EVERY
+    while at < len(modes):  # each losing try doubles the interval before the next
+        want.append(at)
+        gap *= 2
+        at += EXPLORE_STEPS + gap
+    assert starts == want and len(want) >= 3
+    for start in starts:  # a try runs EXPLORE_STEPS steps, then the settled choice resumes
+        assert modes[start : start + EXPLORE_STEPS + 1] == ["ar"] * EXPLORE_STEPS + ["sd"]
+    predicted[ar] = 1000.0  # the costs turn: chosen, AR's interval starts over
+    run_steps(auto, MIN_DWELL + 1)
+    assert auto.settled == ar and auto.interval["ar"] == EXPLORE_EVERY
+    assert auto.interval["sd"] == EXPLORE_EVERY  # sd was the settled choice all along
 
 
 # ---- exact across switches ---------------------------------------------------------------------
