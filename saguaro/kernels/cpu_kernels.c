@@ -257,6 +257,7 @@ INLINE void block_floats(const Weight *w, const int fmt, int64_t n, int64_t b, f
     store_f32(dst + LANES, hi);
 }
 #endif
+_Static_assert((int)ROWS <= (int)MAX_TILE_ROWS, "linear_rows' REST cases cover remainders of 1..7 rows");
 
 /* Constant tile shapes and formats, so that each call is unrolled with its accumulators in
  * registers and no branch on the format is left in the loop. */
@@ -274,7 +275,7 @@ INLINE void linear_rows(const float *x, int64_t m, const Weight *w, const int fm
     for (; r0 + ROWS <= m; r0 += ROWS) {
         if (nc == COLS) TILE(ROWS, COLS); else TILE(ROWS, 1);
     }
-    /* The last rows in one tile of their own height (ROWS <= MAX_TILE_ROWS). */
+    /* The last rows in one tile of their own height. */
     switch ((int)(m - r0)) {
     REST(1) REST(2) REST(3) REST(4) REST(5) REST(6) REST(7)
     default: break;
