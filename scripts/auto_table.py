@@ -14,6 +14,7 @@ import json
 import statistics
 import sys
 from collections import defaultdict
+from pathlib import Path
 
 ONE_CORE = " 1 core"
 MIN_SHARE = 0.02  # choices below this share of auto's rounds are left out
@@ -63,7 +64,7 @@ def main(paths: list[str]) -> None:
     print(HEADER)
     print("|---:|---:|---|---:|---|---:|---:|---:|---|---:|---:|---:|---|")
     for path in paths:
-        data = json.load(open(path))
+        data = json.loads(Path(path).read_text())
         rates: dict[tuple, list[float]] = defaultdict(list)
         for r in data["runs"]:
             key = (r["temperature"], r["batch_size"], r["variant"])

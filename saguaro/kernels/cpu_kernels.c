@@ -262,11 +262,11 @@ _Static_assert((int)ROWS <= (int)MAX_TILE_ROWS, "linear_rows' REST cases cover r
 /* Constant tile shapes and formats, so that each call is unrolled with its accumulators in
  * registers and no branch on the format is left in the loop. */
 #define TILE(NR, NC) linear_tile(x, w, fmt, out, n_out, r0, NR, n0, wn0, NC)
+/* A remainder of NR rows (always fewer than ROWS: cases from ROWS up never run, and are
+ * instantiated one row high to stay within the tile's accumulators). */
 #define REST(NR)                                                                              \
     case NR:                                                                                  \
-        if (NR < ROWS) {                                                                      \
-            if (nc == COLS) TILE(NR < ROWS ? NR : 1, COLS); else TILE(NR < ROWS ? NR : 1, 1); \
-        }                                                                                     \
+        if (nc == COLS) TILE(NR < ROWS ? NR : 1, COLS); else TILE(NR < ROWS ? NR : 1, 1);     \
         break;
 
 INLINE void linear_rows(const float *x, int64_t m, const Weight *w, const int fmt, float *out,
