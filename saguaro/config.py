@@ -134,6 +134,12 @@ class EngineConfig:
         "fewer, fused kernels per step; every kind of forward compiles at start (minutes the "
         "first time, then read from inductor's disk cache)",
     )
+    enforce_eager: bool = opt(
+        False,
+        "on a GPU: run every forward eagerly; otherwise decode, verification and the draft's "
+        "forwards are padded to batch, position and key buckets and each bucket replays one "
+        "CUDA graph (one target rank)",
+    )
     tensor_parallel_size: int = opt(
         1,
         "ranks the target is split over (heads, MLP columns, vocabulary): rank 0 is this "
@@ -283,6 +289,17 @@ class EngineConfig:
             and self.tensor_parallel_size == 1
             and len(process_cpus()) >= 2
         )
+
+    def graphs_on(self, device: str) -> bool:
+        """Whether a model on ``device`` runs the forwards that fit a bucket over static buffers
+        as CUDA graphs (saguaro.engine.graphs): on a GPU, unless enforce_eager."""
+        return device.startswith("cuda") and not self.enforce_eager
+
+    @property
+    def graphs(self) -> bool:
+        """The target's (and an in-process draft's) forwards replay graphs; a target split over
+        ranks runs eagerly."""
+        return self.graphs_on(self.device) and self.tensor_parallel_size == 1
 
     @property
     def lookahead(self) -> int:

@@ -4,9 +4,10 @@
     python scripts/real_shapes.py hf-compare --model DIR [--tokens 48] [--threads 2]
     python scripts/real_shapes.py bench --model DIR --draft DIR [saguaro bench flags...]
 
-``write`` makes Hugging Face directories for Llama-3.2-1B and Qwen3-0.6B (bfloat16, every
-dimension, vocabulary, RoPE setting and tied head as published) and, for each, a 2-layer draft
-with the same vocabulary. The tokenizer is byte-level: ids 0..255 are bytes and the rest of the
+``write`` makes Hugging Face directories for SmolLM2-135M, Llama-3.2-1B and Qwen3-0.6B (bfloat16,
+every dimension, vocabulary, RoPE setting and tied head as published) and, for each, a draft with
+the same vocabulary (SmolLM2's: four of its layers, the shipped draft's shape; the others': two
+small layers). The tokenizer is byte-level: ids 0..255 are bytes and the rest of the
 vocabulary is reserved tokens, so any text encodes and every id has a row in the embedding.
 Weights are N(0, 0.02) like a fresh initialisation: the logits are flat, which is the hard case
 for top-p (nuclei of most of the vocabulary).
@@ -32,6 +33,23 @@ from safetensors.torch import save_file
 INIT_STD = 0.02  # transformers' default initializer_range
 
 SHAPES = {
+    # saguaro's default target (its GGUF does not travel to a machine with no network: 93 MB).
+    "smollm2-135m": dict(
+        family="llama",
+        vocab_size=49_152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        head_dim=64,
+        max_position_embeddings=8192,
+        rms_norm_eps=1e-5,
+        rope_theta=100_000.0,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+    ),
     "llama-3.2-1b": dict(
         family="llama",
         vocab_size=128_256,
@@ -72,7 +90,9 @@ SHAPES = {
         eos_token_id=151_645,
     ),
 }
-# The draft of each: its family, vocabulary and RoPE, two small layers.
+# The draft of each: its family, vocabulary and RoPE, two small layers; SmolLM2's has the shipped
+# draft's shape instead (four of its target's layers), with the full vocabulary as its head.
+DRAFTS = {"smollm2-135m": dict(num_hidden_layers=4, tie_word_embeddings=False)}
 DRAFT = dict(
     hidden_size=256,
     intermediate_size=768,
@@ -154,10 +174,11 @@ def write_checkpoint(path: Path, cfg: dict, seed: int) -> Path:
 
 def cmd_write(args: argparse.Namespace) -> None:
     out = Path(args.out)
-    for name, cfg in SHAPES.items():
+    for name in args.shapes:
+        cfg = SHAPES[name]
         t0 = time.perf_counter()
         write_checkpoint(out / name, cfg, seed=0)
-        write_checkpoint(out / f"{name}-draft", cfg | DRAFT, seed=1)
+        write_checkpoint(out / f"{name}-draft", cfg | DRAFTS.get(name, DRAFT), seed=1)
         print(f"{name} and its draft in {out} ({time.perf_counter() - t0:.0f} s)")
 
 
@@ -208,6 +229,9 @@ def main() -> None:
     sub = p.add_subparsers(dest="cmd", required=True)
     w = sub.add_parser("write", help="write the checkpoints")
     w.add_argument("--out", default="real-shapes")
+    w.add_argument(
+        "--shapes", type=lambda s: s.split(","), default=list(SHAPES), help="e.g. smollm2-135m"
+    )
     h = sub.add_parser("hf-compare", help="saguaro AR vs transformers, same checkpoint")
     h.add_argument("--model", required=True)
     h.add_argument("--tokens", type=int, default=48)

@@ -22,6 +22,7 @@ import torch
 from saguaro import LLM, placement
 from saguaro.bench.config import BenchConfig
 from saguaro.bench.plan import Variant
+from saguaro.bench.synthetic import synthetic_verifier
 from saguaro.core.records import RoundRecord
 from saguaro.models.loader import safetensors_files
 from saguaro.models.tokenizer import Tokenizer
@@ -104,13 +105,15 @@ class SaguaroBackend:
             sampling=variant.sampling,
             saguaro_c=variant.saguaro_c,
             device=cfg.device,
+            draft_device=cfg.draft_device if variant.mode in ("ssd", "auto") else None,
             max_model_len=max_model_len,
             max_num_seqs=max_seqs,
             # Repeats and batch sizes reuse prompts: a prefix cache would flatter TTFT, and the
             # peer has none.
             enable_prefix_caching=False,
             seed=cfg.seed,
-            compile=variant.compiled,
+            compile=variant.forwards == "compiled",
+            enforce_eager=variant.forwards != "graphs",
             dtype=variant.dtype,
             draft_dtype=variant.draft_dtype,
             tensor_parallel_size=variant.tensor_parallel_size,
@@ -119,6 +122,9 @@ class SaguaroBackend:
             # worker's complement). The target on one core only where asked for.
             **(_one_core(variant.mode) if variant.one_core else {}),
         )
+        if cfg.synthetic_acceptance is not None and spec:
+            rate = cfg.synthetic_acceptance
+            self.llm.engine.verifier_for = lambda _method: synthetic_verifier(rate, cfg.seed)
 
     def generate(self, prompts: list[list[int]], params: list[SamplingParams]) -> Generation:
         # SSD's figures are cumulative per worker: diff them unless a restart replaced it.

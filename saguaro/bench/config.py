@@ -12,6 +12,7 @@ from typing import Any
 from saguaro.bench.datasets import DATASETS, DEFAULT_DATASETS
 from saguaro.config import DTYPES, MODES, SAMPLING_METHODS
 from saguaro.options import add_options, flag, from_args, opt, show
+from saguaro.placement import resolve_device
 
 # SSD's Saguaro sampling constant C lies in (0, 1] (docs/design.md §6).
 SAGUARO_C_MAX = 1.0
@@ -30,7 +31,9 @@ BENCH_MODES: tuple[str, ...] = (*DEFAULT_MODES, *PEER_MODES)
 SPEC_MODES: tuple[str, ...] = tuple(m for m in BENCH_MODES if m not in ("ar", "llama.cpp"))
 # Weights of the GGUF files: f32 reproduces saguaro's f32 greedy tokens (up to near-ties).
 LLAMA_CPP_DTYPES: tuple[str, ...] = ("f32", "f16")
-FORWARDS: tuple[str, ...] = ("eager", "compiled")
+# eager: every forward eagerly; compiled: torch.compile (EngineConfig.compile); graphs: on a GPU,
+# bucketed forwards replayed as CUDA graphs (EngineConfig.enforce_eager off).
+FORWARDS: tuple[str, ...] = ("eager", "compiled", "graphs")
 
 
 def positive_ints(text: str) -> tuple[int, ...]:
@@ -153,11 +156,25 @@ class BenchConfig:
     repeats: int = opt(1, "passes over the prompts")
     seed: int = opt(0, "prompt selection and sampling seed")
     device: str = opt("auto", "auto | cpu | cuda[:N], as for the engine")
+    draft_device: str | None = opt(
+        None,
+        "ssd and auto: the draft worker's device, e.g. cuda:1 for a GPU of its own (the "
+        "paper's layout; default: the engine's choice)",
+    )
     out: str = opt("bench-out", "output directory", metavar="DIR")
     quick: bool = opt(False, _QUICK_HELP)
+    synthetic_acceptance: float | None = opt(
+        None,
+        "benchmarks only: verification accepts each proposed token with this probability and "
+        "commits the target's argmax after, whatever the models say (speed at a chosen "
+        "acceptance on random weights); output is not the target's, so the greedy check is "
+        "skipped",
+        metavar="RATE",
+    )
     forwards: tuple[str, ...] = opt(
         ("eager",),
-        "saguaro's forwards, side by side: eager, compiled (EngineConfig.compile)",
+        "saguaro's forwards, side by side: eager, compiled (EngineConfig.compile), graphs (CUDA "
+        "graphs, a GPU only: EngineConfig.enforce_eager off)",
         parse=names_of(FORWARDS),
         metavar="F,..",
     )
@@ -216,6 +233,11 @@ class BenchConfig:
             raise ValueError("mode llama.cpp-sd needs --llama-cpp-bin DIR (llama.cpp's binaries)")
         if not self.datasets and not self.prompts:
             raise ValueError("no dataset: give --datasets or --prompts")
+        if "graphs" in self.forwards and not resolve_device(self.device).startswith("cuda"):
+            raise ValueError("--forwards graphs replays CUDA graphs: it needs --device cuda")
+        rate = self.synthetic_acceptance
+        if rate is not None and not 0 <= rate <= 1:
+            raise ValueError(f"--synthetic-acceptance must be in [0, 1], got {rate}")
         if not all(0.0 < c <= SAGUARO_C_MAX for c in self.saguaro_cs):
             raise ValueError(
                 f"--saguaro-c values must be in (0, {SAGUARO_C_MAX:g}], got {list(self.saguaro_cs)}"

@@ -39,17 +39,17 @@ class Variant:
     label: str = ""
     saguaro_c: float = 1.0  # SSD's Saguaro sampling constant C
     sampling: str = "auto"  # "auto" | "rejection" | "coupled" (EngineConfig.sampling)
-    compiled: bool = False  # saguaro's forwards through torch.compile
+    forwards: str = "eager"  # saguaro's forwards: one of saguaro.bench.config.FORWARDS
     one_core: bool = False  # AR/SD held to one core and one thread (a labelled extra)
     tensor_parallel_size: int = 1  # ranks of saguaro's target
     dtype: str = "float32"  # saguaro's weights and activations (EngineConfig.dtype)
     draft_dtype: str | None = None  # the draft's (EngineConfig.draft_dtype); None: dtype
 
     @property
-    def setup(self) -> tuple[bool, str, int, bool]:
+    def setup(self) -> tuple[str, str, int, bool]:
         """What a mode's speedup is measured under: a mode is compared with AR (and SD) of the
         same forwards, dtype, tensor-parallel size and core budget."""
-        return self.compiled, self.dtype, self.tensor_parallel_size, self.one_core
+        return self.forwards, self.dtype, self.tensor_parallel_size, self.one_core
 
 
 def build_variants(cfg: BenchConfig) -> list[Variant]:
@@ -104,7 +104,6 @@ def build_variants(cfg: BenchConfig) -> list[Variant]:
                     for fw in cfg.forwards
                 ]
             ):
-                compiled = fw == "compiled"
                 tail = f" {fw}" if many_fw and not own else ""
                 tail += f" tp={tp}" if many_tp and not own else ""
                 tail += f" {dt}" if many_dt and not own else ""
@@ -121,9 +120,7 @@ def build_variants(cfg: BenchConfig) -> list[Variant]:
                         Variant(mode, k, label=label(mode, sm, k) + tail, sampling=sm)
                         for k in ks_of(mode)
                     ]
-                found = [
-                    replace(v, compiled=compiled, tensor_parallel_size=tp, dtype=dt) for v in found
-                ]
+                found = [replace(v, forwards=fw, tensor_parallel_size=tp, dtype=dt) for v in found]
                 if cfg.draft_dtypes and mode in DRAFT_MODES:
                     found = [
                         replace(v, draft_dtype=d, label=f"{v.label} draft {d}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from saguaro.core.sequence import Sequence, Status
 from saguaro.core.snapshot import EngineSnapshot
 from saguaro.engine.block_manager import BlockManager
 from saguaro.engine.detokenizer import Detokenizer
+from saguaro.engine.graphs import graph_buckets
 from saguaro.engine.model_runner import ModelRunner, time_forward
 from saguaro.engine.scheduler import Scheduled, Scheduler
 from saguaro.engine.tensor_parallel import TensorParallelTarget, rank_placements
@@ -43,7 +45,7 @@ from saguaro.sampling import SamplingParams, SamplingTensors, SparseQ, VerifyRes
 from saguaro.sampling.logprobs import TokenLogprob, token_logprobs
 from saguaro.sampling.noise import sample_seed
 from saguaro.sampling.processors import Processors, apply_processors
-from saguaro.sampling.round import Round, verifier
+from saguaro.sampling.round import Round, Verifier, verifier
 from saguaro.sampling.structured import GrammarCompiler
 
 log = logging.getLogger("saguaro")
@@ -105,6 +107,9 @@ class LLMEngine:
         self.cfg = cfg
         self._make_proposer = make_proposer
         self.proposer: Proposer | None = None
+        # A sampling method's verifier. Only the bench replaces it, on engines of its own
+        # (saguaro.bench.synthetic): no setting reaches it from a request or a server.
+        self.verifier_for: Callable[[str], Verifier] = verifier
         self.tensor_parallel: TensorParallelTarget | None = None
         self.placement = engine_placement(cfg)
         if self.placement is not None:
@@ -182,9 +187,18 @@ class LLMEngine:
         if self.tensor_parallel is not None:
             self.runner = self.tensor_parallel.runner(target, num_blocks, cfg.block_size)
         else:
-            self.runner = ModelRunner(target, num_blocks, cfg.block_size, cfg.device, cfg.compile)
+            buckets = graph_buckets(
+                cfg.graphs,
+                cfg.max_num_seqs,
+                self.max_model_len + cfg.lookahead,
+                cfg.num_speculative_tokens,
+            )
+            self.runner = ModelRunner(
+                target, num_blocks, cfg.block_size, cfg.device, cfg.compile, buckets=buckets
+            )
         if cfg.compile:
             self.runner.warm_up()
+        self.runner.capture_graphs((1, cfg.lookahead + 1))
         self.scheduler = Scheduler(
             self.block_manager,
             cfg.max_num_seqs,
@@ -628,7 +642,7 @@ class LLMEngine:
         n = len(methods)
         outcomes: dict[tuple[int, ...], VerifyResult | Exception] = {}
         for method in sorted(set(methods)):
-            verify = verifier(method)
+            verify = self.verifier_for(method)
             group = [i for i, m in enumerate(methods) if m == method]
             whole = rnd if len(group) == n else rnd.select(group)  # one method: no copies
             try:

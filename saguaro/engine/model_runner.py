@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from saguaro.core.query import Query, token_slots
+from saguaro.engine.graphs import Buckets, StaticForwards
 from saguaro.models.layers import AttentionMetadata
 from saguaro.models.llama import CausalLM
 
@@ -47,6 +48,7 @@ class ModelRunner:
         device: str | torch.device,
         compile: bool = False,
         compile_options: dict | None = None,
+        buckets: Buckets | None = None,
     ) -> None:
         self.model = model
         # Compiled: one graph per kind of forward, with symbolic token and key counts, so a new
@@ -68,7 +70,9 @@ class ModelRunner:
         self.num_slots = num_blocks * block_size
         dtype = model.embed_tokens.weight.dtype
         # A tensor-parallel rank caches its own KV heads only.
-        shape = (self.num_slots, model.num_kv_heads, self.config.head_dim)
+        # The bucketed path's padding writes one row past the pool (its scratch slot).
+        rows = self.num_slots + (buckets is not None)
+        shape = (rows, model.num_kv_heads, self.config.head_dim)
         self.kv_caches = [
             (
                 torch.zeros(shape, dtype=dtype, device=self.device),
@@ -76,6 +80,19 @@ class ModelRunner:
             )
             for _ in range(self.config.num_hidden_layers)
         ]
+        # Forwards that fit a bucket run over static buffers, as CUDA graphs on a GPU.
+        self.static = (
+            None
+            if buckets is None
+            else StaticForwards(
+                self._forward,
+                self.kv_caches,
+                buckets,
+                self.config.vocab_size,
+                scratch=self.num_slots,
+                device=self.device,
+            )
+        )
 
     @staticmethod
     def kv_bytes_per_block(model: CausalLM, block_size: int) -> int:
@@ -123,8 +140,35 @@ class ModelRunner:
         query order."""
         return self.run(self.prepare(queries))
 
+    def capture_graphs(self, positions: tuple[int, ...]) -> None:
+        """On a GPU with buckets, capture now the graphs of forwards of ``positions`` tokens per
+        sequence (decode: 1, verification: K + 1) at every batch and key bucket."""
+        if self.static is not None:
+            buckets = self.static.buckets
+            shapes = [
+                buckets.shape(b, q, keys)
+                for b in buckets.batch
+                for q in positions
+                for keys in buckets.keys
+            ]
+            self.static.capture([s for s in shapes if s is not None])
+
     def run(self, inputs: StepInputs) -> torch.Tensor:
-        """One forward over prepared inputs (CPU tensors, moved to the device here)."""
+        """One forward over prepared inputs (CPU tensors, moved to the device here), through
+        its bucket's static buffers where it fits one."""
+        shape = self.static.shape_of(inputs.mask) if self.static is not None else None
+        if shape is not None:
+            with torch.no_grad():
+                return self.static.run(
+                    shape,
+                    inputs.input_ids,
+                    inputs.positions,
+                    inputs.slot_mapping,
+                    inputs.key_slots,
+                    inputs.mask,
+                    _padded_rows(inputs),
+                    inputs.logits_index,
+                )
         dev = self.device
         meta = AttentionMetadata(
             slot_mapping=inputs.slot_mapping.to(dev),
@@ -132,11 +176,7 @@ class ModelRunner:
             mask=inputs.mask.to(dev),
             query_index=_to(inputs.query_index, dev),
             out_index=_to(inputs.out_index, dev),
-            rows=(
-                inputs.out_index
-                if inputs.out_index is not None
-                else torch.arange(len(inputs.input_ids))
-            ),
+            rows=_padded_rows(inputs),
         )
         with torch.no_grad():
             return self._forward(
@@ -191,6 +231,13 @@ class ModelRunner:
             out_index=out_index,
             logits_index=torch.tensor(logits_index, dtype=torch.int64),
         )
+
+
+def _padded_rows(inputs: StepInputs) -> torch.Tensor:
+    """Each token's row of the padded [b, Q] layout."""
+    if inputs.out_index is not None:
+        return inputs.out_index
+    return torch.arange(len(inputs.input_ids))
 
 
 def _to(t: torch.Tensor | None, dev: torch.device) -> torch.Tensor | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from saguaro.config import EngineConfig
 from saguaro.core.proposal import DraftSetup, Proposer
+from saguaro.engine.graphs import graph_buckets
 from saguaro.engine.model_runner import ModelRunner
 from saguaro.models.loader import load_model
 from saguaro.speculation.auto import AutoProposer, Threads
@@ -50,7 +51,11 @@ def _in_process(cfg: EngineConfig, setup: DraftSetup) -> DraftProposer:
         quantization=cfg.draft_quantization,
         kernels=cfg.kernels == "saguaro",
     )
-    runner = ModelRunner(draft, setup.num_kv_blocks, cfg.block_size, cfg.device, cfg.compile)
+    k = cfg.num_speculative_tokens
+    buckets = graph_buckets(cfg.graphs, cfg.max_num_seqs, setup.max_model_len + k, k)
+    runner = ModelRunner(
+        draft, setup.num_kv_blocks, cfg.block_size, cfg.device, cfg.compile, buckets=buckets
+    )
     if cfg.compile:
         runner.warm_up()
     return DraftProposer(runner, cfg.draft_top_m, cfg.sampling)

@@ -68,6 +68,7 @@ class WorkerConfig:
     num_threads: int | None
     seed: int
     compile: bool  # torch.compile the draft's forward
+    graphs: bool = False  # bucketed forwards replay CUDA graphs (EngineConfig.graphs_on)
     # The replies' tensors go GPU to GPU over the channel's device lane (both ends on GPUs, not
     # the same one); otherwise the worker sends them from its host memory.
     lane: bool = False
@@ -96,6 +97,7 @@ class WorkerConfig:
             num_threads=cfg.draft_threads,
             seed=cfg.seed,
             compile=cfg.compile,
+            graphs=cfg.graphs_on(cfg.draft_device or cfg.device),
             lane=lane_between(cfg.device, cfg.draft_device or cfg.device),
         )
 

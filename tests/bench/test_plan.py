@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+import torch
+
 from saguaro.bench.config import parse_config
 from saguaro.bench.plan import Plan, batch_count, build_variants, request_seed
 from saguaro.bench.prompts import PromptSet
@@ -35,7 +38,7 @@ def test_forwards_and_one_core_baselines_are_labelled_variants():
     cfg = parse_config(
         ["--modes", "ar,sd,ssd,hf-assisted", "--forwards", "eager,compiled", "--one-core-baselines"]
     )
-    got = [(v.label, v.compiled, v.one_core) for v in build_variants(cfg)]
+    got = [(v.label, v.forwards == "compiled", v.one_core) for v in build_variants(cfg)]
     assert got == [
         ("ar eager", False, False), ("ar eager 1 core", False, True),
         ("ar compiled", True, False), ("ar compiled 1 core", True, True),
@@ -44,9 +47,16 @@ def test_forwards_and_one_core_baselines_are_labelled_variants():
         ("ssd eager", False, False), ("ssd compiled", True, False),
         ("hf-assisted", False, False),  # its own forwards: one variant
     ]  # fmt: skip
-    plain = [(v.label, v.compiled, v.one_core) for v in build_variants(parse_config([]))]
-    assert all(v.tensor_parallel_size == 1 for v in build_variants(parse_config([])))
-    assert all(not c and not o for _, c, o in plain)
+    plain = build_variants(parse_config([]))
+    assert all(v.tensor_parallel_size == 1 for v in plain)
+    assert all(v.forwards == "eager" and not v.one_core for v in plain)
+
+
+def test_graphs_need_a_gpu():
+    if torch.cuda.is_available():
+        assert parse_config(["--forwards", "eager,graphs", "--device", "cuda"]).forwards
+    with pytest.raises(ValueError, match="--forwards graphs replays CUDA graphs"):
+        parse_config(["--forwards", "eager,graphs", "--device", "cpu"])
 
 
 def test_tensor_parallel_sizes_are_side_by_side_variants_of_saguaro_modes_only():

@@ -47,8 +47,11 @@ def test_worker_config_from_engine_maps_every_field():
         num_threads=2,
         seed=7,
         compile=True,
+        graphs=True,  # its own GPU, enforce_eager off
         lane=False,  # the target is on the CPU
     )
+    eager = dataclasses.replace(engine, enforce_eager=True)
+    assert not P.WorkerConfig.from_engine(eager, "d", max_model_len=300).graphs
 
 
 def test_the_worker_runs_on_the_engines_device_unless_told_otherwise():

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# The first thing to run on a machine with NVIDIA GPUs, from a fresh checkout, in about 8 minutes,
+# with no network: it uses the machine's torch and what the repository carries, and writes its
+# own checkpoints. Everything goes to $OUT (default docs/bench-gpu/<date>); copy its summary.md
+# into docs/bench-gpu/README.md.
+#
+#   bash scripts/gpu_check.sh
+#
+# 1. saguaro over the machine's torch (pip install --no-deps -e .); stops, naming them, if the
+#    project's other dependencies or transformers (the tests' checkpoints) cannot be imported.
+# 2. The CUDA tests: graph replay equals eager, greedy SD and SSD through graphs equal AR, SD's
+#    first two tokens at T = 0.7 against the exact law; the bucketed path's CPU tests; TP where
+#    two GPUs are visible.
+# 3. One forward eager against graphed, draft and target of SmolLM2-135M's shapes (random
+#    weights): batch 1 and 16, 1 and 5 positions.
+# 4. saguaro bench, AR, SD and SSD, eager and graphed, on those checkpoints at a synthetic
+#    acceptance of 0.7 (random weights accept nothing of their own): batch 1 and 16, greedy; with
+#    two GPUs, SSD's draft on the second (the paper's layout) and TP 2.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-docs/bench-gpu/$(date -u +%Y-%m-%d)}
+MODELS=${MODELS:-/tmp/saguaro-gpu-models}
+mkdir -p "$OUT"
+log() { echo "== $*" | tee -a "$OUT/summary.md"; }
+: >"$OUT/summary.md"
+log "gpu_check $(date -u +%FT%TZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+
+pip install --no-deps -e . >"$OUT/install.log" 2>&1 || { log "pip install failed"; exit 1; }
+missing=$(python - <<'EOF'
+import importlib.util
+mods = ["torch", "numpy", "safetensors", "tokenizers", "jinja2", "tqdm", "gguf", "llguidance",
+        "transformers", "pytest"]
+print(" ".join(m for m in mods if importlib.util.find_spec(m) is None))
+EOF
+)
+if [ -n "$missing" ]; then
+    log "missing Python modules: $missing (install them, then rerun)"
+    exit 2
+fi
+nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1 || true
+python - <<'EOF' | tee -a "$OUT/summary.md"
+import torch
+print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.device_count()} GPU(s):",
+      ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())))
+EOF
+gpus=$(python -c "import torch; print(torch.cuda.device_count())")
+
+log "tests"
+timeout 300 python -m pytest -q -p no:cacheprovider tests/engine/test_graphs_cuda.py \
+    tests/engine/test_graphs.py tests/engine/test_tensor_parallel_cuda.py 2>&1 \
+    | tail -25 | tee "$OUT/tests.txt" | tail -3 | tee -a "$OUT/summary.md"
+
+log "checkpoints (random weights, SmolLM2-135M's shapes)"
+python scripts/real_shapes.py write --out "$MODELS" --shapes smollm2-135m >/dev/null
+target="$MODELS/smollm2-135m"
+draft="$MODELS/smollm2-135m-draft"
+
+log "one forward, eager vs graphed (ms, medians of 50)"
+for m in "$draft" "$target"; do
+    timeout 120 python scripts/graph_forwards.py --model "$m" --device cuda --repeats 50
+done | tee "$OUT/forwards.jsonl" | tee -a "$OUT/summary.md"
+
+python - "$OUT/prompts.jsonl" <<'EOF'
+import json, sys
+prompts = ["def fibonacci(n):", "Write a haiku about the sea.", "import numpy as np\n",
+           "Explain speculative decoding in one paragraph.", "class Stack:",
+           "The capital of France is", "for i in range(10):", "SELECT name FROM"]
+with open(sys.argv[1], "w") as f:
+    for i, p in enumerate(prompts):
+        f.write(json.dumps({"id": f"p{i}", "prompt": p}) + "\n")
+EOF
+bench() {  # name, then saguaro bench flags
+    local name=$1; shift
+    log "bench $name"
+    timeout 240 python -m saguaro.cli bench --device cuda --model "$target" --draft "$draft" \
+        --prompts "$OUT/prompts.jsonl" --num-prompts 16 --max-tokens 64 --temperatures 0 \
+        --synthetic-acceptance 0.7 --repeats 1 --out "$OUT/$name" "$@" >"$OUT/$name.log" 2>&1 \
+        || log "bench $name failed: see $name.log"
+    [ -f "$OUT/$name/results.md" ] && grep '^|' "$OUT/$name/results.md" | tee -a "$OUT/summary.md"
+}
+bench one-gpu --modes ar,sd,ssd --k 4 --forwards eager,graphs --batch-sizes 1,16
+if [ "$gpus" -ge 2 ]; then
+    bench ssd-own-gpu --modes ar,sd,ssd --k 4 --forwards graphs --batch-sizes 1,16 \
+        --draft-device cuda:1
+    bench tp2 --modes ar,sd --k 4 --forwards eager --tensor-parallel-sizes 1,2 --batch-sizes 16
+fi
+log "done"

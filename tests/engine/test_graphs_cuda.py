@@ -1,0 +1,92 @@
+"""CUDA graphs on a GPU (saguaro.engine.graphs): replay gives the eager forward's logits, greedy SD
+and SSD through graphs equal AR, and SD's first two tokens at T > 0 follow the exact law. Runs
+where a GPU is visible (scripts/gpu_check.sh); tests/engine/test_graphs.py tests the same
+bucketed path on the CPU, without capture."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from saguaro import LLM, SamplingParams
+from saguaro.engine.graphs import Buckets
+from saguaro.engine.model_runner import ModelRunner
+from saguaro.models.loader import load_model
+from tests.conftest import PROMPTS, SMALL_VOCAB, exact_first_two
+from tests.engine.test_model_runner import _batches
+from tests.stats import tv_noise_floor
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+
+NUM_BLOCKS, BLOCK_SIZE = 8, 16
+# A padded product may take another cuBLAS kernel than the unpadded one: float32 rounding.
+TOLERANCE = 1e-3
+GREEDY = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+ENGINE = dict(device="cuda", max_model_len=256, max_num_seqs=8)
+
+
+def test_graph_replay_gives_the_eager_logits_and_cache(tiny_llama):
+    buckets = Buckets.for_runner(max_num_seqs=4, max_keys=NUM_BLOCKS * BLOCK_SIZE)
+    eager = ModelRunner(load_model(tiny_llama, device="cuda"), NUM_BLOCKS, BLOCK_SIZE, "cuda")
+    graphed = ModelRunner(
+        load_model(tiny_llama, device="cuda"), NUM_BLOCKS, BLOCK_SIZE, "cuda", buckets=buckets
+    )
+    graphed.capture_graphs((1, 5))
+    captured = len(graphed.static.graphs)
+    assert captured > 0
+    for kind, queries in _batches(eager):
+        want, got = eager.forward(queries), graphed.forward(queries)
+        torch.testing.assert_close(got, want, atol=TOLERANCE, rtol=0, msg=kind)
+    assert len(graphed.static.graphs) > captured  # other shapes were captured on first use
+    scratch = eager.num_slots
+    for (ek, ev), (gk, gv) in zip(eager.kv_caches, graphed.kv_caches, strict=True):
+        torch.testing.assert_close(gk[:scratch], ek, atol=TOLERANCE, rtol=0)
+        torch.testing.assert_close(gv[:scratch], ev, atol=TOLERANCE, rtol=0)
+
+
+@pytest.mark.parametrize("mode", ["sd", "ssd"])
+def test_greedy_speculation_through_graphs_equals_ar(tiny_llama, close_draft, mode):
+    with LLM(model=str(tiny_llama), enforce_eager=True, **ENGINE) as ar:
+        want = [o.token_ids for o in ar.generate(PROMPTS, GREEDY)]
+    spec = dict(draft=str(close_draft), mode=mode, num_speculative_tokens=3)
+    with LLM(model=str(tiny_llama), **spec, **ENGINE) as llm:
+        assert llm.engine.runner.static is not None and llm.engine.runner.static.graphs
+        for batch in (1, 3, 8):
+            got = [o.token_ids for o in llm.generate(PROMPTS[:batch], GREEDY)]
+            assert got == want[:batch], batch
+
+
+SAMPLES = 12_000
+BATCH = 64  # the largest graph batch bucket
+
+
+def test_sd_through_graphs_first_two_tokens_follow_the_target(small_vocab_pair):
+    target, close, _ = small_vocab_pair
+    prompt = [1, 4, 2]
+    base = SamplingParams(temperature=0.7, max_tokens=4, ignore_eos=True)
+    expected = exact_first_two(target, prompt, base)
+    llm = LLM(
+        model=str(target),
+        draft=str(close),
+        mode="sd",
+        num_speculative_tokens=3,
+        device="cuda",
+        max_model_len=32,
+        max_num_seqs=BATCH,
+    )
+    assert llm.engine.runner.static is not None
+    counts = torch.zeros(SMALL_VOCAB, SMALL_VOCAB)
+    seeds = itertools.count()
+    for _ in range(SAMPLES // BATCH):
+        params = [
+            SamplingParams(temperature=0.7, max_tokens=4, ignore_eos=True, seed=next(seeds))
+            for _ in range(BATCH)
+        ]
+        for out in llm.generate([prompt] * BATCH, params):
+            counts[out.token_ids[0], out.token_ids[1]] += 1
+    tv = 0.5 * (counts / counts.sum() - expected).abs().sum().item()
+    floor = tv_noise_floor(SMALL_VOCAB**2, int(counts.sum()))
+    assert tv < floor, f"TV {tv:.4f} >= noise floor {floor:.4f}"
+    assert llm.engine.runner.static.graphs
