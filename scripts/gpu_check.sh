@@ -13,7 +13,8 @@
 #    two GPUs are visible.
 # 3. One forward eager against graphed, draft and target of SmolLM2-135M's shapes (random
 #    weights): batch 1 and 16, 1 and 5 positions.
-# 4. saguaro bench, AR, SD and SSD, eager and graphed, on those checkpoints at a synthetic
+# 4. Where a decoding step synchronises the host with the GPU, by line (scripts/gpu_syncs.py).
+# 5. saguaro bench, AR, SD and SSD, eager and graphed, on those checkpoints at a synthetic
 #    acceptance of 0.7 (random weights accept nothing of their own): batch 1 and 16, greedy; with
 #    two GPUs, SSD's draft on the second (the paper's layout) and TP 2.
 set -uo pipefail
@@ -59,6 +60,10 @@ log "one forward, eager vs graphed (ms, medians of 50)"
 for m in "$draft" "$target"; do
     timeout 120 python scripts/graph_forwards.py --model "$m" --device cuda --repeats 50
 done | tee "$OUT/forwards.jsonl" | tee -a "$OUT/summary.md"
+
+log "host-device synchronisations per step (lines that cause them)"
+timeout 120 python scripts/gpu_syncs.py --model "$target" --draft "$draft" \
+    | tee "$OUT/syncs.jsonl" | tee -a "$OUT/summary.md"
 
 python - "$OUT/prompts.jsonl" <<'EOF'
 import json, sys

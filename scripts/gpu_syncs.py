@@ -1,0 +1,65 @@
+"""Where a decoding step makes the host wait for the GPU: a few requests under
+``torch.cuda.set_sync_debug_mode("warn")``, whose warnings are counted by the line of saguaro that
+caused them, per engine step.
+
+    python scripts/gpu_syncs.py --model DIR --draft DIR [--modes ar,sd] [--temperatures 0,0.7]
+
+Prints one JSON object per (mode, temperature): steps, synchronisations per step, and the lines
+that synchronise most, with their counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import warnings
+
+import torch
+
+from saguaro import LLM, SamplingParams
+
+PROMPTS = ["def fibonacci(n):", "The capital of France is", "import numpy as np\n", "class A:"]
+TOP_LINES = 12
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", required=True)
+    p.add_argument("--draft", required=True)
+    p.add_argument("--modes", default="ar,sd")
+    p.add_argument("--temperatures", default="0,0.7")
+    p.add_argument("--max-tokens", type=int, default=32)
+    args = p.parse_args()
+    for mode in args.modes.split(","):
+        draft = None if mode == "ar" else args.draft
+        with LLM(model=args.model, draft=draft, mode=mode, device="cuda") as llm:
+            for t in (float(x) for x in args.temperatures.split(",")):
+                params = SamplingParams(temperature=t, max_tokens=args.max_tokens, seed=0)
+                llm.generate(PROMPTS, params)  # warm: captures, allocator pools
+                steps = llm.engine.num_steps
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    torch.cuda.set_sync_debug_mode("warn")
+                    try:
+                        llm.generate(PROMPTS, params)
+                    finally:
+                        torch.cuda.set_sync_debug_mode(0)
+                steps = llm.engine.num_steps - steps
+                lines = collections.Counter(f"{w.filename}:{w.lineno}" for w in caught)
+                print(
+                    json.dumps(
+                        dict(
+                            mode=mode,
+                            temperature=t,
+                            steps=steps,
+                            syncs_per_step=round(len(caught) / max(steps, 1), 2),
+                            lines=lines.most_common(TOP_LINES),
+                        )
+                    ),
+                    flush=True,
+                )
+
+
+if __name__ == "__main__":
+    main()
