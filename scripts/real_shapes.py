@@ -7,7 +7,11 @@
 ``write`` makes Hugging Face directories for SmolLM2-135M, Llama-3.2-1B and Qwen3-0.6B (bfloat16,
 every dimension, vocabulary, RoPE setting and tied head as published) and, for each, a draft with
 the same vocabulary (SmolLM2's: four of its layers, the shipped draft's shape; the others': two
-small layers). The tokenizer is byte-level: ids 0..255 are bytes and the rest of the
+small layers). With ``--near SCALE``, also ``NAME-near`` and ``NAME-near-draft``: the draft is the
+target's own first layers and the target's later layers add only SCALE times their output, so
+acceptance is high and set by SCALE while verification stays the real, exact one.
+
+The tokenizer is byte-level: ids 0..255 are bytes and the rest of the
 vocabulary is reserved tokens, so any text encodes and every id has a row in the embedding.
 Weights are N(0, 0.02) like a fresh initialisation: the logits are flat, which is the hard case
 for top-p (nuclei of most of the vocabulary).
@@ -147,7 +151,28 @@ def _tokenizer(vocab_size: int, eos_id: int):
     return tok, eos
 
 
-def write_checkpoint(path: Path, cfg: dict, seed: int) -> Path:
+def near_pair(cfg: dict, draft_layers: int, scale: float, seed: int) -> tuple[dict, dict]:
+    """The tensors of a target whose layers past the first ``draft_layers`` add ``scale`` times
+    their output to the residual stream (their attention and MLP outputs scaled), and of a draft
+    made of the target's first ``draft_layers``, its embedding, final norm and head. The target
+    still computes every layer; the smaller ``scale``, the closer the draft's distribution to
+    the target's, so acceptance is chosen while verification stays the real one."""
+    target = _tensors(cfg, torch.Generator().manual_seed(seed))
+    for i in range(draft_layers, cfg["num_hidden_layers"]):
+        for name in ("self_attn.o_proj", "mlp.down_proj"):
+            key = f"model.layers.{i}.{name}.weight"
+            target[key] = (target[key].float() * scale).to(torch.bfloat16)
+    draft = {
+        k: v
+        for k, v in target.items()
+        if not k.startswith("model.layers.") or int(k.split(".")[2]) < draft_layers
+    }
+    return target, draft
+
+
+def write_checkpoint(
+    path: Path, cfg: dict, seed: int, tensors: dict[str, torch.Tensor] | None = None
+) -> Path:
     import transformers
 
     path.mkdir(parents=True, exist_ok=True)
@@ -157,7 +182,7 @@ def write_checkpoint(path: Path, cfg: dict, seed: int) -> Path:
     config = config_cls(**fields, torch_dtype="bfloat16", architectures=[arch])
     config.save_pretrained(path)
     save_file(
-        _tensors(cfg, torch.Generator().manual_seed(seed)),
+        tensors if tensors is not None else _tensors(cfg, torch.Generator().manual_seed(seed)),
         str(path / "model.safetensors"),
         metadata={"format": "pt"},
     )
@@ -180,6 +205,14 @@ def cmd_write(args: argparse.Namespace) -> None:
         write_checkpoint(out / name, cfg, seed=0)
         write_checkpoint(out / f"{name}-draft", cfg | DRAFTS.get(name, DRAFT), seed=1)
         print(f"{name} and its draft in {out} ({time.perf_counter() - t0:.0f} s)")
+        if args.near is not None:
+            layers = DRAFTS.get(name, {}).get("num_hidden_layers", DRAFT["num_hidden_layers"])
+            target, draft = near_pair(cfg, layers, args.near, seed=0)
+            write_checkpoint(out / f"{name}-near", cfg, 0, target)
+            write_checkpoint(
+                out / f"{name}-near-draft", cfg | {"num_hidden_layers": layers}, 0, draft
+            )
+            print(f"{name}-near and its draft (its first {layers} layers) in {out}")
 
 
 def cmd_hf_compare(args: argparse.Namespace) -> None:
@@ -231,6 +264,13 @@ def main() -> None:
     w.add_argument("--out", default="real-shapes")
     w.add_argument(
         "--shapes", type=lambda s: s.split(","), default=list(SHAPES), help="e.g. smollm2-135m"
+    )
+    w.add_argument(
+        "--near",
+        type=float,
+        metavar="SCALE",
+        help="also a pair whose draft is the target's first layers, the target's later layers "
+        "scaled by SCALE (near_pair): real verification at an acceptance SCALE sets",
     )
     h = sub.add_parser("hf-compare", help="saguaro AR vs transformers, same checkpoint")
     h.add_argument("--model", required=True)

@@ -37,9 +37,10 @@ from saguaro.models.layers import AttentionMetadata
 
 # Bucket ladders: powers of two, then the largest value itself.
 MIN_KEY_BUCKET = 256
-# Position buckets up to this many tokens per sequence (decode, verification, a draft's branch
-# widths); longer queries are prefill chunks, which run eagerly.
-MAX_GRAPH_POSITIONS = 16
+# Position buckets up to this many tokens per sequence: decode, verification, and SSD's branch
+# forwards, whose query is every branch of a sequence (up to its budget, 64); longer queries are
+# prefill chunks, which run eagerly.
+MAX_GRAPH_POSITIONS = 64
 # Rows (B * Q) one graph scores at most: the static logits buffer holds this many rows of the
 # vocabulary (150k x 4 bytes each).
 MAX_GRAPH_ROWS = 512

@@ -23,7 +23,7 @@ import torch
 from saguaro.config import EngineConfig
 from saguaro.distributed.channel import Channel, ChannelError
 from saguaro.engine.block_manager import BlockManager
-from saguaro.engine.graphs import graph_buckets
+from saguaro.engine.graphs import MAX_GRAPH_POSITIONS, graph_buckets
 from saguaro.engine.model_runner import ModelRunner
 from saguaro.models.config import ModelConfig
 from saguaro.models.loader import load_model
@@ -73,8 +73,9 @@ class DraftWorker:
         self.vocab_size = model.config.vocab_size
         num_blocks = kv_blocks(cfg)
         self.bm = BlockManager(num_blocks, cfg.block_size, enable_prefix_caching=False)
-        # The branch forwards' keys: a sequence's context, K + 1 tokens of a round, its branches.
-        max_keys = cfg.max_model_len + 2 * (cfg.k + 1)
+        # The branch forwards' keys: a sequence's context and its branches' tokens (at most
+        # MAX_GRAPH_POSITIONS branches of K + 1 tokens each within a graph's bucket).
+        max_keys = cfg.max_model_len + MAX_GRAPH_POSITIONS * (cfg.k + 1)
         buckets = graph_buckets(cfg.graphs, cfg.max_num_seqs, max_keys, cfg.k)
         self.runner = ModelRunner(
             model, num_blocks, cfg.block_size, cfg.device, cfg.compile, buckets=buckets

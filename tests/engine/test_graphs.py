@@ -16,7 +16,7 @@ from saguaro.models.loader import load_model
 from tests.conftest import PROMPTS
 from tests.engine.test_model_runner import _batches
 
-NUM_BLOCKS, BLOCK_SIZE = 8, 16
+NUM_BLOCKS, BLOCK_SIZE = 9, 16
 # torch's matrix products may round a padded shape differently from the unpadded one.
 TORCH_TOLERANCE = 1e-4  # logits here are about 10 in size: 1e-5 relative
 
@@ -25,14 +25,16 @@ def test_buckets_are_the_smallest_ladder_sizes_holding_the_forward():
     assert ladder(16) == (1, 2, 4, 8, 16) and ladder(12) == (1, 2, 4, 8, 12)
     buckets = Buckets.for_runner(max_num_seqs=12, max_keys=300, exact_positions=(5,))
     assert buckets.batch == (1, 2, 4, 8, 12)
-    assert buckets.positions == (1, 2, 4, 5, 8, 16)
+    assert buckets.positions == (1, 2, 4, 5, 8, 16, 32, 64)
     assert buckets.keys == (256, 300)
     assert buckets.shape(3, 5, 40) == Shape(4, 5, 256)
     assert buckets.shape(12, 1, 257) == Shape(12, 1, 300)
     assert buckets.shape(13, 1, 10) is None  # past the largest batch
-    assert buckets.shape(1, 17, 10) is None  # a prefill chunk
+    assert buckets.shape(1, 17, 10) == Shape(1, 32, 256)
+    assert buckets.shape(1, 65, 10) is None  # a long prefill chunk
     assert buckets.shape(1, 1, 301) is None  # past the longest context
     wide = Buckets.for_runner(max_num_seqs=64, max_keys=300)
+    assert wide.shape(16, 32, 10) == Shape(16, 32, 256)
     assert wide.shape(64, 16, 10) is None and 64 * 16 > MAX_GRAPH_ROWS
 
 
@@ -49,7 +51,9 @@ def _runners(model_dir, kernels: bool) -> tuple[ModelRunner, ModelRunner]:
 def test_bucketed_forwards_give_the_unbucketed_logits_and_cache(tiny_llama, kernels):
     plain, bucketed = _runners(tiny_llama, kernels)
     fitted = 0
-    for kind, queries in _batches(plain):
+    # A prefill longer than the largest position bucket runs eagerly, on the same cache.
+    long_prompt = ("a long prefill", [plain.sequence_query([4, 5, 6, 7, 8], 0, [7] * 70, 1)])
+    for kind, queries in [*_batches(plain), long_prompt]:
         inputs = plain.prepare(queries)
         fitted += bucketed.static.shape_of(inputs.mask) is not None
         want, got = plain.forward(queries), bucketed.forward(queries)
@@ -57,7 +61,7 @@ def test_bucketed_forwards_give_the_unbucketed_logits_and_cache(tiny_llama, kern
             assert torch.equal(got, want), kind
         else:
             torch.testing.assert_close(got, want, atol=TORCH_TOLERANCE, rtol=0, msg=kind)
-    assert fitted == 6  # all but the prefill of 20 and 30 tokens (past 16 positions)
+    assert fitted == len(_batches(plain))  # all but the long prefill
     scratch = plain.num_slots
     for (pk, pv), (bk, bv) in zip(plain.kv_caches, bucketed.kv_caches, strict=True):
         # Padding wrote the scratch row only: every row of the pool is the unbucketed one's,
