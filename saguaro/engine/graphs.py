@@ -151,6 +151,7 @@ class StaticForwards:
         b, _, q, keys = mask.shape
         return self.buckets.shape(b, q, keys)
 
+    @torch.no_grad()
     def run(
         self,
         shape: Shape,
@@ -180,6 +181,7 @@ class StaticForwards:
         logits = self._launch(shape)
         return logits.index_select(0, rows.index_select(0, logits_index).to(dev))
 
+    @torch.no_grad()
     def capture(self, shapes: list[Shape]) -> None:
         """Capture these buckets' graphs now (largest first, so later ones fit in the memory the
         first reserved), rather than inside a request."""

@@ -158,17 +158,16 @@ class ModelRunner:
         its bucket's static buffers where it fits one."""
         shape = self.static.shape_of(inputs.mask) if self.static is not None else None
         if shape is not None:
-            with torch.no_grad():
-                return self.static.run(
-                    shape,
-                    inputs.input_ids,
-                    inputs.positions,
-                    inputs.slot_mapping,
-                    inputs.key_slots,
-                    inputs.mask,
-                    _padded_rows(inputs),
-                    inputs.logits_index,
-                )
+            return self.static.run(
+                shape,
+                inputs.input_ids,
+                inputs.positions,
+                inputs.slot_mapping,
+                inputs.key_slots,
+                inputs.mask,
+                _padded_rows(inputs),
+                inputs.logits_index,
+            )
         dev = self.device
         meta = AttentionMetadata(
             slot_mapping=inputs.slot_mapping.to(dev),

@@ -28,11 +28,15 @@ C_INT64, C_PTR, C_INT, C_FLOAT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, 
 SIGNATURES = {
     "saguaro_linear": [C_PTR, C_INT64, C_INT64, C_PTR, C_PTR, C_PTR, C_INT64, C_INT64, C_INT]
     + [C_PTR, C_INT],
-    "saguaro_rms_norm": [C_PTR, C_INT64, C_INT64, C_FLOAT, C_PTR],
+    "saguaro_rms_norm": [C_PTR, C_INT64, C_INT64, C_FLOAT, C_PTR, C_PTR],
     "saguaro_silu_mul": [C_PTR, C_INT64, C_INT64, C_PTR],
+    "saguaro_rope_cache": [C_PTR, C_INT64, C_INT64, C_INT64, C_INT64, C_PTR, C_PTR, C_PTR]
+    + [C_INT64, C_PTR, C_PTR, C_PTR],
     "saguaro_attention": [C_PTR, C_INT64, C_INT64, C_INT64, C_PTR, C_PTR, C_INT, C_INT64]
     + [C_PTR, C_INT64, C_PTR, C_INT64, C_PTR, C_FLOAT, C_PTR, C_PTR, C_INT],
 }
+
+RESTYPES = {"saguaro_rope_cache": C_INT}  # the others return nothing
 
 
 def cache_dir() -> Path:
@@ -84,7 +88,7 @@ def build(flags: tuple[str, ...]) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     for name, args in SIGNATURES.items():
         fn = getattr(lib, name)
-        fn.argtypes, fn.restype = args, None
+        fn.argtypes, fn.restype = args, RESTYPES.get(name)
     return lib
 
 

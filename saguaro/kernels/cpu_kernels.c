@@ -331,8 +331,10 @@ void saguaro_linear(const float *x, int64_t m, int64_t k, const void *codes,
     }
 }
 
-/* out [m, k] = x * (1 / sqrt(mean(x^2) + eps)), per row (k a multiple of 16). */
-void saguaro_rms_norm(const float *x, int64_t m, int64_t k, float eps, float *out) {
+/* out [m, k] = x * (1 / sqrt(mean(x^2) + eps)), per row (k a multiple of 16), then times
+ * weight [k] where one is given (two roundings, as the norm and the scaling done apart). */
+void saguaro_rms_norm(const float *x, int64_t m, int64_t k, float eps, const float *weight,
+                      float *out) {
     for (int64_t r = 0; r < m; r++) {
         const float *xr = x + r * k;
         v16 ss = {0};
@@ -341,7 +343,10 @@ void saguaro_rms_norm(const float *x, int64_t m, int64_t k, float eps, float *ou
             ss = v * v + ss;
         }
         const float inv = 1.0f / sqrtf(lane_sum(ss) / (float)k + eps);
-        for (int64_t i = 0; i < k; i += LANES) store_f32(out + r * k + i, load_f32(xr + i) * inv);
+        for (int64_t i = 0; i < k; i += LANES) {
+            const v16 normed = load_f32(xr + i) * inv;
+            store_f32(out + r * k + i, weight ? normed * load_f32(weight + i) : normed);
+        }
     }
 }
 
@@ -351,6 +356,41 @@ void saguaro_silu_mul(const float *gate_up, int64_t m, int64_t inter, float *out
         const float *g = gate_up + r * 2 * inter, *u = g + inter;
         for (int64_t i = 0; i < inter; i++) out[r * inter + i] = g[i] / (1.0f + expf(-g[i])) * u[i];
     }
+}
+
+/* Rotary embedding (rotate-half) of one head's d floats, in place: element i < d/2 becomes
+ * x[i] cos[i] - x[i + d/2] sin[i], element i >= d/2 becomes x[i] cos[i] + x[i - d/2] sin[i]. */
+INLINE void rotate(float *x, const float *cos, const float *sin, int64_t d) {
+    const int64_t half = d / 2;
+    for (int64_t i = 0; i < half; i++) {
+        const float a = x[i], b = x[i + half];
+        x[i] = a * cos[i] - b * sin[i];
+        x[i + half] = b * cos[i + half] + a * sin[i + half];
+    }
+}
+
+/* One layer's step between its QKV product and attention, per token t of qkv [T, (H + 2 Hkv) D]:
+ * q_out [T, H, D] gets the rotated queries; the rotated keys and the values are written to
+ * slot slots[t] of the caches [num_slots, Hkv, D] (float32). cos and sin are [T, D]. Each
+ * element depends on its own token only. Returns -1, writing nothing, if a slot is outside the
+ * caches. */
+int saguaro_rope_cache(const float *qkv, int64_t t_count, int64_t heads, int64_t kv_heads,
+                       int64_t d, const float *cos, const float *sin, const int64_t *slots,
+                       int64_t num_slots, float *k_cache, float *v_cache, float *q_out) {
+    const int64_t width = (heads + 2 * kv_heads) * d;
+    for (int64_t t = 0; t < t_count; t++)
+        if (slots[t] < 0 || slots[t] >= num_slots) return -1;
+    for (int64_t t = 0; t < t_count; t++) {
+        const float *row = qkv + t * width, *c = cos + t * d, *s = sin + t * d;
+        float *q = q_out + t * heads * d;
+        memcpy(q, row, heads * d * sizeof(float));
+        for (int64_t h = 0; h < heads; h++) rotate(q + h * d, c, s, d);
+        float *k = k_cache + slots[t] * kv_heads * d, *v = v_cache + slots[t] * kv_heads * d;
+        memcpy(k, row + heads * d, kv_heads * d * sizeof(float));
+        for (int64_t h = 0; h < kv_heads; h++) rotate(k + h * d, c, s, d);
+        memcpy(v, row + (heads + kv_heads) * d, kv_heads * d * sizeof(float));
+    }
+    return 0;
 }
 
 INLINE v16 cache_row(const void *cache, int bf16, int64_t offset, int64_t d) {

@@ -86,13 +86,19 @@ def linear(x: torch.Tensor, w: PackedWeight, lib: ctypes.CDLL | None = None) -> 
     return out
 
 
-def rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """``x / sqrt(mean(x^2) + eps)`` per row of x [..., k], in float32."""
+def rms_norm(x: torch.Tensor, eps: float, weight: torch.Tensor | None = None) -> torch.Tensor:
+    """``x / sqrt(mean(x^2) + eps)`` per row of x [..., k], in float32; then times a float32
+    ``weight`` [k] where given (rounded after each, as the two done apart)."""
     if not fits_rows(x.shape[-1]):
         raise ValueError(f"norm kernel: rows of {x.shape[-1]} (a multiple of {LANES} needed)")
     flat = _f32(x.reshape(-1, x.shape[-1]))
     out = torch.empty_like(flat)
-    library().saguaro_rms_norm(flat.data_ptr(), flat.shape[0], flat.shape[1], eps, out.data_ptr())
+    if weight is not None and (weight.dtype != torch.float32 or weight.shape != x.shape[-1:]):
+        raise ValueError(f"norm kernel: a float32 weight of {x.shape[-1]} floats needed")
+    w = weight.contiguous().data_ptr() if weight is not None else None
+    library().saguaro_rms_norm(
+        flat.data_ptr(), flat.shape[0], flat.shape[1], eps, w, out.data_ptr()
+    )
     return out.view(x.shape)
 
 
@@ -102,6 +108,42 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     m, inter = gate_up.shape[0], gate_up.shape[1] // 2
     out = torch.empty(m, inter, dtype=torch.float32)
     library().saguaro_silu_mul(gate_up.data_ptr(), m, inter, out.data_ptr())
+    return out
+
+
+def rope_cache(
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    slots: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    heads: int,
+) -> torch.Tensor:
+    """One layer's step from its QKV product ``qkv`` [T, (H + 2 Hkv) D] to attention: rotate
+    queries and keys by ``cos``, ``sin`` [T, D] (rotate-half RoPE), write the keys and values
+    into slots ``slots`` [T] of the caches [slots, Hkv, D], and return the rotated queries
+    [T, H, D]. All float32 and contiguous; a token's results depend on that token alone."""
+    num_slots, kv_heads, d = k_cache.shape
+    t = qkv.shape[0]
+    tensors = (qkv, cos, sin, k_cache, v_cache)
+    if (
+        any(x.dtype != torch.float32 or not x.is_contiguous() for x in tensors)
+        or slots.dtype != torch.int64
+        or qkv.shape[1] != (heads + 2 * kv_heads) * d
+        or cos.numel() != t * d
+        or sin.numel() != t * d
+        or d % 2
+    ):
+        raise ValueError(f"rope kernel: qkv {tuple(qkv.shape)}, cache {tuple(k_cache.shape)}")
+    out = torch.empty(t, heads, d, dtype=torch.float32)
+    bad = library().saguaro_rope_cache(
+        qkv.data_ptr(), t, heads, kv_heads, d, cos.data_ptr(), sin.data_ptr(),
+        slots.contiguous().data_ptr(), num_slots, k_cache.data_ptr(), v_cache.data_ptr(),
+        out.data_ptr(),
+    )  # fmt: skip
+    if bad:
+        raise ValueError(f"rope kernel: a slot outside the caches' {num_slots}")
     return out
 
 

@@ -55,6 +55,8 @@ class RMSNorm(nn.Module):
         # Normalise in float32 and cast back before scaling, as the reference implementation does.
         dtype = x.dtype
         if self.kernels and x.device.type == "cpu":
+            if dtype == self.weight.dtype == torch.float32:  # the scaling in the same call
+                return ops.rms_norm(x, self.eps, self.weight)
             normed = ops.rms_norm(x, self.eps)
         else:
             normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
@@ -159,6 +161,34 @@ class Attention(nn.Module):
         kv_cache: tuple[torch.Tensor, torch.Tensor],
     ) -> torch.Tensor:
         t = x.shape[0]
+        k_cache, v_cache = kv_cache  # [num_slots, Hkv, D]
+        on_kernels = self.kernels and x.device.type == "cpu"
+        if on_kernels and self.q_norm is None and x.dtype == k_cache.dtype == torch.float32:
+            # RoPE and the cache writes in one call: a decode step's layer is otherwise some
+            # twenty operators of microseconds each on a few hundred floats.
+            cos, sin = angles
+            qkv = self.qkv_proj(x)
+            q = ops.rope_cache(qkv, cos, sin, meta.slot_mapping, k_cache, v_cache, self.heads)
+        else:
+            q = self._rotate_and_cache(x, angles, meta, kv_cache)
+
+        if on_kernels:
+            rows = meta.rows if meta.rows is not None else torch.arange(t)
+            out = ops.attention(
+                q, k_cache, v_cache, meta.key_slots, meta.mask, rows, self.scale
+            ).to(x.dtype)
+            return self.tp.all_reduce(self.o_proj(out.view(t, self.q_size)))
+        return self._attend(q, meta, kv_cache)
+
+    def _rotate_and_cache(
+        self,
+        x: torch.Tensor,
+        angles: RopeAngles,
+        meta: AttentionMetadata,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:
+        """The rotated queries [T, H, D]; the rotated keys and the values go to the cache."""
+        t = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(t, self.heads, self.head_dim)
         k = k.view(t, self.kv_heads, self.head_dim)
@@ -166,19 +196,17 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(angles, q, k)
-
-        k_cache, v_cache = kv_cache  # [num_slots, Hkv, D]
         # index_copy_/index_select: the same scatter and gather as advanced indexing, which
         # costs several times more per call on CPU.
-        k_cache.index_copy_(0, meta.slot_mapping, k)
-        v_cache.index_copy_(0, meta.slot_mapping, v)
+        kv_cache[0].index_copy_(0, meta.slot_mapping, k)
+        kv_cache[1].index_copy_(0, meta.slot_mapping, v)
+        return q
 
-        if self.kernels and x.device.type == "cpu":
-            rows = meta.rows if meta.rows is not None else torch.arange(t)
-            out = ops.attention(
-                q, k_cache, v_cache, meta.key_slots, meta.mask, rows, self.scale
-            ).to(x.dtype)
-            return self.tp.all_reduce(self.o_proj(out.view(t, self.q_size)))
+    def _attend(
+        self, q: torch.Tensor, meta: AttentionMetadata, kv_cache: tuple[torch.Tensor, torch.Tensor]
+    ) -> torch.Tensor:
+        """torch's attention of q [T, H, D] over the cache, through the output projection."""
+        k_cache, v_cache = kv_cache
         b, n_keys = meta.key_slots.shape
         n_q = meta.mask.shape[2]
         if meta.query_index is None:

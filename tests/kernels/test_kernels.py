@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from saguaro.kernels import build, ops
 from saguaro.kernels.ops import PackedWeight
+from saguaro.models.layers import Rotary, apply_rope
 from saguaro.models.quant import SCHEMES, dequantize, quantize
 
 N, K = 74, 128  # 74 = 18 tiles of 4 columns and a tail of 2; K = 4 blocks of 32
@@ -78,6 +79,38 @@ def test_rms_norm_matches_torch_and_is_per_row():
     got = ops.rms_norm(x, 1e-6)
     assert torch.allclose(got, F.rms_norm(x, (64,), eps=1e-6), atol=1e-6)
     assert torch.equal(ops.rms_norm(x[3:4], 1e-6), got[3:4])
+
+
+def test_rms_norm_scales_by_its_weight_as_two_operations_would():
+    x, w = torch.randn(9, 64), torch.randn(64)
+    assert torch.equal(ops.rms_norm(x, 1e-6, w), ops.rms_norm(x, 1e-6) * w)
+
+
+def test_rope_cache_rotates_like_torch_and_writes_the_cache():
+    """One layer's RoPE and cache writes in one call: the queries and keys torch's apply_rope
+    gives (up to a fused multiply-add's rounding), the values as they are, each token's results
+    the same bits alone as among others, and nothing written for a slot outside the cache."""
+    t, heads, kv_heads, d, slots = 5, 6, 2, 32, 12
+    gen = torch.Generator().manual_seed(0)
+    qkv = torch.randn(t, (heads + 2 * kv_heads) * d, generator=gen)
+    angles = Rotary(d, 64, 10000.0, None).cos_sin(torch.tensor([3, 9, 4, 0, 7]), torch.float32)
+    cos, sin = angles
+    where = torch.tensor([4, 0, 11, 7, 2])
+    k_cache, v_cache = torch.zeros(slots, kv_heads, d), torch.zeros(slots, kv_heads, d)
+    q = ops.rope_cache(qkv, cos, sin, where, k_cache, v_cache, heads)
+    q_ref, k, v = qkv.split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
+    q_ref, k_ref = apply_rope(angles, q_ref.view(t, heads, d), k.view(t, kv_heads, d))
+    torch.testing.assert_close(q, q_ref, atol=1e-6, rtol=0)
+    torch.testing.assert_close(k_cache[where], k_ref, atol=1e-6, rtol=0)
+    assert torch.equal(v_cache[where], v.view(t, kv_heads, d))
+    others = [s for s in range(slots) if s not in where.tolist()]
+    assert not k_cache[others].any() and not v_cache[others].any()
+    k_alone, v_alone = torch.zeros_like(k_cache), torch.zeros_like(v_cache)
+    alone = ops.rope_cache(qkv[2:3], cos[2:3], sin[2:3], where[2:3], k_alone, v_alone, heads)
+    assert torch.equal(alone, q[2:3]) and torch.equal(k_alone[11], k_cache[11])
+    with pytest.raises(ValueError, match="outside"):
+        ops.rope_cache(qkv, cos, sin, where + 1, k_alone.zero_(), v_alone, heads)
+    assert not k_alone.any()
 
 
 def test_silu_mul():
