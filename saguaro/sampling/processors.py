@@ -115,28 +115,50 @@ class Processors:
         self, block: torch.Tensor, generated: list[int], drafts: list[int], first: int = 0
     ) -> torch.Tensor:
         """Process ``block`` [m, V] in place: row j follows ``generated + drafts[:first + j]``."""
-        m = block.shape[0]
-        rows = range(first, first + m)
-        if len(self.bias_ids):
-            block[:, self.bias_ids] += self.bias_values.to(block.device)
-        self._ban(block, generated, drafts, rows)
-        if self.counts is not None:
-            self._penalise(block, generated, drafts, rows)
+        rows = range(first, first + block.shape[0])
+        prefixes = [drafts[:j] for j in rows]
+        self._process(block, generated, prefixes)
+        if self.grammar is not None:
+            for j, refused in enumerate(self.grammar.banned(generated, drafts, rows)):
+                if refused is not None:
+                    block[j].masked_fill_(refused.to(block.device), -torch.inf)
         return block
 
-    def _penalise(self, block: torch.Tensor, generated: list[int], drafts: list[int], rows: range):
-        """Steps 3 and 4 of the module docstring on the rows ``rows`` of a round, in place,
-        column by column of the support (every other column is left as it is)."""
+    def apply_rows(
+        self, block: torch.Tensor, generated: list[int], prefixes: list[list[int]]
+    ) -> torch.Tensor:
+        """Process ``block`` [m, V] in place: row j follows ``generated + prefixes[j]`` (rows of
+        different continuations, as an SSD worker's branches are, processed in one call)."""
+        self._process(block, generated, prefixes)
+        if self.grammar is not None:
+            for j, prefix in enumerate(prefixes):
+                n = len(prefix)
+                refused = self.grammar.banned(generated, prefix, range(n, n + 1))[0]
+                if refused is not None:
+                    block[j].masked_fill_(refused.to(block.device), -torch.inf)
+        return block
+
+    def _process(self, block: torch.Tensor, generated: list[int], prefixes: list[list[int]]):
+        """Steps 1 to 4 of the module docstring, row j after ``generated + prefixes[j]``."""
+        if len(self.bias_ids):
+            block[:, self.bias_ids] += self.bias_values.to(block.device)
+        self._ban(block, generated, prefixes)
+        if self.counts is not None:
+            self._penalise(block, generated, prefixes)
+
+    def _penalise(self, block: torch.Tensor, generated: list[int], prefixes: list[list[int]]):
+        """Steps 3 and 4 of the module docstring, row j after ``generated + prefixes[j]``, in
+        place, column by column of the support (every other column is left as it is)."""
         p = self.params
         self._catch_up(generated)
         assert self.counts is not None and self.support is not None
         ids = self.support
-        seen_drafts = drafts[: rows.stop - 1]
-        if seen_drafts:
-            ids = torch.unique(torch.cat([ids, torch.tensor(seen_drafts, dtype=torch.int64)]))
-        counts = self.counts[ids].expand(len(rows), -1).clone()  # [m, |support|]
-        pairs = [(j - rows.start, drafts[i]) for j in rows for i in range(j)]
-        if pairs:  # row j also counts s_1..s_{j-1}
+        seen = sorted({t for prefix in prefixes for t in prefix})
+        if seen:
+            ids = torch.unique(torch.cat([ids, torch.tensor(seen, dtype=torch.int64)]))
+        counts = self.counts[ids].expand(len(prefixes), -1).clone()  # [m, |support|]
+        pairs = [(j, t) for j, prefix in enumerate(prefixes) for t in prefix]
+        if pairs:  # row j also counts its prefix's tokens
             at, tokens = zip(*pairs, strict=True)
             columns = torch.searchsorted(ids, torch.tensor(tokens, dtype=torch.int64))
             counts.index_put_((torch.tensor(at), columns), torch.ones(len(pairs)), accumulate=True)
@@ -155,17 +177,16 @@ class Processors:
             values = values - seen.float() * p.presence_penalty
         block[:, columns] = values
 
-    def _ban(self, block: torch.Tensor, generated: list[int], drafts: list[int], rows: range):
-        """Step 2 of the module docstring on the rows ``rows`` of a round, in place."""
+    def _ban(self, block: torch.Tensor, generated: list[int], prefixes: list[list[int]]):
+        """Step 2 of the module docstring (but the grammar's), row j after ``generated +
+        prefixes[j]``, in place."""
         if self.stop_ids or self.bad_words:
-            pairs = [(j - rows.start, t) for j in rows for t in self.banned(generated + drafts[:j])]
+            pairs = [
+                (j, t) for j, prefix in enumerate(prefixes) for t in self.banned(generated + prefix)
+            ]
             if pairs:
                 rows_, tokens = zip(*pairs, strict=True)
                 block[list(rows_), list(tokens)] = -torch.inf
-        if self.grammar is not None:
-            for j, refused in enumerate(self.grammar.banned(generated, drafts, rows)):
-                if refused is not None:
-                    block[j].masked_fill_(refused.to(block.device), -torch.inf)
 
 
 def process_draft_rows(

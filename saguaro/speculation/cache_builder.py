@@ -101,6 +101,15 @@ class DraftSeq:
         generated = self.token_ids[self.num_prompt :]
         return process_draft_rows(logits, self.processors, generated, drafts, first)
 
+    def processed_branches(self, logits: torch.Tensor, prefixes: list[list[int]]) -> torch.Tensor:
+        """Branch rows [m, V], row j after the committed tokens and ``prefixes[j]``, processed
+        as the target will process its row there (a copy; the rows themselves without
+        processors)."""
+        if self.processors is None:
+            return logits
+        generated = self.token_ids[self.num_prompt :]
+        return self.processors.apply_rows(logits.float().clone(), generated, prefixes)
+
 
 def kv_blocks(cfg: P.WorkerConfig) -> int:
     """Draft KV blocks for ``max_num_seqs`` sequences, each its full context plus
@@ -412,10 +421,12 @@ class CacheBuilder:
             return logits
         rows, r = [], 0
         for i, drawn in out_tokens.items():
-            for (k, t), so_far in zip(branches[i], drawn, strict=True):
-                prefix = seqs[i].spec[:k] + [t] + so_far
-                rows.append(seqs[i].processed(logits[r : r + 1], prefix))
-                r += 1
+            spec = seqs[i].spec
+            prefixes = [
+                spec[:k] + [t] + so_far for (k, t), so_far in zip(branches[i], drawn, strict=True)
+            ]
+            rows.append(seqs[i].processed_branches(logits[r : r + len(prefixes)], prefixes))
+            r += len(prefixes)
         return torch.cat(rows)
 
     def _draw(

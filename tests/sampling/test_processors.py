@@ -73,6 +73,25 @@ def test_each_row_of_a_round_is_processed_over_its_own_prefix(kwargs):
             torch.testing.assert_close(out[r], torch.tensor(want, dtype=torch.float32))
 
 
+@pytest.mark.parametrize("kwargs", CASES)
+def test_branch_rows_are_processed_as_each_alone(kwargs):
+    """An SSD worker's branches (rows of different continuations) processed in one call: each
+    row the bits of its own one-row round, and the reference."""
+    params = SamplingParams(max_tokens=16, **kwargs)
+    words = WORDS if "bad_words" in kwargs else []
+    prompt, generated = [1, 3, 3, 9], [2, 8]
+    prefixes = [[], [6], [6, 7], [9, 5, 5], [2, 8, 4]]
+    logits = torch.randn(len(prefixes), V, generator=torch.Generator().manual_seed(1)) * 3
+    proc = Processors.build(params, prompt, V, [EOS], words)
+    got = proc.apply_rows(logits.clone(), generated, prefixes)
+    for j, prefix in enumerate(prefixes):
+        alone = Processors.build(params, prompt, V, [EOS], words)
+        one = alone.apply(logits[j : j + 1].clone(), generated, prefix, first=len(prefix))
+        assert torch.equal(got[j], one[0]), prefix
+        want = reference(logits[j].tolist(), params, prompt, generated + prefix, words, [EOS])
+        torch.testing.assert_close(got[j], torch.tensor(want, dtype=torch.float32))
+
+
 def test_counts_catch_up_across_rounds_and_the_input_is_left_alone():
     params = SamplingParams(frequency_penalty=1.0)
     proc = Processors.build(params, [0], V, [EOS])
