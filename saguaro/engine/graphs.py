@@ -141,8 +141,10 @@ class StaticForwards:
         self.slot_mapping = buffer(rows, torch.int64)
         self.key_slots = buffer(batch * keys, torch.int64)
         self.mask = buffer(rows * keys, torch.bool)
-        self.logits = buffer(rows * vocab_size, torch.float32).view(rows, vocab_size)
         self.capturing = device.type == "cuda"
+        # Graphs write their logits here; uncaptured forwards return their own.
+        held = rows if self.capturing else 0
+        self.logits = buffer(held * vocab_size, torch.float32).view(held, vocab_size)
         self.graphs: dict[Shape, torch.cuda.CUDAGraph] = {}
         self.pool = torch.cuda.graph_pool_handle() if self.capturing else None
 
