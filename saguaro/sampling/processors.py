@@ -116,12 +116,9 @@ class Processors:
     ) -> torch.Tensor:
         """Process ``block`` [m, V] in place: row j follows ``generated + drafts[:first + j]``."""
         rows = range(first, first + block.shape[0])
-        prefixes = [drafts[:j] for j in rows]
-        self._process(block, generated, prefixes)
-        if self.grammar is not None:
-            for j, refused in enumerate(self.grammar.banned(generated, drafts, rows)):
-                if refused is not None:
-                    block[j].masked_fill_(refused.to(block.device), -torch.inf)
+        self._process(block, generated, [drafts[:j] for j in rows])
+        if self.grammar is not None:  # one pass over the drafts for every row
+            _refuse(block, self.grammar.banned(generated, drafts, rows))
         return block
 
     def apply_rows(
@@ -131,11 +128,9 @@ class Processors:
         different continuations, as an SSD worker's branches are, processed in one call)."""
         self._process(block, generated, prefixes)
         if self.grammar is not None:
-            for j, prefix in enumerate(prefixes):
-                n = len(prefix)
-                refused = self.grammar.banned(generated, prefix, range(n, n + 1))[0]
-                if refused is not None:
-                    block[j].masked_fill_(refused.to(block.device), -torch.inf)
+            grammar = self.grammar
+            after = [grammar.banned(generated, p, range(len(p), len(p) + 1))[0] for p in prefixes]
+            _refuse(block, after)
         return block
 
     def _process(self, block: torch.Tensor, generated: list[int], prefixes: list[list[int]]):
@@ -187,6 +182,14 @@ class Processors:
             if pairs:
                 rows_, tokens = zip(*pairs, strict=True)
                 block[list(rows_), list(tokens)] = -torch.inf
+
+
+def _refuse(block: torch.Tensor, refused: list[torch.Tensor | None]) -> None:
+    """-inf where the grammar refuses a token: row j where ``refused[j]`` (None: no mask, the
+    row follows a refused token and decides nothing)."""
+    for j, mask in enumerate(refused):
+        if mask is not None:
+            block[j].masked_fill_(mask.to(block.device), -torch.inf)
 
 
 def process_draft_rows(

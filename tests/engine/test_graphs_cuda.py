@@ -5,8 +5,6 @@ bucketed path on the CPU, without capture."""
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 import torch
 
@@ -14,7 +12,7 @@ from saguaro import LLM, SamplingParams
 from saguaro.engine.graphs import Buckets
 from saguaro.engine.model_runner import ModelRunner
 from saguaro.models.loader import load_model
-from tests.conftest import PROMPTS, SMALL_VOCAB, exact_first_two
+from tests.conftest import PROMPTS, SMALL_VOCAB, exact_first_two, sample_first_two
 from tests.engine.test_model_runner import _batches
 from tests.stats import tv_noise_floor
 
@@ -64,29 +62,20 @@ BATCH = 64  # the largest graph batch bucket
 
 def test_sd_through_graphs_first_two_tokens_follow_the_target(small_vocab_pair):
     target, close, _ = small_vocab_pair
-    prompt = [1, 4, 2]
-    base = SamplingParams(temperature=0.7, max_tokens=4, ignore_eos=True)
-    expected = exact_first_two(target, prompt, base)
-    llm = LLM(
-        model=str(target),
-        draft=str(close),
-        mode="sd",
-        num_speculative_tokens=3,
-        device="cuda",
-        max_model_len=32,
-        max_num_seqs=BATCH,
+    expected = exact_first_two(
+        target, [1, 4, 2], SamplingParams(temperature=0.7, max_tokens=4, ignore_eos=True)
     )
-    assert llm.engine.runner.static is not None
-    counts = torch.zeros(SMALL_VOCAB, SMALL_VOCAB)
-    seeds = itertools.count()
-    for _ in range(SAMPLES // BATCH):
-        params = [
-            SamplingParams(temperature=0.7, max_tokens=4, ignore_eos=True, seed=next(seeds))
-            for _ in range(BATCH)
-        ]
-        for out in llm.generate([prompt] * BATCH, params):
-            counts[out.token_ids[0], out.token_ids[1]] += 1
+
+    def params(seed: int) -> SamplingParams:
+        return SamplingParams(temperature=0.7, max_tokens=4, ignore_eos=True, seed=seed)
+
+    def graphed(llm: LLM) -> None:
+        assert llm.engine.runner.static is not None and llm.engine.runner.static.graphs
+
+    counts, _ = sample_first_two(
+        target, close, params, SAMPLES, BATCH, prepare=graphed,
+        mode="sd", num_speculative_tokens=3, device="cuda",
+    )  # fmt: skip
     tv = 0.5 * (counts / counts.sum() - expected).abs().sum().item()
     floor = tv_noise_floor(SMALL_VOCAB**2, int(counts.sum()))
     assert tv < floor, f"TV {tv:.4f} >= noise floor {floor:.4f}"
-    assert llm.engine.runner.static.graphs
