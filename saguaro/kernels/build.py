@@ -34,9 +34,10 @@ SIGNATURES = {
     + [C_INT64, C_PTR, C_PTR, C_PTR],
     "saguaro_attention": [C_PTR, C_INT64, C_INT64, C_INT64, C_PTR, C_PTR, C_INT, C_INT64]
     + [C_PTR, C_INT64, C_PTR, C_INT64, C_PTR, C_FLOAT, C_PTR, C_PTR, C_INT],
+    "saguaro_layers": [C_PTR, C_INT64, C_PTR, C_PTR],
 }
 
-RESTYPES = {"saguaro_rope_cache": C_INT}  # the others return nothing
+RESTYPES = {"saguaro_rope_cache": C_INT, "saguaro_layers": C_INT}  # the others return nothing
 
 
 def cache_dir() -> Path:

@@ -49,23 +49,6 @@ enum { BLOCK = 32, LANES = 16, MAX_HEAD_DIM = 256, MAX_TILE_ROWS = 8 };
 
 #define INLINE static inline __attribute__((always_inline))
 
-INLINE v16 load_f32(const float *p) {
-    v16 v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-INLINE void store_f32(float *p, v16 v) { memcpy(p, &v, sizeof v); }
-
-INLINE v16 load_bf16(const uint16_t *p) {
-    v16h h;
-    memcpy(&h, p, sizeof h);
-    v16u bits = __builtin_convertvector(h, v16u) << 16;  /* bfloat16 -> float32 is exact */
-    v16 v;
-    memcpy(&v, &bits, sizeof v);
-    return v;
-}
-
 /* Lane sums by one fixed tree: (0+8, 1+9, ...), then halves again, down to one. */
 INLINE float tree_sum(float t[LANES]) {
     for (int s = LANES / 2; s >= 1; s /= 2)
@@ -73,9 +56,27 @@ INLINE float tree_sum(float t[LANES]) {
     return t[0];
 }
 
-INLINE float lane_sum(v16 a) {
+/* A 16-lane chain held as two 8-lane halves h[0] (lanes 0-7) and h[1] (lanes 8-15), element i
+ * of a row going to half (i / 8) % 2: the lanes, and so the bits, are a v16 chain's, but each
+ * half is one AVX2 register (GCC lowers a 64-byte vector on AVX2 through the stack). */
+typedef float v8 __attribute__((vector_size(32)));
+typedef uint32_t v8u __attribute__((vector_size(32)));
+typedef uint16_t v8h __attribute__((vector_size(16)));
+enum { HALF = 8 };
+
+INLINE v8 load8(const float *p) {
+    v8 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+INLINE void store8(float *p, v8 v) { memcpy(p, &v, sizeof v); }
+
+/* The chain's lanes summed by tree_sum's tree, whose first level is h[0] + h[1]. */
+INLINE float halves_sum(const v8 h[2]) {
     float t[LANES];
-    memcpy(t, &a, sizeof t);
+    memcpy(t, &h[0], sizeof h[0]);
+    memcpy(t + HALF, &h[1], sizeof h[1]);
     return tree_sum(t);
 }
 
@@ -186,6 +187,29 @@ INLINE void linear_tile(const float *x, const Weight *w, const int fmt, float *o
 
 #else
 enum { ROWS = 4, COLS = 4 };
+
+INLINE v16 load_f32(const float *p) {
+    v16 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+INLINE void store_f32(float *p, v16 v) { memcpy(p, &v, sizeof v); }
+
+INLINE v16 load_bf16(const uint16_t *p) {
+    v16h h;
+    memcpy(&h, p, sizeof h);
+    v16u bits = __builtin_convertvector(h, v16u) << 16;  /* bfloat16 -> float32 is exact */
+    v16 v;
+    memcpy(&v, &bits, sizeof v);
+    return v;
+}
+
+INLINE float lane_sum(v16 a) {
+    float t[LANES];
+    memcpy(t, &a, sizeof t);
+    return tree_sum(t);
+}
 
 /* Block `b` (weights 32b .. 32b + 31) of row `n` as floats: lo = weights 0..15, hi = 16..31. */
 INLINE void weight_block(const Weight *w, const int fmt, int64_t n, int64_t b, v16 *lo, v16 *hi) {
@@ -332,20 +356,21 @@ void saguaro_linear(const float *x, int64_t m, int64_t k, const void *codes,
 }
 
 /* out [m, k] = x * (1 / sqrt(mean(x^2) + eps)), per row (k a multiple of 16), then times
- * weight [k] where one is given (two roundings, as the norm and the scaling done apart). */
+ * weight [k] where one is given (two roundings, as the norm and the scaling done apart). The sum
+ * of squares is one 16-lane chain, held as two halves (see `halves_sum`). */
 void saguaro_rms_norm(const float *x, int64_t m, int64_t k, float eps, const float *weight,
                       float *out) {
     for (int64_t r = 0; r < m; r++) {
         const float *xr = x + r * k;
-        v16 ss = {0};
-        for (int64_t i = 0; i < k; i += LANES) {
-            const v16 v = load_f32(xr + i);
-            ss = v * v + ss;
+        v8 ss[2] = {{0}, {0}};
+        for (int64_t i = 0; i < k; i += HALF) {
+            const v8 v = load8(xr + i);
+            ss[(i / HALF) % 2] = v * v + ss[(i / HALF) % 2];
         }
-        const float inv = 1.0f / sqrtf(lane_sum(ss) / (float)k + eps);
-        for (int64_t i = 0; i < k; i += LANES) {
-            const v16 normed = load_f32(xr + i) * inv;
-            store_f32(out + r * k + i, weight ? normed * load_f32(weight + i) : normed);
+        const float inv = 1.0f / sqrtf(halves_sum(ss) / (float)k + eps);
+        for (int64_t i = 0; i < k; i += HALF) {
+            const v8 normed = load8(xr + i) * inv;
+            store8(out + r * k + i, weight ? normed * load8(weight + i) : normed);
         }
     }
 }
@@ -393,22 +418,28 @@ int saguaro_rope_cache(const float *qkv, int64_t t_count, int64_t heads, int64_t
     return 0;
 }
 
-INLINE v16 cache_row(const void *cache, int bf16, int64_t offset, int64_t d) {
-    return bf16 ? load_bf16((const uint16_t *)cache + offset + d)
-                : load_f32((const float *)cache + offset + d);
+INLINE v8 cache_row(const void *cache, int bf16, int64_t offset) {
+    if (!bf16) return load8((const float *)cache + offset);
+    v8h h;
+    memcpy(&h, (const uint16_t *)cache + offset, sizeof h);
+    v8u bits = __builtin_convertvector(h, v8u) << 16; /* bfloat16 -> float32 is exact */
+    v8 v;
+    memcpy(&v, &bits, sizeof v);
+    return v;
 }
 
 /* Paged attention, one (query token, head) pair per task. Token t is row rows[t] of the padded
  * [b, Q] layout: it sees key j of its sequence where mask[b, rows[t] % Q, j], the key and value
  * living at slot key_slots[b, j] of the caches [slots, Hkv, D] (float32 or bfloat16). The
  * visible keys are taken in their order in key_slots (position order), and the softmax's max,
- * sum and weighted sum of values run over them in that order.
- * q [T, H, D] (rotated), out [T, H, D]; scratch holds `threads` rows of L floats. */
+ * sum and weighted sum of values run over them in that order. A score q.k is one 16-lane chain
+ * over D (two halves, as in the norm). q [T, H, D] (rotated), out [T, H, D]; scratch holds
+ * `threads` rows of L floats. */
 void saguaro_attention(const float *q, int64_t t_count, int64_t heads, int64_t d,
                        const void *k_cache, const void *v_cache, int bf16, int64_t kv_heads,
                        const int64_t *key_slots, int64_t l, const uint8_t *mask, int64_t q_pad,
                        const int64_t *rows, float scale, float *out, float *scratch, int threads) {
-    const int64_t group = heads / kv_heads, vecs = d / LANES;
+    const int64_t group = heads / kv_heads, vecs = d / HALF;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t task = 0; task < t_count * heads; task++) {
         const int64_t t = task / heads, h = task % heads, b = rows[t] / q_pad;
@@ -421,14 +452,14 @@ void saguaro_attention(const float *q, int64_t t_count, int64_t heads, int64_t d
         for (int64_t j = 0; j < l; j++) {
             if (!visible[j]) continue;
             const int64_t row = (slots[j] * kv_heads + kv) * d;
-            v16 p = {0};
+            v8 p[2] = {{0}, {0}};
             for (int64_t i = 0; i < vecs; i++)
-                p = load_f32(qv + i * LANES) * cache_row(k_cache, bf16, row, i * LANES) + p;
-            score[j] = lane_sum(p) * scale;
+                p[i % 2] = load8(qv + i * HALF) * cache_row(k_cache, bf16, row + i * HALF) + p[i % 2];
+            score[j] = halves_sum(p) * scale;
             top = score[j] > top ? score[j] : top;
         }
-        v16 acc[MAX_HEAD_DIM / LANES];
-        for (int64_t i = 0; i < vecs; i++) acc[i] = (v16){0};
+        v8 acc[MAX_HEAD_DIM / HALF];
+        for (int64_t i = 0; i < vecs; i++) acc[i] = (v8){0};
         float total = 0.0f;
         for (int64_t j = 0; j < l; j++) {
             if (!visible[j]) continue;
@@ -436,9 +467,79 @@ void saguaro_attention(const float *q, int64_t t_count, int64_t heads, int64_t d
             total += e;
             const int64_t row = (slots[j] * kv_heads + kv) * d;
             for (int64_t i = 0; i < vecs; i++)
-                acc[i] = cache_row(v_cache, bf16, row, i * LANES) * e + acc[i];
+                acc[i] = cache_row(v_cache, bf16, row + i * HALF) * e + acc[i];
         }
         float *o = out + (t * heads + h) * d;
-        for (int64_t i = 0; i < vecs; i++) store_f32(o + i * LANES, acc[i] / total);
+        for (int64_t i = 0; i < vecs; i++) store8(o + i * HALF, acc[i] / total);
     }
+}
+
+/* A linear layer's weight as saguaro_linear takes it. */
+typedef struct {
+    const void *codes;
+    const uint16_t *scales, *mins;
+    int64_t n, k, group, fmt;
+} LinearArg;
+
+/* One decoder layer: its four products, its two norms' weights and its KV caches (float32). */
+typedef struct {
+    LinearArg qkv, o, gate_up, down;
+    const float *input_norm, *post_norm;
+    float *k_cache, *v_cache;
+} LayerArg;
+
+/* What every layer of one forward shares: shapes, RoPE's angles and the attention metadata. */
+typedef struct {
+    int64_t t, hidden, heads, kv_heads, head_dim, inter, num_slots, keys, q_pad, threads;
+    float eps, scale;
+    const float *cos, *sin;
+    const int64_t *slots, *key_slots, *rows;
+    const uint8_t *mask;
+} StepArg;
+
+INLINE void linear_arg(const float *x, int64_t m, const LinearArg *w, float *out, int threads) {
+    saguaro_linear(x, m, w->k, w->codes, w->scales, w->mins, w->n, w->group, (int)w->fmt, out,
+                   threads);
+}
+
+INLINE void add_into(float *x, const float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] = x[i] + y[i];
+}
+
+/* The decoder layers of a Llama model over the hidden states x [T, hidden], in place: per layer
+ *     x = x + o(attention(rope_cache(qkv(norm(x)))));  x = x + down(silu_mul(gate_up(norm(x))))
+ * by the very kernels, in the very order, a forward calling them one by one takes, so the same
+ * bits, without an interpreter between them. Returns -1, having changed nothing, if a slot is
+ * outside the caches; -2 if scratch memory cannot be had. */
+int saguaro_layers(const LayerArg *layers, int64_t n_layers, const StepArg *s, float *x) {
+    const int64_t t = s->t, hd = s->heads * s->head_dim, kvd = s->kv_heads * s->head_dim;
+    const int threads = (int)s->threads;
+    for (int64_t i = 0; i < t; i++)
+        if (s->slots[i] < 0 || s->slots[i] >= s->num_slots) return -1;
+    const int64_t sizes[] = {t * s->hidden, t * (hd + 2 * kvd), t * hd, t * hd,
+                             t * 2 * s->inter, t * s->inter, threads * (s->keys > 0 ? s->keys : 1)};
+    enum { NORMED, QKV, Q, ATTN, GATE_UP, ACT, SCORES, BUFFERS };
+    float *buf[BUFFERS];
+    int failed = 0;
+    for (int i = 0; i < BUFFERS; i++) failed |= (buf[i] = malloc(sizes[i] * sizeof(float))) == NULL;
+    if (!failed)
+        for (int64_t l = 0; l < n_layers; l++) {
+            const LayerArg *a = &layers[l];
+            saguaro_rms_norm(x, t, s->hidden, s->eps, a->input_norm, buf[NORMED]);
+            linear_arg(buf[NORMED], t, &a->qkv, buf[QKV], threads);
+            saguaro_rope_cache(buf[QKV], t, s->heads, s->kv_heads, s->head_dim, s->cos, s->sin,
+                               s->slots, s->num_slots, a->k_cache, a->v_cache, buf[Q]);
+            saguaro_attention(buf[Q], t, s->heads, s->head_dim, a->k_cache, a->v_cache, 0,
+                              s->kv_heads, s->key_slots, s->keys, s->mask, s->q_pad, s->rows,
+                              s->scale, buf[ATTN], buf[SCORES], threads);
+            linear_arg(buf[ATTN], t, &a->o, buf[NORMED], threads);
+            add_into(x, buf[NORMED], t * s->hidden);
+            saguaro_rms_norm(x, t, s->hidden, s->eps, a->post_norm, buf[NORMED]);
+            linear_arg(buf[NORMED], t, &a->gate_up, buf[GATE_UP], threads);
+            saguaro_silu_mul(buf[GATE_UP], t, s->inter, buf[ACT]);
+            linear_arg(buf[ACT], t, &a->down, buf[NORMED], threads);
+            add_into(x, buf[NORMED], t * s->hidden);
+        }
+    for (int i = 0; i < BUFFERS; i++) free(buf[i]);
+    return failed ? -2 : 0;
 }

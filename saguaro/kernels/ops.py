@@ -180,3 +180,112 @@ def attention(
         scratch.data_ptr(), threads,
     )  # fmt: skip
     return out
+
+
+class _Linear(ctypes.Structure):
+    _fields_ = [(f, ctypes.c_void_p) for f in ("codes", "scales", "mins")]
+    _fields_ += [(f, ctypes.c_int64) for f in ("n", "k", "group", "fmt")]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [(f, _Linear) for f in ("qkv", "o", "gate_up", "down")]
+    _fields_ += [(f, ctypes.c_void_p) for f in ("input_norm", "post_norm", "k_cache", "v_cache")]
+
+
+class _Step(ctypes.Structure):
+    _fields_ = [
+        (f, ctypes.c_int64)
+        for f in ("t", "hidden", "heads", "kv_heads", "head_dim", "inter", "num_slots", "keys")
+        + ("q_pad", "threads")
+    ]
+    _fields_ += [("eps", ctypes.c_float), ("scale", ctypes.c_float)]
+    _fields_ += [(f, ctypes.c_void_p) for f in ("cos", "sin", "slots", "key_slots", "rows", "mask")]
+
+
+@dataclass
+class DecoderWeights:
+    """One Llama decoder layer on the kernels: its products (QKV fused, gate and up fused) and
+    its two RMSNorms' float32 weights."""
+
+    qkv: PackedWeight
+    o: PackedWeight
+    gate_up: PackedWeight
+    down: PackedWeight
+    input_norm: torch.Tensor
+    post_norm: torch.Tensor
+
+
+def _linear_arg(w: PackedWeight) -> _Linear:
+    def ptr(x: torch.Tensor | None) -> int | None:
+        return x.data_ptr() if x is not None else None
+
+    group = w.group or w.k
+    return _Linear(w.codes.data_ptr(), ptr(w.scales), ptr(w.mins), w.n, w.k, group, FORMATS[w.fmt])
+
+
+class LayerStack:
+    """A model's decoder layers run by one kernel call per forward (``saguaro_layers``): the same
+    kernels in the same order as the layers' modules call them one by one, so the same bits,
+    without some forty Python-level calls per layer. Holds the weights it points at."""
+
+    def __init__(
+        self, layers: list[DecoderWeights], heads: int, kv_heads: int, head_dim: int, eps: float
+    ) -> None:
+        self.layers, self.heads, self.kv_heads, self.head_dim, self.eps = (
+            layers, heads, kv_heads, head_dim, eps,
+        )  # fmt: skip
+        self.hidden, self.inter = layers[0].o.n, layers[0].down.k
+        self._args = (ctypes.c_void_p * 0)()
+        self._caches: tuple[int, ...] = ()
+
+    def _layer_args(self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> ctypes.Array:
+        """The layers' descriptors, rebuilt only when the caches move."""
+        key = tuple(c.data_ptr() for kv in kv_caches for c in kv)
+        if key != self._caches:
+            args = (_Layer * len(self.layers))()
+            for a, w, (k, v) in zip(args, self.layers, kv_caches, strict=True):
+                a.qkv, a.o = _linear_arg(w.qkv), _linear_arg(w.o)
+                a.gate_up, a.down = _linear_arg(w.gate_up), _linear_arg(w.down)
+                a.input_norm, a.post_norm = w.input_norm.data_ptr(), w.post_norm.data_ptr()
+                a.k_cache, a.v_cache = k.data_ptr(), v.data_ptr()
+            self._args, self._caches = args, key
+        return self._args
+
+    def fits(self, x: torch.Tensor, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:
+        k = kv_caches[0][0]
+        return x.device.type == "cpu" and x.dtype == k.dtype == torch.float32 and k.is_contiguous()
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        slots: torch.Tensor,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        key_slots: torch.Tensor,
+        mask: torch.Tensor,
+        rows: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor:
+        """The hidden states x [T, hidden] after every layer, each token's key and value written to
+        slot ``slots[t]`` of every layer's caches; the rest as :func:`rope_cache` and
+        :func:`attention` take it."""
+        t = x.shape[0]
+        out = x.contiguous().clone()
+        b, _, q_pad, keys = mask.shape
+        cos, sin = cos.contiguous(), sin.contiguous()
+        slots, key_slots, rows = slots.contiguous(), key_slots.contiguous(), rows.contiguous()
+        mask_bytes = mask.contiguous().view(torch.uint8)
+        step = _Step(
+            t, self.hidden, self.heads, self.kv_heads, self.head_dim, self.inter,
+            kv_caches[0][0].shape[0], keys, q_pad, _threads(), self.eps, scale,
+            cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), key_slots.data_ptr(),
+            rows.data_ptr(), mask_bytes.data_ptr(),
+        )  # fmt: skip
+        args = self._layer_args(kv_caches)
+        bad = library().saguaro_layers(args, len(self.layers), ctypes.byref(step), out.data_ptr())
+        if bad == -1:
+            raise ValueError(f"layer kernel: a slot outside the caches' {step.num_slots}")
+        if bad:
+            raise MemoryError("layer kernel: no memory for its scratch buffers")
+        return out

@@ -12,6 +12,7 @@ from collections import Counter
 import torch
 from torch import nn
 
+from saguaro.kernels import ops
 from saguaro.models.config import ModelConfig
 from saguaro.models.layers import (
     MLP,
@@ -22,6 +23,7 @@ from saguaro.models.layers import (
     Rotary,
     VocabEmbedding,
 )
+from saguaro.models.linear import KernelLinear
 from saguaro.models.parallel import SINGLE, TensorParallel
 
 # A checkpoint's projection -> (the fused module holding it, its part): q, k and v are rows of
@@ -63,6 +65,24 @@ class DecoderLayer(nn.Module):
         x = x + self.self_attn(self.input_layernorm(x), angles, meta, kv_cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 
+    def kernel_weights(self) -> ops.DecoderWeights | None:
+        """The layer as the layer kernel runs it, where every part of it runs on the kernels in
+        float32 one rank (no bias, no q/k norm); otherwise None."""
+        attn, mlp = self.self_attn, self.mlp
+        norms = (self.input_layernorm, self.post_attention_layernorm)
+        projections = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+        if not (
+            attn.kernels
+            and mlp.kernels
+            and all(n.kernels and n.weight.dtype == torch.float32 for n in norms)
+            and all(isinstance(p, KernelLinear) and p.bias is None for p in projections)
+            and attn.q_norm is None
+            and attn.tp.size == 1
+        ):
+            return None
+        qkv, o, gate_up, down = (p.weight for p in projections)
+        return ops.DecoderWeights(qkv, o, gate_up, down, norms[0].weight, norms[1].weight)
+
 
 class CausalLM(nn.Module):
     """Decoder stack + LM head. Parameter names follow Hugging Face, except the fused
@@ -94,6 +114,24 @@ class CausalLM(nn.Module):
             )
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+        self._stack: ops.LayerStack | None | bool = False  # False: not looked at yet
+
+    def _apply(self, fn, recurse: bool = True):  # noqa: ANN001, ANN202 (nn.Module's signature)
+        self._stack = False  # moved or cast weights: the stack's pointers are stale
+        return super()._apply(fn, recurse)
+
+    def layer_stack(self) -> ops.LayerStack | None:
+        """The decoder layers as one kernel call, where every layer runs on the kernels
+        (:meth:`DecoderLayer.kernel_weights`); looked at once, after the model is in place."""
+        if self._stack is False:
+            weights = [layer.kernel_weights() for layer in self.layers]
+            cfg, attn = self.config, self.layers[0].self_attn
+            self._stack = (
+                ops.LayerStack(weights, attn.heads, attn.kv_heads, attn.head_dim, cfg.rms_norm_eps)
+                if all(w is not None for w in weights) and weights
+                else None
+            )
+        return self._stack
 
     def forward(
         self,
@@ -114,8 +152,17 @@ class CausalLM(nn.Module):
         commits the target's own Gumbel-max whatever the draft proposed."""
         x = self.embed_tokens(input_ids)
         angles = self.rotary.cos_sin(positions, x.dtype)
-        for layer, kv in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, angles, meta, kv)
+        stack = self.layer_stack() if x.device.type == "cpu" else None
+        if stack is not None and stack.fits(x, kv_caches):
+            rows = meta.rows if meta.rows is not None else torch.arange(x.shape[0])
+            cos, sin = angles
+            scale = self.layers[0].self_attn.scale
+            x = stack(
+                x, cos, sin, meta.slot_mapping, kv_caches, meta.key_slots, meta.mask, rows, scale
+            )
+        else:
+            for layer, kv in zip(self.layers, kv_caches, strict=True):
+                x = layer(x, angles, meta, kv)
         if logits_index is not None:
             x = x[logits_index]
         logits = self.tp.all_gather_last(self.lm_head(self.norm(x)))
