@@ -10,9 +10,10 @@
  * chain is never split. So a token's logits are the same bits alone, in a K + 1-position
  * verification, among SSD's branches or in a batch of 64.
  *
- * The vectors are GCC vector types of 16 floats: their lane-wise meaning is the same whether
- * the compiler emits one AVX-512 register or two AVX2 ones, and multiply-adds are contracted to
- * FMA on both (-ffp-contract=fast, -mfma), so the bits do not depend on the x86 vendor either.
+ * A chain's 16 lanes are one GCC vector of 16 floats, or two halves of 8 (AVX2 registers):
+ * their lane-wise meaning is the same either way, the lane sums take the same tree, and
+ * multiply-adds are contracted to FMA everywhere (-ffp-contract=fast, -mfma), so the bits do not
+ * depend on the register width or the x86 vendor either.
  *
  * Quantized weights (weight-only, groupwise). A row of W holds K codes q in groups of G
  * (a multiple of 32); group g has a float16 scale d_g and minimum m_g, and the weight is
@@ -56,8 +57,8 @@ INLINE float tree_sum(float t[LANES]) {
     return t[0];
 }
 
-/* A 16-lane chain held as two 8-lane halves h[0] (lanes 0-7) and h[1] (lanes 8-15), element i
- * of a row going to half (i / 8) % 2: the lanes, and so the bits, are a v16 chain's, but each
+/* A 16-lane chain held as two 8-lane halves lo (lanes 0-7) and hi (lanes 8-15), element i of a
+ * row going to half (i / 8) % 2: the lanes, and so the bits, are a v16 chain's, but each
  * half is one AVX2 register (GCC lowers a 64-byte vector on AVX2 through the stack). */
 typedef float v8 __attribute__((vector_size(32)));
 typedef uint32_t v8u __attribute__((vector_size(32)));
@@ -72,12 +73,14 @@ INLINE v8 load8(const float *p) {
 
 INLINE void store8(float *p, v8 v) { memcpy(p, &v, sizeof v); }
 
-/* The chain's lanes summed by tree_sum's tree, whose first level is h[0] + h[1]. */
-INLINE float halves_sum(const v8 h[2]) {
-    float t[LANES];
-    memcpy(t, &h[0], sizeof h[0]);
-    memcpy(t + HALF, &h[1], sizeof h[1]);
-    return tree_sum(t);
+/* The chain's lanes summed by tree_sum's tree, whose first level is lo + hi. Each half is a
+ * variable of its own in the loops that fill them: halves in an array indexed at run time live
+ * in memory, every update a store and a load. */
+INLINE float halves_sum(v8 lo, v8 hi) {
+    const __m256 s8 = _mm256_add_ps((__m256)lo, (__m256)hi);                    /* t[i] + t[i + 8] */
+    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1)); /* + 4 */
+    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));                            /* + 2 */
+    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));                          /* + 1 */
 }
 
 INLINE float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
@@ -177,12 +180,8 @@ INLINE void linear_tile(const float *x, const Weight *w, const int fmt, float *o
             }
     }
     for (int r = 0; r < nr; r++)
-        for (int c = 0; c < nc; c++) {
-            float t[LANES];
-            _mm256_storeu_ps(t, acc[c][r][0]);
-            _mm256_storeu_ps(t + 8, acc[c][r][1]);
-            out[(r0 + r) * n_out + n0 + c] = tree_sum(t);
-        }
+        for (int c = 0; c < nc; c++)
+            out[(r0 + r) * n_out + n0 + c] = halves_sum(acc[c][r][0], acc[c][r][1]);
 }
 
 #else
@@ -362,12 +361,13 @@ void saguaro_rms_norm(const float *x, int64_t m, int64_t k, float eps, const flo
                       float *out) {
     for (int64_t r = 0; r < m; r++) {
         const float *xr = x + r * k;
-        v8 ss[2] = {{0}, {0}};
-        for (int64_t i = 0; i < k; i += HALF) {
-            const v8 v = load8(xr + i);
-            ss[(i / HALF) % 2] = v * v + ss[(i / HALF) % 2];
+        v8 lo = {0}, hi = {0};
+        for (int64_t i = 0; i < k; i += LANES) {
+            const v8 a = load8(xr + i), b = load8(xr + i + HALF);
+            lo = a * a + lo;
+            hi = b * b + hi;
         }
-        const float inv = 1.0f / sqrtf(halves_sum(ss) / (float)k + eps);
+        const float inv = 1.0f / sqrtf(halves_sum(lo, hi) / (float)k + eps);
         for (int64_t i = 0; i < k; i += HALF) {
             const v8 normed = load8(xr + i) * inv;
             store8(out + r * k + i, weight ? normed * load8(weight + i) : normed);
@@ -435,11 +435,55 @@ INLINE v8 cache_row(const void *cache, int bf16, int64_t offset) {
  * sum and weighted sum of values run over them in that order. A score q.k is one 16-lane chain
  * over D (two halves, as in the norm). q [T, H, D] (rotated), out [T, H, D]; scratch holds
  * `threads` rows of L floats. */
+typedef struct {
+    const void *k_cache, *v_cache;
+    int bf16;
+    int64_t kv_heads, l;
+} Keys;
+
+/* Query token t's head h (its vector qv) over the keys its mask row `visible` shows, at the
+ * slots `slots`. With d a constant (the dispatch below) the value accumulators stay in
+ * registers. */
+INLINE void attend(const float *qv, const Keys *keys, const int64_t *slots,
+                   const uint8_t *visible, int64_t kv, float scale, float *score, float *o,
+                   const int64_t d) {
+    const int64_t l = keys->l, kv_heads = keys->kv_heads;
+    const int bf16 = keys->bf16;
+    float top = -INFINITY;
+    for (int64_t j = 0; j < l; j++) {
+        if (!visible[j]) continue;
+        const int64_t row = (slots[j] * kv_heads + kv) * d;
+        v8 lo = {0}, hi = {0};
+        for (int64_t i = 0; i < d; i += LANES) {
+            lo = load8(qv + i) * cache_row(keys->k_cache, bf16, row + i) + lo;
+            hi = load8(qv + i + HALF) * cache_row(keys->k_cache, bf16, row + i + HALF) + hi;
+        }
+        score[j] = halves_sum(lo, hi) * scale;
+        top = score[j] > top ? score[j] : top;
+    }
+    v8 acc[MAX_HEAD_DIM / HALF];
+    for (int64_t i = 0; i < d / HALF; i++) acc[i] = (v8){0};
+    float total = 0.0f;
+    for (int64_t j = 0; j < l; j++) /* the exponentials apart: no value waits on one */
+        if (visible[j]) {
+            score[j] = expf(score[j] - top);
+            total += score[j];
+        }
+    for (int64_t j = 0; j < l; j++) {
+        if (!visible[j]) continue;
+        const int64_t row = (slots[j] * kv_heads + kv) * d;
+        for (int64_t i = 0; i < d / HALF; i++)
+            acc[i] = cache_row(keys->v_cache, bf16, row + i * HALF) * score[j] + acc[i];
+    }
+    for (int64_t i = 0; i < d / HALF; i++) store8(o + i * HALF, acc[i] / total);
+}
+
 void saguaro_attention(const float *q, int64_t t_count, int64_t heads, int64_t d,
                        const void *k_cache, const void *v_cache, int bf16, int64_t kv_heads,
                        const int64_t *key_slots, int64_t l, const uint8_t *mask, int64_t q_pad,
                        const int64_t *rows, float scale, float *out, float *scratch, int threads) {
-    const int64_t group = heads / kv_heads, vecs = d / HALF;
+    const int64_t group = heads / kv_heads;
+    const Keys keys = {k_cache, v_cache, bf16, kv_heads, l};
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t task = 0; task < t_count * heads; task++) {
         const int64_t t = task / heads, h = task % heads, b = rows[t] / q_pad;
@@ -447,30 +491,13 @@ void saguaro_attention(const float *q, int64_t t_count, int64_t heads, int64_t d
         const int64_t *slots = key_slots + b * l;
         float *score = scratch + (int64_t)omp_get_thread_num() * l;
         const float *qv = q + (t * heads + h) * d;
-        const int64_t kv = h / group;
-        float top = -INFINITY;
-        for (int64_t j = 0; j < l; j++) {
-            if (!visible[j]) continue;
-            const int64_t row = (slots[j] * kv_heads + kv) * d;
-            v8 p[2] = {{0}, {0}};
-            for (int64_t i = 0; i < vecs; i++)
-                p[i % 2] = load8(qv + i * HALF) * cache_row(k_cache, bf16, row + i * HALF) + p[i % 2];
-            score[j] = halves_sum(p) * scale;
-            top = score[j] > top ? score[j] : top;
-        }
-        v8 acc[MAX_HEAD_DIM / HALF];
-        for (int64_t i = 0; i < vecs; i++) acc[i] = (v8){0};
-        float total = 0.0f;
-        for (int64_t j = 0; j < l; j++) {
-            if (!visible[j]) continue;
-            const float e = expf(score[j] - top);
-            total += e;
-            const int64_t row = (slots[j] * kv_heads + kv) * d;
-            for (int64_t i = 0; i < vecs; i++)
-                acc[i] = cache_row(v_cache, bf16, row + i * HALF) * e + acc[i];
-        }
         float *o = out + (t * heads + h) * d;
-        for (int64_t i = 0; i < vecs; i++) store8(o + i * HALF, acc[i] / total);
+        if (d == 64)
+            attend(qv, &keys, slots, visible, h / group, scale, score, o, 64);
+        else if (d == 128)
+            attend(qv, &keys, slots, visible, h / group, scale, score, o, 128);
+        else
+            attend(qv, &keys, slots, visible, h / group, scale, score, o, d);
     }
 }
 
