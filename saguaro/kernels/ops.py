@@ -231,17 +231,16 @@ class LayerStack:
     def __init__(
         self, layers: list[DecoderWeights], heads: int, kv_heads: int, head_dim: int, eps: float
     ) -> None:
-        self.layers, self.heads, self.kv_heads, self.head_dim, self.eps = (
-            layers, heads, kv_heads, head_dim, eps,
-        )  # fmt: skip
+        self.layers = layers
+        self.heads, self.kv_heads, self.head_dim, self.eps = heads, kv_heads, head_dim, eps
         self.hidden, self.inter = layers[0].o.n, layers[0].down.k
-        self._args = (ctypes.c_void_p * 0)()
+        self._args: ctypes.Array | None = None
         self._caches: tuple[int, ...] = ()
 
     def _layer_args(self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> ctypes.Array:
         """The layers' descriptors, rebuilt only when the caches move."""
         key = tuple(c.data_ptr() for kv in kv_caches for c in kv)
-        if key != self._caches:
+        if self._args is None or key != self._caches:
             args = (_Layer * len(self.layers))()
             for a, w, (k, v) in zip(args, self.layers, kv_caches, strict=True):
                 a.qkv, a.o = _linear_arg(w.qkv), _linear_arg(w.o)
@@ -272,7 +271,7 @@ class LayerStack:
         :func:`attention` take it."""
         t = x.shape[0]
         out = x.contiguous().clone()
-        b, _, q_pad, keys = mask.shape
+        _, _, q_pad, keys = mask.shape
         cos, sin = cos.contiguous(), sin.contiguous()
         slots, key_slots, rows = slots.contiguous(), key_slots.contiguous(), rows.contiguous()
         mask_bytes = mask.contiguous().view(torch.uint8)
