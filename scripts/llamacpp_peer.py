@@ -6,12 +6,14 @@ draft step) and B branches (a branch depth of the SSD cache, B from ``--branches
 runs them through ``llama-bench`` on the models written as GGUF (``pp n @ d context``: n tokens
 in one batch after ``context`` cached ones; its K + 1 and B-token batches are causal and ask for
 the last token's logits only, where saguaro's verification and branches ask for every row's, so
-the comparison favours llama.cpp there). saguaro times its model runner, eager and compiled.
+the comparison favours llama.cpp there). saguaro times its model runner on its own kernels
+(the engine's default: a directory's GGUF blocks where it keeps ``model.gguf``, which llama.cpp
+then runs too, the very file), and on torch's operators eager and compiled (dense float32).
 Rounds interleave the two engines so that a noisy machine slows both alike; the figures are the
 medians over rounds, and each round's figure is itself a median of many forwards.
 
     python scripts/llamacpp_peer.py --bin /work/llamacpp/build/bin [--threads 1,2] \\
-        [--rounds 3] [--out docs/bench-forwards]
+        [--rounds 3] [--forwards kernels,eager,compiled] [--out docs/bench-forwards]
 """
 
 from __future__ import annotations
@@ -31,9 +33,10 @@ import torch
 
 from saguaro.bench.backends import cached_gguf
 from saguaro.models.catalog import DEFAULT_DRAFT, DEFAULT_MODEL, resolve_model
+from saguaro.models.gguf_import import GGUF_NAME
 from saguaro.train.costs import ForwardTimer
 
-FORWARDS = ("eager", "compiled")
+FORWARDS = ("kernels", "eager", "compiled")
 
 
 def kinds(model: str, k: int, branches: list[int]) -> list[tuple[str, int]]:
@@ -41,6 +44,12 @@ def kinds(model: str, k: int, branches: list[int]) -> list[tuple[str, int]]:
     if model == "target":
         return [("1 position", 1), (f"{k + 1} positions", k + 1)]
     return [("1 position", 1)] + [(f"{b} branches", b) for b in branches]
+
+
+def own_or_exported_gguf(model_dir: Path, cache: str) -> Path:
+    """The directory's own GGUF file (the one saguaro's kernels run), else its float32 export."""
+    own = model_dir / GGUF_NAME
+    return own if own.is_file() else cached_gguf(model_dir, cache, "f32")
 
 
 def llama_bench(binary: Path, gguf: Path, sizes: list[int], context: int, threads: int, reps: int):
@@ -66,20 +75,26 @@ def main() -> int:
     p.add_argument("--context", type=int, default=200)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--repetitions", type=int, default=10, help="llama-bench -r per round")
+    # A draft with a reduced output vocabulary (draft_vocab_size) has no GGUF llama.cpp loads.
+    p.add_argument("--models", default="target,draft", help="of target,draft, comma-separated")
+    p.add_argument("--forwards", default=",".join(FORWARDS), help="saguaro's, comma-separated")
     p.add_argument("--out", help="directory for results.json and results.md")
     a = p.parse_args()
+    forwards = a.forwards.split(",")
+    if unknown := set(forwards) - set(FORWARDS):
+        p.error(f"--forwards: unknown {sorted(unknown)}; choose from {list(FORWARDS)}")
     threads = [int(t) for t in a.threads.split(",")]
     branches = [int(b) for b in a.branches.split(",")]
     cpus = sorted(os.sched_getaffinity(0))
     if max(threads) > len(cpus):
         p.error(f"--threads {a.threads}: this process has {len(cpus)} cores")
     binary = Path(a.bin) / "llama-bench"
-    models = {"target": a.model, "draft": a.draft}
-    ggufs = {m: cached_gguf(Path(d), a.cache, "f32") for m, d in models.items()}
+    models = {m: d for m, d in (("target", a.model), ("draft", a.draft)) if m in a.models}
+    ggufs = {m: own_or_exported_gguf(Path(d), a.cache) for m, d in models.items()}
     timers = {
-        (m, fw): ForwardTimer(d, a.context, compile=fw == "compiled")
+        (m, fw): ForwardTimer(d, a.context, compile=fw == "compiled", kernels=fw == "kernels")
         for m, d in models.items()
-        for fw in FORWARDS
+        for fw in forwards
     }
     # samples[(model, kind, threads, engine)] = one figure per round
     samples: dict[tuple[str, str, int, str], list[float]] = {}
@@ -93,7 +108,7 @@ def main() -> int:
                 peer = llama_bench(binary, ggufs[m], sizes, a.context, t, a.repetitions)
                 for label, n in ks:
                     samples.setdefault((m, label, t, "llama.cpp"), []).append(peer[n])
-                    for fw in FORWARDS:
+                    for fw in forwards:
                         timer = timers[(m, fw)]
                         ms = timer.positions_ms(n) if "position" in label else timer.branches_ms(n)
                         samples.setdefault((m, label, t, fw), []).append(ms)
@@ -105,17 +120,17 @@ def main() -> int:
         if engine == "llama.cpp":
             peer = statistics.median(values)
             row = {"model": m, "forward": label, "threads": t, "llama.cpp_ms": peer}
-            for fw in FORWARDS:
+            for fw in forwards:
                 ms = statistics.median(samples[(m, label, t, fw)])
                 row[f"{fw}_ms"], row[f"{fw}_x"] = ms, ms / peer
             rows.append(row)
     header = "| model | forward | threads | llama.cpp ms | " + " | ".join(
-        f"saguaro {fw} ms | × llama.cpp" for fw in FORWARDS
+        f"saguaro {fw} ms | × llama.cpp" for fw in forwards
     )
-    lines = [header + " |", "|---|---|---:|---:|" + "---:|---:|" * len(FORWARDS)]
+    lines = [header + " |", "|---|---|---:|---:|" + "---:|---:|" * len(forwards)]
     for row in rows:
         cells = [row["model"], row["forward"], str(row["threads"]), f"{row['llama.cpp_ms']:.2f}"]
-        cells += [f"{row[f'{fw}_ms']:.2f} | {row[f'{fw}_x']:.2f}×" for fw in FORWARDS]
+        cells += [f"{row[f'{fw}_ms']:.2f} | {row[f'{fw}_x']:.2f}×" for fw in forwards]
         lines.append("| " + " | ".join(cells) + " |")
     table = "\n".join(lines)
     print(table)

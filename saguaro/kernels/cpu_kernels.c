@@ -40,7 +40,7 @@ typedef uint8_t v16b __attribute__((vector_size(16)));
 typedef uint16_t v16h __attribute__((vector_size(32)));
 
 enum { FMT_F32 = 0, FMT_BF16 = 1, FMT_Q8 = 2, FMT_Q4 = 3 };
-enum { BLOCK = 32, LANES = 16, MAX_HEAD_DIM = 256, MAX_TILE_ROWS = 8 };
+enum { BLOCK = 32, LANES = 16, MAX_HEAD_DIM = 256, MAX_TILE_ROWS = 8, CHUNK = 32 };
 
 /* Without AVX-512 the linear layers take the AVX2 path below (same chains, same bits);
  * SAGUARO_GENERIC forces the generic vector code, which the tests build to compare the two. */
@@ -284,20 +284,27 @@ _Static_assert((int)ROWS <= (int)MAX_TILE_ROWS, "linear_rows' REST cases cover r
 
 /* Constant tile shapes and formats, so that each call is unrolled with its accumulators in
  * registers and no branch on the format is left in the loop. */
-#define TILE(NR, NC) linear_tile(x, w, fmt, out, n_out, r0, NR, n0, wn0, NC)
+#define TILE(NR, NC) linear_tile(x, w, fmt, out, n_out, r0, NR, n0 + c, wn0 + c, NC)
+/* Rows r0 .. r0 + NR - 1 (NR at most ROWS) for every column: tiles of COLS, then single ones. */
+#define ROW_TILE(NR)                                                                          \
+    do {                                                                                      \
+        int c = 0;                                                                            \
+        for (; c + COLS <= nc; c += COLS) TILE(NR, COLS);                                     \
+        for (; c < nc; c++) TILE(NR, 1);                                                      \
+    } while (0)
 /* A remainder of NR rows (always fewer than ROWS: cases from ROWS up never run, and are
  * instantiated one row high to stay within the tile's accumulators). */
 #define REST(NR)                                                                              \
     case NR:                                                                                  \
-        if (nc == COLS) TILE(NR < ROWS ? NR : 1, COLS); else TILE(NR < ROWS ? NR : 1, 1);     \
+        ROW_TILE(NR < ROWS ? NR : 1);                                                         \
         break;
 
+/* Columns n0 .. n0 + nc - 1 (weight rows wn0 ..) for all m rows, a tile of rows at a time
+ * across all nc columns: the rows' activations stay in cache while the columns pass. */
 INLINE void linear_rows(const float *x, int64_t m, const Weight *w, const int fmt, float *out,
                         int64_t n_out, int64_t n0, int64_t wn0, int nc) {
     int64_t r0 = 0;
-    for (; r0 + ROWS <= m; r0 += ROWS) {
-        if (nc == COLS) TILE(ROWS, COLS); else TILE(ROWS, 1);
-    }
+    for (; r0 + ROWS <= m; r0 += ROWS) ROW_TILE(ROWS);
     /* The last rows in one tile of their own height. */
     switch ((int)(m - r0)) {
     REST(1) REST(2) REST(3) REST(4) REST(5) REST(6) REST(7)
@@ -328,13 +335,16 @@ INLINE void linear_columns(const float *x, int64_t m, const Weight w, const int 
     free(buf);
 }
 
+/* Threads take chunks of CHUNK columns (a multiple of COLS), the last chunk what is left. */
 #define LINEAR(FMT)                                                                           \
     static void linear_##FMT(const float *x, int64_t m, const Weight w, float *out, int64_t n,  \
                              int threads) {                                                   \
-        const int64_t full = n / COLS;                                                        \
+        const int64_t chunks = (n + CHUNK - 1) / CHUNK;                                       \
         _Pragma("omp parallel for num_threads(threads) schedule(static)")                     \
-        for (int64_t j = 0; j < full; j++) linear_columns(x, m, w, FMT, out, n, j * COLS, COLS); \
-        for (int64_t c = full * COLS; c < n; c++) linear_columns(x, m, w, FMT, out, n, c, 1);  \
+        for (int64_t j = 0; j < chunks; j++) {                                                \
+            const int64_t n0 = j * CHUNK;                                                     \
+            linear_columns(x, m, w, FMT, out, n, n0, (int)(n - n0 < CHUNK ? n - n0 : CHUNK)); \
+        }                                                                                     \
     }
 LINEAR(FMT_F32)
 LINEAR(FMT_BF16)

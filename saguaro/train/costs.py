@@ -72,8 +72,12 @@ class ForwardTimer:
         compile: bool = False,
         dtype: str = "float32",
         compile_options: dict | None = None,
+        kernels: bool = False,
     ) -> None:
-        model = load_model(str(model_dir), dtype)
+        # On saguaro's kernels the weights are the engine's default (a GGUF file's blocks where
+        # the directory keeps one); on torch's operators, dense in dtype.
+        quantization = "auto" if kernels else "none"
+        model = load_model(str(model_dir), dtype, quantization=quantization, kernels=kernels)
         bs = BLOCK_SIZE
         blocks = -(-(context + SCRATCH_SLOTS) // bs) + SPARE_BLOCKS
         self.runner = ModelRunner(model, blocks, bs, "cpu", compile, compile_options)
