@@ -438,13 +438,7 @@ INLINE v8 cache_row(const void *cache, int bf16, int64_t offset) {
     return v;
 }
 
-/* Paged attention, one (query token, head) pair per task. Token t is row rows[t] of the padded
- * [b, Q] layout: it sees key j of its sequence where mask[b, rows[t] % Q, j], the key and value
- * living at slot key_slots[b, j] of the caches [slots, Hkv, D] (float32 or bfloat16). The
- * visible keys are taken in their order in key_slots (position order), and the softmax's max,
- * sum and weighted sum of values run over them in that order. A score q.k is one 16-lane chain
- * over D (two halves, as in the norm). q [T, H, D] (rotated), out [T, H, D]; scratch holds
- * `threads` rows of L floats. */
+/* The paged caches one attention call reads (see saguaro_attention). */
 typedef struct {
     const void *k_cache, *v_cache;
     int bf16;
@@ -488,6 +482,13 @@ INLINE void attend(const float *qv, const Keys *keys, const int64_t *slots,
     for (int64_t i = 0; i < d / HALF; i++) store8(o + i * HALF, acc[i] / total);
 }
 
+/* Paged attention, one (query token, head) pair per task. Token t is row rows[t] of the padded
+ * [b, Q] layout: it sees key j of its sequence where mask[b, rows[t] % Q, j], the key and value
+ * living at slot key_slots[b, j] of the caches [slots, Hkv, D] (float32 or bfloat16). The
+ * visible keys are taken in their order in key_slots (position order), and the softmax's max,
+ * sum and weighted sum of values run over them in that order. A score q.k is one 16-lane chain
+ * over D (two halves, as in the norm). q [T, H, D] (rotated), out [T, H, D]; scratch holds
+ * `threads` rows of L floats. */
 void saguaro_attention(const float *q, int64_t t_count, int64_t heads, int64_t d,
                        const void *k_cache, const void *v_cache, int bf16, int64_t kv_heads,
                        const int64_t *key_slots, int64_t l, const uint8_t *mask, int64_t q_pad,

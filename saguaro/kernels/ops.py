@@ -67,6 +67,21 @@ def fits_head(d: int) -> bool:
     return fits_rows(d) and d <= MAX_HEAD_DIM
 
 
+class _Linear(ctypes.Structure):
+    """A weight as saguaro_linear takes it (the C side's LinearArg)."""
+
+    _fields_ = [(f, ctypes.c_void_p) for f in ("codes", "scales", "mins")]
+    _fields_ += [(f, ctypes.c_int64) for f in ("n", "k", "group", "fmt")]
+
+
+def _linear_arg(w: PackedWeight) -> _Linear:
+    def ptr(x: torch.Tensor | None) -> int | None:
+        return x.data_ptr() if x is not None else None
+
+    group = w.group or w.k
+    return _Linear(w.codes.data_ptr(), ptr(w.scales), ptr(w.mins), w.n, w.k, group, FORMATS[w.fmt])
+
+
 def linear(x: torch.Tensor, w: PackedWeight, lib: ctypes.CDLL | None = None) -> torch.Tensor:
     """``x [m, k] @ W^T`` in float32 ([m, n]); ``lib``: a build of the kernels other than this
     CPU's (tests)."""
@@ -77,11 +92,10 @@ def linear(x: torch.Tensor, w: PackedWeight, lib: ctypes.CDLL | None = None) -> 
     out = torch.empty(m, w.n, dtype=torch.float32)
     if m == 0:
         return out
-    scales = w.scales.data_ptr() if w.scales is not None else None
-    mins = w.mins.data_ptr() if w.mins is not None else None
+    a = _linear_arg(w)
     (lib or library()).saguaro_linear(
-        x.data_ptr(), m, w.k, w.codes.data_ptr(), scales, mins, w.n, w.group or w.k,
-        FORMATS[w.fmt], out.data_ptr(), _threads(),
+        x.data_ptr(), m, a.k, a.codes, a.scales, a.mins, a.n, a.group, a.fmt, out.data_ptr(),
+        _threads(),
     )  # fmt: skip
     return out
 
@@ -182,11 +196,6 @@ def attention(
     return out
 
 
-class _Linear(ctypes.Structure):
-    _fields_ = [(f, ctypes.c_void_p) for f in ("codes", "scales", "mins")]
-    _fields_ += [(f, ctypes.c_int64) for f in ("n", "k", "group", "fmt")]
-
-
 class _Layer(ctypes.Structure):
     _fields_ = [(f, _Linear) for f in ("qkv", "o", "gate_up", "down")]
     _fields_ += [(f, ctypes.c_void_p) for f in ("input_norm", "post_norm", "k_cache", "v_cache")]
@@ -213,14 +222,6 @@ class DecoderWeights:
     down: PackedWeight
     input_norm: torch.Tensor
     post_norm: torch.Tensor
-
-
-def _linear_arg(w: PackedWeight) -> _Linear:
-    def ptr(x: torch.Tensor | None) -> int | None:
-        return x.data_ptr() if x is not None else None
-
-    group = w.group or w.k
-    return _Linear(w.codes.data_ptr(), ptr(w.scales), ptr(w.mins), w.n, w.k, group, FORMATS[w.fmt])
 
 
 class LayerStack:

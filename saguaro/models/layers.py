@@ -40,6 +40,10 @@ class AttentionMetadata:
     # sequence is padded); the attention kernel's index, built once per forward
     rows: torch.Tensor | None = None
 
+    def token_rows(self, t: int) -> torch.Tensor:
+        """``rows``, or 0..T-1 where the runner left it unset (no sequence padded)."""
+        return self.rows if self.rows is not None else torch.arange(t)
+
 
 class RMSNorm(nn.Module):
     # On saguaro's kernels (saguaro.models.linear.use_kernels), this and the kernels flags below
@@ -173,9 +177,8 @@ class Attention(nn.Module):
             q = self._rotate_and_cache(x, angles, meta, kv_cache)
 
         if on_kernels:
-            rows = meta.rows if meta.rows is not None else torch.arange(t)
             out = ops.attention(
-                q, k_cache, v_cache, meta.key_slots, meta.mask, rows, self.scale
+                q, k_cache, v_cache, meta.key_slots, meta.mask, meta.token_rows(t), self.scale
             ).to(x.dtype)
             return self.tp.all_reduce(self.o_proj(out.view(t, self.q_size)))
         return self._attend(q, meta, kv_cache)

@@ -152,11 +152,10 @@ class CausalLM(nn.Module):
         commits the target's own Gumbel-max whatever the draft proposed."""
         x = self.embed_tokens(input_ids)
         angles = self.rotary.cos_sin(positions, x.dtype)
-        stack = self.layer_stack() if x.device.type == "cpu" else None
+        stack = self.layer_stack()
         if stack is not None and stack.fits(x, kv_caches):
-            rows = meta.rows if meta.rows is not None else torch.arange(x.shape[0])
             cos, sin = angles
-            scale = self.layers[0].self_attn.scale
+            rows, scale = meta.token_rows(x.shape[0]), self.layers[0].self_attn.scale
             x = stack(
                 x, cos, sin, meta.slot_mapping, kv_caches, meta.key_slots, meta.mask, rows, scale
             )
