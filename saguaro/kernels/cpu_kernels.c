@@ -16,7 +16,8 @@
  * depend on the register width or the x86 vendor either.
  *
  * Quantized weights (weight-only, groupwise). A row of W holds K codes q in groups of G
- * (a multiple of 32); group g has a float16 scale d_g and minimum m_g, and the weight is
+ * (a multiple of 32); group g has a scale d_g and minimum m_g (float16 values, held as float32 so
+ * that a loop broadcasts them from memory without converting them), and the weight is
  * w = d_g * q + m_g, computed as one FMA. d * q is exact in float32 (an 11-bit significand
  * times a code of at most 8 bits), so the FMA rounds once, exactly as GGUF's d * q + m does:
  * the kernel multiplies by the very weights the dequantized checkpoint holds. Formats:
@@ -83,12 +84,10 @@ INLINE float halves_sum(v8 lo, v8 hi) {
     return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));                          /* + 1 */
 }
 
-INLINE float half_to_float(uint16_t h) { return _cvtsh_ss(h); }
-
 typedef struct {
     const void *codes;      /* float32, bfloat16, int8 or packed-int4 rows of K */
-    const uint16_t *scales; /* float16 [N, K / G] (quantized formats) */
-    const uint16_t *mins;   /* float16 [N, K / G] (quantized formats) */
+    const float *scales;    /* [N, K / G] (quantized formats) */
+    const float *mins;      /* [N, K / G] (quantized formats) */
     int64_t k, group;
     int fmt;
 } Weight;
@@ -102,9 +101,6 @@ typedef struct {
  * AVX2's 16 registers (AVX-512 has 32), and a K + 1 = 5-row verification converts each weight
  * once. */
 enum { ROWS = 6, COLS = 1 };
-
-/* The low 8 bytes of v, unsigned, as 8 floats (exact). */
-INLINE __m256 low_bytes_f32(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)); }
 
 /* Block `b` of row `n` as q[i] = weights 8i .. 8i + 7, with its group's scale d and min m. */
 INLINE void weight_block8(const Weight *w, const int fmt, int64_t n, int64_t b, __m256 d,
@@ -130,22 +126,25 @@ INLINE void weight_block8(const Weight *w, const int fmt, int64_t n, int64_t b, 
             q[i] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
         }
     } else {
+        /* Each 8 bytes widened once to 32-bit lanes, their low nibbles taken by a mask and the
+         * high ones by a shift: two widenings a block where splitting the nibbles first takes
+         * four, and the widening is what bounds a one-row product. */
         const uint8_t *p = (const uint8_t *)w->codes + n * (k / 2) + b * (BLOCK / 2);
-        const __m128i v = _mm_loadu_si128((const __m128i *)p), nibble = _mm_set1_epi8(15);
-        const __m128i lo = _mm_and_si128(v, nibble);
-        const __m128i hi = _mm_and_si128(_mm_srli_epi16(v, 4), nibble);
-        q[0] = low_bytes_f32(lo);
-        q[1] = low_bytes_f32(_mm_srli_si128(lo, 8));
-        q[2] = low_bytes_f32(hi);
-        q[3] = low_bytes_f32(_mm_srli_si128(hi, 8));
+        const __m256i b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+        const __m256i b1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + 8)));
+        const __m256i nibble = _mm256_set1_epi32(15);
+        q[0] = _mm256_cvtepi32_ps(_mm256_and_si256(b0, nibble));
+        q[1] = _mm256_cvtepi32_ps(_mm256_and_si256(b1, nibble));
+        q[2] = _mm256_cvtepi32_ps(_mm256_srli_epi32(b0, 4));
+        q[3] = _mm256_cvtepi32_ps(_mm256_srli_epi32(b1, 4));
     }
     for (int i = 0; i < 4; i++) q[i] = _mm256_fmadd_ps(q[i], d, m);
 }
 
 INLINE void group_scale(const Weight *w, const int fmt, int64_t g, __m256 *d, __m256 *m) {
     const int quantized = fmt == FMT_Q8 || fmt == FMT_Q4;
-    *d = _mm256_set1_ps(quantized ? half_to_float(w->scales[g]) : 1.0f);
-    *m = _mm256_set1_ps(quantized ? half_to_float(w->mins[g]) : 0.0f);
+    *d = quantized ? _mm256_broadcast_ss(w->scales + g) : _mm256_set1_ps(1.0f);
+    *m = quantized ? _mm256_broadcast_ss(w->mins + g) : _mm256_setzero_ps();
 }
 
 /* Block `b` of row `n` as 32 floats at dst. */
@@ -156,6 +155,22 @@ INLINE void block_floats(const Weight *w, const int fmt, int64_t n, int64_t b, f
     for (int i = 0; i < 4; i++) _mm256_storeu_ps(dst + 8 * i, q[i]);
 }
 
+/* Block b of the tile's nc columns (their scales and minima d, m) into the rows' chains. */
+INLINE void tile_block(const float *x, const Weight *w, const int fmt, int64_t r0, int nr,
+                       int64_t wn0, int nc, int64_t b, const __m256 d[COLS], const __m256 m[COLS],
+                       __m256 acc[COLS][ROWS][2]) {
+    for (int c = 0; c < nc; c++) {
+        __m256 q[4];
+        weight_block8(w, fmt, wn0 + c, b, d[c], m[c], q);
+        for (int r = 0; r < nr; r++) {
+            const float *xr = x + (r0 + r) * w->k + b * BLOCK;
+            for (int i = 0; i < 4; i++)
+                acc[c][r][i % 2] = _mm256_fmadd_ps(_mm256_loadu_ps(xr + 8 * i), q[i],
+                                                   acc[c][r][i % 2]);
+        }
+    }
+}
+
 /* As the generic linear_tile below: the chain of lane l takes x[k] * w[k] for k = l mod 16 in
  * increasing k, so lanes 0-7 take q[0] then q[2] of each block, lanes 8-15 q[1] then q[3]. */
 INLINE void linear_tile(const float *x, const Weight *w, const int fmt, float *out, int64_t n_out,
@@ -164,21 +179,20 @@ INLINE void linear_tile(const float *x, const Weight *w, const int fmt, float *o
     for (int c = 0; c < COLS; c++)
         for (int r = 0; r < ROWS; r++) acc[c][r][0] = acc[c][r][1] = _mm256_setzero_ps();
     const int64_t groups = w->k / w->group, per_group = w->group / BLOCK;
-    for (int64_t gi = 0; gi < groups; gi++) {
-        __m256 d[COLS], m[COLS];
-        for (int c = 0; c < nc; c++) group_scale(w, fmt, (wn0 + c) * groups + gi, &d[c], &m[c]);
-        for (int64_t b = gi * per_group; b < (gi + 1) * per_group; b++)
-            for (int c = 0; c < nc; c++) {
-                __m256 q[4];
-                weight_block8(w, fmt, wn0 + c, b, d[c], m[c], q);
-                for (int r = 0; r < nr; r++) {
-                    const float *xr = x + (r0 + r) * w->k + b * BLOCK;
-                    for (int i = 0; i < 4; i++)
-                        acc[c][r][i % 2] = _mm256_fmadd_ps(_mm256_loadu_ps(xr + 8 * i), q[i],
-                                                           acc[c][r][i % 2]);
-                }
-            }
-    }
+    __m256 d[COLS], m[COLS];
+    /* A scale per block (GGUF's) is read beside its block: a group loop of one block a pass
+     * spends much of a one-row product on loop overhead. */
+    if (per_group == 1)
+        for (int64_t b = 0; b < groups; b++) {
+            for (int c = 0; c < nc; c++) group_scale(w, fmt, (wn0 + c) * groups + b, &d[c], &m[c]);
+            tile_block(x, w, fmt, r0, nr, wn0, nc, b, d, m, acc);
+        }
+    else
+        for (int64_t gi = 0; gi < groups; gi++) {
+            for (int c = 0; c < nc; c++) group_scale(w, fmt, (wn0 + c) * groups + gi, &d[c], &m[c]);
+            for (int64_t b = gi * per_group; b < (gi + 1) * per_group; b++)
+                tile_block(x, w, fmt, r0, nr, wn0, nc, b, d, m, acc);
+        }
     for (int r = 0; r < nr; r++)
         for (int c = 0; c < nc; c++)
             out[(r0 + r) * n_out + n0 + c] = halves_sum(acc[c][r][0], acc[c][r][1]);
@@ -226,7 +240,7 @@ INLINE void weight_block(const Weight *w, const int fmt, int64_t n, int64_t b, v
         return;
     }
     const int64_t g = n * (k / w->group) + b * BLOCK / w->group;
-    const float d = half_to_float(w->scales[g]), m = half_to_float(w->mins[g]);
+    const float d = w->scales[g], m = w->mins[g];
     v16 qlo, qhi;
     if (fmt == FMT_Q8) {
         /* Signed bytes widen through unsigned ones (q + 128, then - 128, both exact): GCC
@@ -353,7 +367,7 @@ LINEAR(FMT_Q4)
 
 /* out [m, n] = x [m, k] @ W^T, W [n, k] in format `fmt` (k a multiple of 32 and of group). */
 void saguaro_linear(const float *x, int64_t m, int64_t k, const void *codes,
-                    const uint16_t *scales, const uint16_t *mins, int64_t n, int64_t group,
+                    const float *scales, const float *mins, int64_t n, int64_t group,
                     int fmt, float *out, int threads) {
     const Weight w = {codes, scales, mins, k, group, fmt};
     switch (fmt) {
@@ -515,7 +529,7 @@ void saguaro_attention(const float *q, int64_t t_count, int64_t heads, int64_t d
 /* A linear layer's weight as saguaro_linear takes it. */
 typedef struct {
     const void *codes;
-    const uint16_t *scales, *mins;
+    const float *scales, *mins;
     int64_t n, k, group, fmt;
 } LinearArg;
 

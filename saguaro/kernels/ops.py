@@ -26,7 +26,8 @@ class PackedWeight:
     ``fmt`` "f32" / "bf16": ``codes`` is the dense weight itself. "q8": ``codes`` int8 [n, k];
     "q4": ``codes`` uint8 [n, k / 2], byte j of each 16-byte block holding codes j (low nibble)
     and j + 16 (high nibble) of its 32 weights. For both, weight = scale * code + min with one
-    float16 scale and min per ``group`` weights of a row ([n, k / group] each)."""
+    scale and min per ``group`` weights of a row ([n, k / group] each, float16 values held as
+    float32)."""
 
     fmt: str
     codes: torch.Tensor

@@ -62,6 +62,12 @@ def check_shape(k: int, group: int) -> None:
         )
 
 
+def half(x: torch.Tensor) -> torch.Tensor:
+    """``x`` rounded to float16 and held as float32 (exactly): the kernel broadcasts a block's
+    scale and minimum straight from memory, with no conversion in its loop."""
+    return x.to(torch.float16).to(torch.float32).contiguous()
+
+
 def quantize(w: torch.Tensor, scheme: str) -> PackedWeight:
     """``w`` [n, k] in one of :data:`SCHEMES`."""
     bits, group = SCHEMES[scheme]
@@ -71,16 +77,15 @@ def quantize(w: torch.Tensor, scheme: str) -> PackedWeight:
     g = w.detach().to(torch.float32).reshape(n, k // group, group)
     if bits == 4:
         lo, hi = g.amin(dim=2), g.amax(dim=2)
-        d = ((hi - lo) / INT4_LEVELS).to(torch.float16)
-        m = lo.to(torch.float16)
-        step = torch.where(d == 0, 1.0, d.float()).unsqueeze(2)
-        q = ((g - m.float().unsqueeze(2)) / step).round().clamp(0, INT4_LEVELS)
+        d, m = half((hi - lo) / INT4_LEVELS), half(lo)
+        step = torch.where(d == 0, 1.0, d).unsqueeze(2)
+        q = ((g - m.unsqueeze(2)) / step).round().clamp(0, INT4_LEVELS)
         codes = pack_nibbles(q.reshape(n, k).to(torch.uint8))
-        return PackedWeight("q4", codes.contiguous(), n, k, group, d.contiguous(), m.contiguous())
-    d = (g.abs().amax(dim=2) / INT8_LEVELS).to(torch.float16)
-    step = torch.where(d == 0, 1.0, d.float()).unsqueeze(2)
+        return PackedWeight("q4", codes.contiguous(), n, k, group, d, m)
+    d = half(g.abs().amax(dim=2) / INT8_LEVELS)
+    step = torch.where(d == 0, 1.0, d).unsqueeze(2)
     q = (g / step).round().clamp(-INT8_LEVELS, INT8_LEVELS).reshape(n, k).to(torch.int8)
-    return PackedWeight("q8", q.contiguous(), n, k, group, d.contiguous(), torch.zeros_like(d))
+    return PackedWeight("q8", q.contiguous(), n, k, group, d, torch.zeros_like(d))
 
 
 def from_gguf_blocks(data: np.ndarray, kind: str, n: int, k: int) -> PackedWeight:
@@ -89,21 +94,19 @@ def from_gguf_blocks(data: np.ndarray, kind: str, n: int, k: int) -> PackedWeigh
     size = GGUF_BLOCK_BYTES[kind]
     raw = np.array(data, dtype=np.uint8, copy=True)  # the reader maps the file read-only
     blocks = torch.from_numpy(raw.reshape(n, k // BLOCK, size))
-    d = blocks[:, :, :2].contiguous().view(torch.float16).reshape(n, k // BLOCK)
+    d = half(blocks[:, :, :2].contiguous().view(torch.float16).reshape(n, k // BLOCK))
     if kind == "Q8_0":
         codes = blocks[:, :, 2:].contiguous().view(torch.int8).reshape(n, k)
-        return PackedWeight("q8", codes, n, k, BLOCK, d.contiguous(), torch.zeros_like(d))
+        return PackedWeight("q8", codes, n, k, BLOCK, d, torch.zeros_like(d))
     if kind == "Q4_1":
-        m = blocks[:, :, 2:4].contiguous().view(torch.float16).reshape(n, k // BLOCK)
+        m = half(blocks[:, :, 2:4].contiguous().view(torch.float16).reshape(n, k // BLOCK))
         codes = blocks[:, :, 4:]
     else:  # Q4_0: code q means q - 8, i.e. minimum -8 d (exact in float16 unless it overflows)
-        m = d * -8
+        m = half(d * -8)
         if not torch.isfinite(m).all():
             raise ValueError("a Q4_0 scale too large for float16 once multiplied by 8")
         codes = blocks[:, :, 2:]
-    return PackedWeight(
-        "q4", codes.reshape(n, k // 2).contiguous(), n, k, BLOCK, d.contiguous(), m.contiguous()
-    )
+    return PackedWeight("q4", codes.reshape(n, k // 2).contiguous(), n, k, BLOCK, d, m)
 
 
 def concat_rows(parts: list[PackedWeight]) -> PackedWeight:
