@@ -14,9 +14,12 @@ unused): switching back costs one miss, not a start. Hysteresis keeps the choice
 flapping: a new choice must beat the current one's predicted rate by ``HYSTERESIS``, and a choice
 runs at least ``MIN_DWELL`` steps. Estimates of a mode not chosen go stale, so a mode that has
 not run for ``EXPLORE_EVERY`` steps runs for ``EXPLORE_STEPS``; each try that leaves it unchosen
-doubles its interval, up to ``EXPLORE_MAX`` (a try costs more than its steps: the draft catches
-up on the tokens it missed, and SSD's first round after a pause misses), and being chosen resets
-it.
+doubles its interval, up to ``EXPLORE_MAX``, and being chosen resets it. A try costs more than its
+steps (the draft first catches up on every token it missed; SSD's first round after a pause
+misses), so tries also keep to a budget of time: one starts only if the tries so far and this
+one, at its predicted cost, stay within ``EXPLORE_BUDGET`` of the time the engine has run. What
+auto can lose to a fixed choice by exploring is thereby bounded by that share, and a short run
+whose first try would cost more never explores.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ EXPLORE_MAX = 2048  # the longest interval between tries of a mode that keeps lo
 # steps such a try runs: SSD's first round after a pause misses by construction and teaches
 # nothing, so two more for fresh timings and outcomes
 EXPLORE_STEPS = 3
+EXPLORE_BUDGET = 0.03  # the largest share of the engine's time that tries may take
 PRIOR_ROUNDS = 8.0  # a request's own acceptance counts as much as the pool after this many
 CALIBRATION_REPEATS = 2  # forwards timed per shape at start (the faster is kept)
 CALIBRATION_SEQS = (1, 2, 4, 8, 16, 32, 64)  # batch sizes timed at start, up to max_num_seqs
@@ -128,6 +132,10 @@ class AutoProposer(Proposer):
         self.interval = dict.fromkeys(self.since, EXPLORE_EVERY)  # steps between tries
         self.dwell = 0  # steps since the settled choice was made
         self.exploring = 0  # steps left of a try
+        self.in_try = False  # the step being run is part of a try
+        self.run_s = 0.0  # seconds of every step observed
+        self.try_s = 0.0  # of which, in tries
+        self.step_s = 0.0  # the last step's
         self.last_rates: dict[Choice, float] = {}
         self.counts: dict[Choice, int] = {}  # steps run under each choice
 
@@ -157,11 +165,13 @@ class AutoProposer(Proposer):
         if self.force is not None:
             return self.force(self.steps)
         rates = self.last_rates = self.rates(seqs)
+        self.in_try = self.exploring > 0
         if self.exploring:
             self.exploring -= 1
             return self.trying
         stale = [c for c in rates if self.since[c.mode] >= self.interval[c.mode]]
-        if stale:
+        if stale and self.affords_try(seqs):
+            self.in_try = True
             self.trying = max(stale, key=rates.__getitem__)
             self.exploring = EXPLORE_STEPS - 1
             mode = self.trying.mode
@@ -176,6 +186,22 @@ class AutoProposer(Proposer):
             self.settled, self.dwell = best, 0
             self.interval[best.mode] = EXPLORE_EVERY
         return self.settled
+
+    def affords_try(self, seqs: list[Sequence]) -> bool:
+        """Whether a try keeps the tries' share of the run within ``EXPLORE_BUDGET``. Its cost
+        is predicted as EXPLORE_STEPS steps at the last step's time, plus the draft catching up
+        on every token it has not seen at one single-row step's cost per token (an upper bound:
+        a catch-up takes a sequence's tokens in one forward)."""
+        per_row = (self.draft(len(seqs)) or 0.0) / max(1, len(seqs))
+        missed = sum(len(s) - 1 - self.sd.draft_ready(s) for s in seqs) if per_row else 0
+        cost = EXPLORE_STEPS * self.step_s + missed * per_row
+        return self.try_s + cost <= EXPLORE_BUDGET * (self.run_s + cost)
+
+    def book(self, step_s: float) -> None:
+        """A step of ``step_s`` seconds has run (part of a try or not)."""
+        self.step_s = step_s
+        self.run_s += step_s
+        self.try_s += step_s if self.in_try else 0.0
 
     # ---- the Proposer interface ----------------------------------------------------------------
 
@@ -208,6 +234,7 @@ class AutoProposer(Proposer):
         """Learn from the round just verified: its costs, every sequence's acceptance, and (an
         SSD step) the worker's cache outcomes."""
         latest = [(s, s.records[-1]) for s in seqs if s.records]
+        self.book(sum(r.step_s for _, r in latest))
         ssd_step = self.choice is not None and self.choice.mode == "ssd"
         self._observe_costs([r for _, r in latest], target_s, positions, ssd_step)
         for s, r in latest:

@@ -11,6 +11,7 @@ import pytest
 
 from saguaro import LLM, SamplingParams
 from saguaro.speculation.auto import (
+    EXPLORE_BUDGET,
     EXPLORE_EVERY,
     EXPLORE_STEPS,
     HYSTERESIS,
@@ -152,6 +153,28 @@ def test_a_mode_not_run_for_a_while_is_tried_again_less_often_while_it_loses():
     run_steps(auto, MIN_DWELL + 1)
     assert auto.settled == ar and auto.interval["ar"] == EXPLORE_EVERY
     assert auto.interval["sd"] == EXPLORE_EVERY  # sd was the settled choice all along
+
+
+def test_tries_keep_to_their_budget_of_time():
+    """Steps of 10 ms, a draft step of 4 ms a row and 20 tokens each sequence's draft has not
+    seen: a try is predicted at 3 x 10 + 20 x 4 = 110 ms, so none starts before the engine has
+    run 110 / 0.03 ms, and over a long run the tries take at most EXPLORE_BUDGET of the time."""
+    ar = Choice("ar", 0)
+    auto = chooser({ar: 200.0, Choice("sd", 1): 150.0, Choice("sd", K): 100.0})
+    auto.sd = SimpleNamespace(draft_ready=lambda s: len(s) - 21)
+    auto.draft.observe(1, 4 * MS)
+    seq = type("Seq", (), {"seq_id": 0, "__len__": lambda self: 100})()  # 100 tokens
+    modes = []
+    for _ in range(2000):
+        choice = auto.choose([seq])
+        auto.advance(choice)
+        auto.book(10 * MS)
+        modes.append(choice.mode)
+    first = modes.index("sd")
+    cost = EXPLORE_STEPS * 10 * MS + 20 * 4 * MS
+    assert first * 10 * MS >= cost * (1 - EXPLORE_BUDGET) / EXPLORE_BUDGET > EXPLORE_EVERY * 10 * MS
+    assert 0 < auto.try_s <= EXPLORE_BUDGET * auto.run_s
+    assert modes.count("sd") == round(auto.try_s / (10 * MS))  # every try step was booked
 
 
 # ---- exact across switches ---------------------------------------------------------------------
