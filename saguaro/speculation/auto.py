@@ -10,16 +10,20 @@ therefore samples exactly the target's distribution; under coupled sampling its 
 target's noise's and so the same in every mode.
 
 The SSD worker stays up while SD or AR runs (it idles, its cache for a round that never came
-unused): switching back costs one miss, not a start. Hysteresis keeps the choice from
-flapping: a new choice must beat the current one's predicted rate by ``HYSTERESIS``, and a choice
-runs at least ``MIN_DWELL`` steps. Estimates of a mode not chosen go stale, so a mode that has
-not run for ``EXPLORE_EVERY`` steps runs for ``EXPLORE_STEPS``; each try that leaves it unchosen
-doubles its interval, up to ``EXPLORE_MAX``, and being chosen resets it. A try costs more than its
-steps (the draft first catches up on every token it missed; SSD's first round after a pause
-misses), so tries also keep to a budget of time: one starts only if the tries so far and this
-one, at its predicted cost, stay within ``EXPLORE_BUDGET`` of the time the engine has run. What
-auto can lose to a fixed choice by exploring is thereby bounded by that share, and a short run
-whose first try would cost more never explores.
+unused): switching back costs one miss, not a start. Hysteresis keeps the choice from flapping:
+a new choice must beat the current one's predicted rate by ``HYSTERESIS``, and a choice runs at
+least ``MIN_DWELL`` steps. SD and SSD may settle only once ``MIN_ROUNDS`` speculative rounds have
+been observed: before, their rates rest on a prior acceptance, and a switch made on a prior pays
+the draft's catch-up for nothing when the draft is weak.
+
+Estimates of a mode not chosen go stale, so a mode that has not run for ``EXPLORE_EVERY`` steps
+runs for ``EXPLORE_STEPS``; each try that leaves it unchosen doubles its interval, up to
+``EXPLORE_MAX``, and being chosen resets it. A try costs more than its steps (the draft first
+catches up on every token it missed; SSD's first round after a pause misses), so tries also keep
+to a budget of time: one starts only if the tries so far and this one, at its predicted cost,
+stay within ``EXPLORE_BUDGET`` of the time the engine has run. What auto can lose to a fixed
+choice by exploring is thereby bounded by that share, and a short run whose first try would cost
+more never explores.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ EXPLORE_MAX = 2048  # the longest interval between tries of a mode that keeps lo
 EXPLORE_STEPS = 3
 EXPLORE_BUDGET = 0.03  # the largest share of the engine's time that tries may take
 PRIOR_ROUNDS = 8.0  # a request's own acceptance counts as much as the pool after this many
+MIN_ROUNDS = 8  # speculative rounds observed before SD or SSD may be the settled choice
 CALIBRATION_REPEATS = 2  # forwards timed per shape at start (the faster is kept)
 CALIBRATION_SEQS = (1, 2, 4, 8, 16, 32, 64)  # batch sizes timed at start, up to max_num_seqs
 
@@ -70,6 +75,7 @@ class Acceptance:
     alpha: float = EMA_ALPHA
     pooled: list[float] = field(init=False)
     own: dict[int, tuple[list[int], list[int]]] = field(default_factory=dict)  # tried, accepted
+    rounds: int = 0  # rounds observed, all requests together
 
     def __post_init__(self) -> None:
         self.pooled = [PRIOR_ACCEPT] * self.k_max
@@ -78,6 +84,7 @@ class Acceptance:
         """A round that verified ``drafted`` proposals and accepted ``accepted``: positions
         1..accepted were accepted, position accepted + 1 (if drafted) rejected. ``seq_id``
         None: the pool only (the request has ended)."""
+        self.rounds += 1
         own = None
         if seq_id is not None:
             own = self.own.setdefault(seq_id, ([0] * self.k_max, [0] * self.k_max))
@@ -177,7 +184,10 @@ class AutoProposer(Proposer):
             mode = self.trying.mode
             self.interval[mode] = min(2 * self.interval[mode], EXPLORE_MAX)
             return self.trying
-        best, settled = max(rates, key=rates.__getitem__), self.settled
+        # Until speculation has been seen (by a try), its rates rest on the prior acceptance
+        # alone: only measured choices may settle.
+        known = [c for c in rates if c.mode == "ar" or self.acceptance.rounds >= MIN_ROUNDS]
+        best, settled = max(known, key=rates.__getitem__), self.settled
         if (
             settled is None
             or settled not in rates

@@ -16,6 +16,7 @@ from saguaro.speculation.auto import (
     EXPLORE_STEPS,
     HYSTERESIS,
     MIN_DWELL,
+    MIN_ROUNDS,
     Acceptance,
     AutoProposer,
 )
@@ -107,10 +108,12 @@ def test_acceptance_per_request_leans_on_the_pool_until_it_has_its_own():
     assert 1 not in acc.own
 
 
-def chooser(predicted: dict[Choice, float]) -> AutoProposer:
-    """An AutoProposer whose cost model predicts ``predicted`` (tokens/s) whatever the batch."""
+def chooser(predicted: dict[Choice, float], seen: int = MIN_ROUNDS) -> AutoProposer:
+    """An AutoProposer whose cost model predicts ``predicted`` (tokens/s) whatever the batch,
+    having observed ``seen`` speculative rounds."""
     auto = AutoProposer(SimpleNamespace(), None, K, 8)
     auto.rates = lambda seqs: predicted
+    auto.acceptance.rounds = seen
     return auto
 
 
@@ -153,6 +156,19 @@ def test_a_mode_not_run_for_a_while_is_tried_again_less_often_while_it_loses():
     run_steps(auto, MIN_DWELL + 1)
     assert auto.settled == ar and auto.interval["ar"] == EXPLORE_EVERY
     assert auto.interval["sd"] == EXPLORE_EVERY  # sd was the settled choice all along
+
+
+def test_speculation_settles_only_once_its_rounds_have_been_seen():
+    """Rates of SD resting on the prior acceptance alone do not switch away from AR; a try's
+    rounds, once observed, let them."""
+    ar, sd = Choice("ar", 0), Choice("sd", K)
+    auto = chooser({ar: 100.0, sd: 200.0}, seen=0)
+    assert run_steps(auto, EXPLORE_EVERY) == [ar] * EXPLORE_EVERY
+    assert run_steps(auto, EXPLORE_STEPS) == [sd] * EXPLORE_STEPS  # the try
+    assert run_steps(auto, MIN_DWELL + 1) == [ar] * (MIN_DWELL + 1)  # nothing observed
+    for _ in range(MIN_ROUNDS):
+        auto.acceptance.observe(0, drafted=K, accepted=K)
+    assert run_steps(auto, MIN_DWELL + 1)[-1] == sd
 
 
 def test_tries_keep_to_their_budget_of_time():
