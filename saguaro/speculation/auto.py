@@ -244,9 +244,13 @@ class AutoProposer(Proposer):
         """Learn from the round just verified: its costs, every sequence's acceptance, and (an
         SSD step) the worker's cache outcomes."""
         latest = [(s, s.records[-1]) for s in seqs if s.records]
-        self.book(sum(r.step_s for _, r in latest))
+        records = [r for _, r in latest]
+        # each record holds its share of the step, of the forward and of the proposing (SD's
+        # drafting, SSD's wait)
+        step_s = sum(r.step_s for r in records)
+        self.book(step_s)
         ssd_step = self.choice is not None and self.choice.mode == "ssd"
-        self._observe_costs([r for _, r in latest], target_s, positions, ssd_step)
+        self._observe_costs(records, step_s, target_s, positions, ssd_step)
         for s, r in latest:
             if r.num_drafted and r.backup != "fast":
                 seq_id = None if s.is_finished else s.seq_id
@@ -255,16 +259,18 @@ class AutoProposer(Proposer):
             self.ssd.observe(seqs, target_s, positions)
 
     def _observe_costs(
-        self, records: list[RoundRecord], target_s: float, positions: int, ssd_step: bool
+        self,
+        records: list[RoundRecord],
+        step_s: float,
+        target_s: float,
+        positions: int,
+        ssd_step: bool,
     ) -> None:
         """The forward's cost (only when it scored these rounds alone: a prompt chunk in the
         same forward would blur it), the rest of the step, and the draft's steps."""
         if not records or positions != sum(r.num_drafted + 1 for r in records):
             return
         (self.ssd_target if ssd_step else self.target).observe(positions, target_s)
-        # each record holds its share of the step, of the forward and of the proposing (SD's
-        # drafting, SSD's wait)
-        step_s = sum(r.step_s for r in records)
         draft_s = sum(r.draft_s for r in records)
         self.other.observe(positions, max(0.0, step_s - target_s - draft_s))
         k = max(r.num_drafted for r in records)
