@@ -35,6 +35,9 @@ SIGNATURES = {
     "saguaro_attention": [C_PTR, C_INT64, C_INT64, C_INT64, C_PTR, C_PTR, C_INT, C_INT64]
     + [C_PTR, C_INT64, C_PTR, C_INT64, C_PTR, C_FLOAT, C_PTR, C_PTR, C_INT],
     "saguaro_layers": [C_PTR, C_INT64, C_PTR, C_PTR],
+    "saguaro_gumbel_argmax": [C_PTR, C_INT64, C_INT64, C_PTR, C_PTR, C_PTR, C_INT64, C_PTR]
+    + [C_INT],
+    "saguaro_hash_words": [C_PTR, C_PTR, C_PTR, C_INT64, C_INT64, C_PTR],
 }
 
 RESTYPES = {"saguaro_rope_cache": C_INT, "saguaro_layers": C_INT}  # the others return nothing
@@ -97,3 +100,14 @@ def build(flags: tuple[str, ...]) -> ctypes.CDLL:
 def library() -> ctypes.CDLL:
     """The compiled kernels for this CPU."""
     return build(tuple(default_flags()))
+
+
+@cache
+def available() -> bool:
+    """Whether the kernels can be had here (a C compiler, or a build already cached); callers
+    that have a torch path of their own take it otherwise."""
+    try:
+        library()
+    except ModelLoadError:
+        return False
+    return True

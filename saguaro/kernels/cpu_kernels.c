@@ -1,5 +1,6 @@
 /* saguaro's CPU kernels: weight-only quantized and dense linear layers, RMSNorm, SwiGLU and
- * paged attention, each computing a row's result in an order fixed by the row alone.
+ * paged attention, each computing a row's result in an order fixed by the row alone; and, at
+ * the end, sampling's counter-based noise (integer hashing, the same bits as torch's).
  *
  * Batch invariance. Every output element is one chain of float operations whose order depends
  * on the shapes of the model (K, D, the keys a query sees), never on how many rows share the
@@ -594,4 +595,84 @@ int saguaro_layers(const LayerArg *layers, int64_t n_layers, const StepArg *s, f
         }
     for (int i = 0; i < BUFFERS; i++) free(buf[i]);
     return failed ? -2 : 0;
+}
+
+/* Coupled sampling's perturbed argmax (saguaro.sampling.coupled), one row at a time:
+ *     out[r] = the first v with z_v >= thr[r] maximising  (double)z_v + g_v,
+ *     g_v = -log(-log u_v),  u_v = ((w_v >> 11) + 0.5) 2^-53,  w_v = mix(key[r] + v G),
+ * the noise of saguaro.sampling.noise: key[r] = mix(mix(mix(s + G) + i G) + purpose G) for the
+ * row's seed s and position i, mix SplitMix64's finaliser, in unsigned arithmetic that wraps as
+ * torch's int64 does. A row's result depends on that row alone.
+ *
+ * Most tokens are ruled out without a logarithm. With r = 2^53 - (w_v >> 11) >= 1, so that
+ * 1 - u = (r - 1/2) 2^-53 >= r 2^-54, and -log u >= 1 - u:
+ *     g_v <= -log(1 - u) <= 54 ln 2 - ln r <= ln 2 (clz(r) - 9),
+ * since floor(log2 r) = 63 - clz(r). A token whose z_v plus that bound stays below the best
+ * value found so far (less a slack far above the rounding of either side) cannot win; before
+ * hashing, the same holds with GUMBEL_MAX, the largest g any 53-bit u gives. The row's
+ * largest z is scored first, so the best value starts near its final one. */
+static const uint64_t NOISE_GOLDEN = 0x9E3779B97F4A7C15ull, NOISE_MIX1 = 0xBF58476D1CE4E5B9ull,
+                      NOISE_MIX2 = 0x94D049BB133111EBull;
+static const double NOISE_GUMBEL_MAX = 37.42994775023705, NOISE_SLACK = 0x1p-30,
+                    NOISE_LN2 = 0.6931471805599453;
+
+INLINE uint64_t noise_mix(uint64_t x) {
+    x = (x ^ (x >> 30)) * NOISE_MIX1;
+    x = (x ^ (x >> 27)) * NOISE_MIX2;
+    return x ^ (x >> 31);
+}
+
+INLINE uint64_t noise_key(int64_t seed, int64_t position, int64_t purpose) {
+    const uint64_t key = noise_mix((uint64_t)seed + NOISE_GOLDEN);
+    return noise_mix(noise_mix(key + (uint64_t)position * NOISE_GOLDEN) +
+                     (uint64_t)purpose * NOISE_GOLDEN);
+}
+
+/* out[i] = key(seed[i], position[i], purpose), then mix(out[i] + column[i] G) where columns are
+ * given: saguaro.sampling.noise.hash_words, elementwise over n broadcast elements. */
+void saguaro_hash_words(const int64_t *seed, const int64_t *position, const int64_t *column,
+                        int64_t n, int64_t purpose, int64_t *out) {
+    for (int64_t i = 0; i < n; i++) {
+        const uint64_t key = noise_key(seed[i], position[i], purpose);
+        out[i] = (int64_t)(column ? noise_mix(key + (uint64_t)column[i] * NOISE_GOLDEN) : key);
+    }
+}
+
+INLINE double noise_value(float z, uint64_t bits53) {
+    const double u = ((double)bits53 + 0.5) * 0x1p-53;
+    return (double)z + -log(-log(u));
+}
+
+static int64_t gumbel_argmax_row(const float *z, int64_t vocab, float thr, uint64_t key) {
+    int64_t best_v = -1;
+    for (int64_t v = 0; v < vocab; v++)  /* the largest kept z, first among ties */
+        if (z[v] >= thr && (best_v < 0 || z[v] > z[best_v])) best_v = v;
+    if (best_v < 0) return 0;
+    double best = noise_value(z[best_v], noise_mix(key + (uint64_t)best_v * NOISE_GOLDEN) >> 11);
+    double bar = best - NOISE_SLACK * (1.0 + fabs(best));
+    uint64_t column = key;  /* key + v G */
+    for (int64_t v = 0; v < vocab; v++, column += NOISE_GOLDEN) {
+        const float zv = z[v];
+        if (!(zv >= thr) || (double)zv + NOISE_GUMBEL_MAX < bar) continue;
+        const uint64_t bits = noise_mix(column) >> 11;
+        const int lead = __builtin_clzll((1ull << 53) - bits);
+        if ((double)zv + NOISE_LN2 * (lead - 9) < bar) continue;
+        const double value = noise_value(zv, bits);
+        if (value > best || (value == best && v < best_v)) {
+            best = value;
+            best_v = v;
+            bar = best - NOISE_SLACK * (1.0 + fabs(best));
+        }
+    }
+    return best_v;
+}
+
+/* z [rows, vocab] float32 (scaled logits), thr, seed and position [rows]; out [rows] int64. */
+void saguaro_gumbel_argmax(const float *z, int64_t rows, int64_t vocab, const float *thr,
+                           const int64_t *seed, const int64_t *position, int64_t purpose,
+                           int64_t *out, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t r = 0; r < rows; r++)
+        out[r] = gumbel_argmax_row(z + r * vocab, vocab, thr[r], noise_key(seed[r], position[r],
+                                                                            purpose));
 }

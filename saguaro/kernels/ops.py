@@ -197,6 +197,45 @@ def attention(
     return out
 
 
+def hash_words(
+    seeds: torch.Tensor, positions: torch.Tensor, purpose: int, columns: torch.Tensor | None
+) -> torch.Tensor:
+    """The int64 words of :func:`saguaro.sampling.noise.hash_words` (the same bits), for
+    int64 tensors of one shape."""
+    parts = [t.contiguous() for t in (seeds, positions, columns) if t is not None]
+    if any(t.dtype != torch.int64 or t.shape != seeds.shape for t in parts):
+        raise ValueError("hash kernel: int64 seeds, positions and columns of one shape")
+    out = torch.empty(seeds.shape, dtype=torch.int64)
+    ptrs = [t.data_ptr() for t in parts] + [None] * (3 - len(parts))
+    library().saguaro_hash_words(*ptrs, out.numel(), purpose, out.data_ptr())
+    return out
+
+
+def gumbel_argmax(
+    z: torch.Tensor, thr: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor, purpose: int
+) -> torch.Tensor:
+    """[R] int64: per row of the scaled logits z [R, V] (float32), the first ``v`` with
+    ``z_v >= thr`` maximising ``z_v + g_v``, ``g_v = -log(-log u(seed, position, purpose, v))``
+    the Gumbel noise of :mod:`saguaro.sampling.noise` for the row's int64 seed and position."""
+    shape = (z.shape[0],)
+    if (
+        z.dtype != torch.float32
+        or z.dim() != 2
+        or any(t.shape != shape for t in (thr, seeds, positions))
+    ):
+        raise ValueError(f"gumbel kernel: z {tuple(z.shape)} {z.dtype}, thr {tuple(thr.shape)}")
+    z = z.contiguous()
+    rows, vocab = z.shape
+    thr = _f32(thr)
+    seeds, positions = (t.to(torch.int64).contiguous() for t in (seeds, positions))
+    out = torch.empty(rows, dtype=torch.int64)
+    library().saguaro_gumbel_argmax(
+        z.data_ptr(), rows, vocab, thr.data_ptr(), seeds.data_ptr(), positions.data_ptr(),
+        purpose, out.data_ptr(), _threads(),
+    )  # fmt: skip
+    return out
+
+
 class _Layer(ctypes.Structure):
     _fields_ = [(f, _Linear) for f in ("qkv", "o", "gate_up", "down")]
     _fields_ += [(f, ctypes.c_void_p) for f in ("input_norm", "post_norm", "k_cache", "v_cache")]

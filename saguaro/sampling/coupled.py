@@ -23,14 +23,17 @@ Only tokens that can win are given noise: a token whose scaled logit is more tha
 ``GUMBEL_MAX`` below the best perturbed value found so far cannot win (no Gumbel value exceeds
 ``GUMBEL_MAX``). The search starts from the ``CANDIDATES`` largest logits of a row and falls
 back to the whole row only when a token outside them could still win, so the result is the
-exact argmax.
+exact argmax. On the CPU a kernel runs the same search over the whole row with a sharper bound,
+one per token from its hash alone (``g_v <= -log(1 - u_v)``, read off the hash's leading
+zeros), and takes logarithms only for the few tokens that bound leaves in the race.
 """
 
 from __future__ import annotations
 
 import torch
 
-from saguaro.sampling.noise import GUMBEL_MAX, gumbels
+from saguaro.kernels import build, ops
+from saguaro.sampling.noise import GUMBEL_MAX, Purpose, gumbels
 from saguaro.sampling.probs import Dist, SamplingTensors, process
 from saguaro.sampling.reduce import argmax_rows, topk_rows
 from saguaro.sampling.sampler import draft_support
@@ -41,10 +44,32 @@ CANDIDATES = 64  # largest logits per row given noise first
 
 def perturbed_argmax(dist: Dist, seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """[R] int64: ``argmax_{v kept} (z_v + g(seed, position)[v])`` per row of ``dist``, the
-    argmax itself for greedy rows."""
+    argmax itself for greedy rows (the first index among tied values).
+
+    On the CPU saguaro's kernel computes it (:func:`saguaro.kernels.ops.gumbel_argmax`, which
+    rules out most tokens without computing their noise); elsewhere, or without a C compiler,
+    :func:`perturbed_argmax_torch`. The two agree except where two perturbed values of a row
+    lie within their logarithms' last-bit rounding of each other."""
     if dist.z is None:
         return dist.argmax
-    rows, vocab = dist.z.shape
+    if dist.z.device.type != "cpu" or not build.available():
+        return perturbed_argmax_torch(dist, seeds, positions)
+    tokens = dist.argmax.clone()
+    r = (~dist.greedy).nonzero()[:, 0]
+    if len(r):
+        z, thr = (dist.z, dist.thr) if len(r) == len(tokens) else (dist.z[r], dist.thr[r])
+        tokens[r] = ops.gumbel_argmax(z, thr, seeds[r], positions[r], Purpose.GUMBEL)
+    return tokens
+
+
+def perturbed_argmax_torch(
+    dist: Dist, seeds: torch.Tensor, positions: torch.Tensor
+) -> torch.Tensor:
+    """:func:`perturbed_argmax` in torch's operators, on any device: the search starts from the
+    ``CANDIDATES`` largest values of each row (see the module docstring)."""
+    if dist.z is None:
+        return dist.argmax
+    vocab = dist.z.shape[1]
     width = min(CANDIDATES, vocab)
     values, ids = topk_rows(dist.z, width)
     noisy = values.double() + gumbels(seeds[:, None], positions[:, None], ids)

@@ -30,6 +30,8 @@ import math
 
 import torch
 
+from saguaro.kernels import build, ops
+
 MASK64 = (1 << 64) - 1
 MANTISSA_BITS = 53  # a float64 represents every multiple of 2^-53 in [0, 1) exactly
 # SplitMix64's increment and finaliser multipliers (Steele, Lea, Flood 2014).
@@ -71,7 +73,23 @@ def hash_words(
     columns: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """int64 words ``mix(mix(mix(seed + G) + pos * G) + purpose * G)``, with a vocabulary
-    column folded in by one more ``mix(h + column * G)``; broadcast over the inputs."""
+    column folded in by one more ``mix(h + column * G)``; broadcast over the inputs. On the CPU
+    saguaro's kernel computes the same bits in one pass (a few element-wise torch operators
+    cost more than the hash itself at the sizes sampling asks for)."""
+    inputs = [t for t in (seeds, positions, columns) if t is not None]
+    if any(t.device.type != "cpu" for t in inputs) or not build.available():
+        return hash_words_torch(seeds, positions, purpose, columns)
+    parts = [t.to(torch.int64) for t in torch.broadcast_tensors(*inputs)]
+    return ops.hash_words(parts[0], parts[1], int(purpose), parts[2] if len(parts) > 2 else None)
+
+
+def hash_words_torch(
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+    purpose: int,
+    columns: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """:func:`hash_words` in torch's int64 operators, on any device."""
     g = as_int64(GOLDEN)
     h = _mix(seeds.to(torch.int64) + g)
     h = _mix(h + positions.to(torch.int64) * g)

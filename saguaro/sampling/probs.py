@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -114,11 +115,24 @@ class Dist:
 
     z: torch.Tensor | None  # [R, V] float32 scaled logits, max 0 (greedy rows: unscaled)
     thr: torch.Tensor  # [R] float32 smallest kept z (-inf: all kept)
-    lse: torch.Tensor  # [R] float32 log-sum-exp of z over the kept set
     greedy: torch.Tensor  # [R] bool
     argmax: torch.Tensor  # [R] int64
     vocab_size: int
     valid: torch.Tensor  # [R] bool: the row's max is finite (no NaN, no inf, not all -inf)
+
+    @cached_property
+    def lse(self) -> torch.Tensor:
+        """[R] float32 log-sum-exp of z over the kept set (0 without z). Computed when first
+        read: coupled sampling never reads it."""
+        if self.z is None:
+            return torch.zeros(len(self.thr), device=self.thr.device)
+        thr = self.thr[:, None]
+        kept = (
+            self.z
+            if bool((thr == -torch.inf).all())
+            else self.z.masked_fill(self.z < thr, -torch.inf)
+        )
+        return torch.logsumexp(kept, dim=-1)
 
     def log_prob(self, rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """float64 ``log p_rows(tokens)`` (same shape as ``rows`` and ``tokens``)."""
@@ -172,8 +186,7 @@ def process(logits: torch.Tensor, st: SamplingTensors, candidates: int = CANDIDA
         top, argmax = max_rows(x)
     if st.all_greedy():  # nothing to temper or filter
         inf = torch.full((rows,), -torch.inf, device=device)
-        zero = torch.zeros(rows, device=device)
-        return Dist(None, inf, zero, greedy, argmax, vocab, valid)
+        return Dist(None, inf, greedy, argmax, vocab, valid)
     # Greedy rows are never read through z; divide them by 1 to keep them finite.
     t = torch.where(greedy, 1.0, st.temperature.to(device))
     z = (x - top[:, None]).div_(t[:, None])
@@ -181,9 +194,7 @@ def process(logits: torch.Tensor, st: SamplingTensors, candidates: int = CANDIDA
     top_p = torch.where(greedy, 1.0, st.top_p.to(device))
     min_p = torch.where(greedy, -torch.inf, st.log_min_p.to(device))
     thr = cutoffs(z, top_k, top_p, candidates, min_p)
-    kept = z if bool((thr == -torch.inf).all()) else z.masked_fill(z < thr[:, None], -torch.inf)
-    lse = torch.logsumexp(kept, dim=-1)
-    return Dist(z, thr, lse, greedy, argmax, vocab, valid)
+    return Dist(z, thr, greedy, argmax, vocab, valid)
 
 
 def cutoffs(

@@ -8,11 +8,13 @@ import torch
 from saguaro.sampling import SamplingParams, SamplingTensors, coupled, logits_to_probs, process
 from saguaro.sampling.coupled import (
     perturbed_argmax,
+    perturbed_argmax_torch,
     propose_coupled,
     ranked_proposals,
     verify_coupled,
 )
-from saguaro.sampling.noise import seed_tensor
+from saguaro.sampling.noise import gumbels, seed_tensor
+from saguaro.sampling.probs import Dist
 from tests.stats import assert_samples_follow
 
 N = 200_000
@@ -48,17 +50,45 @@ def test_greedy_rows_take_the_argmax():
     assert targets(100, z, SamplingParams(temperature=0)).tolist() == [1] * 100
 
 
+def full_row_argmax(dist, seeds, pos) -> torch.Tensor:
+    """The definition: every kept token given its noise, the first index among tied maxima."""
+    vocab = dist.z.shape[1]
+    full = dist.z.double() + gumbels(seeds[:, None], pos[:, None], torch.arange(vocab)[None])
+    full.masked_fill_(dist.z < dist.thr[:, None], -torch.inf)
+    return torch.where(dist.greedy, dist.argmax, full.argmax(dim=-1))
+
+
+def rows_of_every_kind(vocab: int, n: int = 40, seed: int = 1):
+    """Flat to peaked rows (a scale per row), under every PARAMS and greedy, some with -inf."""
+    g = seeded(seed)
+    z = torch.randn(n, vocab, generator=g) * torch.logspace(-2, 1.5, n)[:, None]
+    z[::7, : vocab // 3] = -torch.inf
+    params = [*PARAMS, SamplingParams(temperature=0), SamplingParams(temperature=1e-30)]
+    st = SamplingTensors.from_params([params[i % len(params)] for i in range(n)])
+    return process(z, st), seed_tensor(list(range(n))), torch.arange(n) * 5
+
+
 @pytest.mark.parametrize("vocab", [100, 5000])
-def test_candidate_search_is_the_exact_argmax(monkeypatch, vocab):
-    """The search from the largest logits equals the argmax over every token, on flat rows (the
-    fallback runs) and peaked ones (it does not)."""
-    g = seeded(1)
-    z = torch.randn(40, vocab, generator=g) * torch.linspace(0.1, 30, 40)[:, None]
-    st = SamplingTensors.from_params([PARAMS[i % len(PARAMS)] for i in range(40)])
-    seeds, pos = seed_tensor(list(range(40))), torch.arange(40)
-    fast = perturbed_argmax(process(z, st), seeds, pos)
-    monkeypatch.setattr(coupled, "CANDIDATES", vocab)
-    assert torch.equal(fast, perturbed_argmax(process(z, st), seeds, pos))
+def test_candidate_search_is_the_exact_argmax(vocab):
+    """torch's search from the largest logits equals the argmax over every token, on flat rows
+    (the fallback runs) and peaked ones (it does not)."""
+    dist, seeds, pos = rows_of_every_kind(vocab)
+    assert torch.equal(perturbed_argmax_torch(dist, seeds, pos), full_row_argmax(dist, seeds, pos))
+
+
+@pytest.mark.parametrize("vocab", [7, 5000, 151_936])
+def test_the_kernels_search_is_the_exact_argmax(vocab):
+    """The CPU kernel (a per-token bound from the hash, logarithms only for what it leaves)
+    equals the argmax over every token, tiny to Qwen-sized vocabularies, and a row's token is
+    the same alone as in its batch."""
+    dist, seeds, pos = rows_of_every_kind(vocab, n=40 if vocab < 100_000 else 8)
+    tokens = perturbed_argmax(dist, seeds, pos)
+    assert torch.equal(tokens, full_row_argmax(dist, seeds, pos))
+    for i in (0, 5, 6):
+        row = slice(i, i + 1)
+        fields = (dist.z, dist.thr, dist.greedy, dist.argmax)
+        alone = Dist(*(f[row] for f in fields), vocab, dist.valid[row])
+        assert perturbed_argmax(alone, seeds[row], pos[row]).item() == tokens[i].item()
 
 
 def test_verification_commits_the_targets_tokens_whatever_is_proposed():

@@ -14,7 +14,7 @@ from saguaro.sampling import (
     seed_tensor,
     uniforms,
 )
-from saguaro.sampling.noise import GOLDEN, MASK64, MIX1, MIX2, hash_words
+from saguaro.sampling.noise import GOLDEN, MASK64, MIX1, MIX2, hash_words, hash_words_torch
 from tests.stats import assert_samples_follow, tv_distance, tv_noise_floor
 
 N = 200_000  # draws for vectorised distribution checks
@@ -42,16 +42,26 @@ def _mix(x: int) -> int:
     return x ^ (x >> 31)
 
 
-def test_hash_matches_python_integers():
-    """int64 tensor arithmetic wraps exactly like the unsigned 64-bit hash it stands for."""
+@pytest.mark.parametrize("words", [hash_words, hash_words_torch], ids=["kernel", "torch"])
+def test_hash_matches_python_integers(words):
+    """The kernel's unsigned arithmetic and torch's wrapping int64 arithmetic both compute the
+    unsigned 64-bit hash, with and without a vocabulary column, broadcast."""
     seeds = [0, 1, 2**63 - 1, 2**63, 2**64 - 1, 987654321987654321]
     positions = [0, 1, 5, 2**40, 131_071, 7]
-    got = hash_words(seed_tensor(seeds), torch.tensor(positions), Purpose.SAMPLE).tolist()
-    for h, seed, pos in zip(got, seeds, positions, strict=True):
-        ref = _mix((seed + GOLDEN) & MASK64)
-        ref = _mix((ref + pos * GOLDEN) & MASK64)
-        ref = _mix((ref + int(Purpose.SAMPLE) * GOLDEN) & MASK64)
-        assert h & MASK64 == ref
+    columns = [0, 3, 151_935]
+    got = words(seed_tensor(seeds), torch.tensor(positions), Purpose.SAMPLE).tolist()
+    folded = words(
+        seed_tensor(seeds)[:, None], torch.tensor(positions)[:, None], Purpose.GUMBEL,
+        torch.tensor(columns)[None],
+    ).tolist()  # fmt: skip
+    for i, (seed, pos) in enumerate(zip(seeds, positions, strict=True)):
+        key = _mix((seed + GOLDEN) & MASK64)
+        key = _mix((key + pos * GOLDEN) & MASK64)
+        assert got[i] & MASK64 == _mix((key + int(Purpose.SAMPLE) * GOLDEN) & MASK64)
+        key = _mix((key + int(Purpose.GUMBEL) * GOLDEN) & MASK64)
+        assert [w & MASK64 for w in folded[i]] == [
+            _mix((key + c * GOLDEN) & MASK64) for c in columns
+        ]
 
 
 def test_uniforms_are_uniform_and_independent_across_keys():
