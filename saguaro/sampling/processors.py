@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from saguaro.sampling.params import SamplingParams
@@ -43,11 +44,13 @@ class Processors:
     bias_values: torch.Tensor  # [B] float32
     bad_words: list[tuple[int, ...]]  # token sequences never generated
     stop_ids: list[int]  # banned while fewer than min_tokens tokens are generated
-    prompt_mask: torch.Tensor | None  # [V] bool, the prompt's tokens (repetition penalty only)
-    counts: torch.Tensor | None  # [V] float32, c_t over the generated tokens (penalties only)
+    # The penalties' bookkeeping is NumPy's: a round takes a few small array operations per
+    # request, and each costs NumPy less than torch.
+    prompt_mask: np.ndarray | None  # [V] bool, the prompt's tokens (repetition penalty only)
+    counts: np.ndarray | None  # [V] float32, c_t over the generated tokens (penalties only)
     # Sorted ids whose logits a penalty can change: generated ones, and the prompt's under a
     # repetition penalty. Penalties touch only these columns, not the whole vocabulary.
-    support: torch.Tensor | None = None
+    support: np.ndarray | None = None
     grammar: Grammar | None = None  # structured output
     counted: int = 0  # generated tokens already in ``counts``
 
@@ -74,11 +77,10 @@ class Processors:
         penalised = bool(params.presence_penalty or params.frequency_penalty)
         repeats = params.repetition_penalty != 1
         prompt_mask = None
-        empty = torch.zeros(0, dtype=torch.int64)
-        support = empty if penalised or repeats else None
+        support = np.zeros(0, dtype=np.int64) if penalised or repeats else None
         if repeats:
-            prompt_mask = torch.zeros(vocab_size, dtype=torch.bool)
-            support = torch.tensor(sorted(set(prompt_ids)), dtype=torch.int64)
+            prompt_mask = np.zeros(vocab_size, dtype=bool)
+            support = np.unique(np.asarray(prompt_ids, dtype=np.int64))
             prompt_mask[support] = True
         return cls(
             params=params,
@@ -87,7 +89,7 @@ class Processors:
             bad_words=[tuple(w) for w in bad_words if w],
             stop_ids=sorted(set(stop_ids)) if params.min_tokens else [],
             prompt_mask=prompt_mask,
-            counts=torch.zeros(vocab_size) if penalised or repeats else None,
+            counts=np.zeros(vocab_size, dtype=np.float32) if penalised or repeats else None,
             support=support,
             grammar=grammar,
         )
@@ -97,9 +99,9 @@ class Processors:
         assert self.counts is not None and self.support is not None
         new = generated[self.counted :]
         if new:
-            ids = torch.tensor(list(new), dtype=torch.int64)
-            self.counts.index_add_(0, ids, torch.ones(len(new)))
-            self.support = torch.unique(torch.cat([self.support, ids]))
+            ids = np.asarray(new, dtype=np.int64)
+            np.add.at(self.counts, ids, 1.0)
+            self.support = np.union1d(self.support, ids)
             self.counted = len(generated)
 
     def banned(self, generated: Sequence[int]) -> list[int]:
@@ -148,23 +150,21 @@ class Processors:
         self._catch_up(generated)
         assert self.counts is not None and self.support is not None
         ids = self.support
-        seen = sorted({t for prefix in prefixes for t in prefix})
-        if seen:
-            ids = torch.unique(torch.cat([ids, torch.tensor(seen, dtype=torch.int64)]))
-        counts = self.counts[ids].expand(len(prefixes), -1).clone()  # [m, |support|]
         pairs = [(j, t) for j, prefix in enumerate(prefixes) for t in prefix]
+        if pairs:
+            ids = np.union1d(ids, [t for _, t in pairs])
+        counts = np.repeat(self.counts[ids][None], len(prefixes), axis=0)  # [m, |support|]
         if pairs:  # row j also counts its prefix's tokens
-            at, tokens = zip(*pairs, strict=True)
-            columns = torch.searchsorted(ids, torch.tensor(tokens, dtype=torch.int64))
-            counts.index_put_((torch.tensor(at), columns), torch.ones(len(pairs)), accumulate=True)
-        columns = ids.to(block.device)
+            at, tokens = np.asarray(pairs, dtype=np.int64).T
+            np.add.at(counts, (at, np.searchsorted(ids, tokens)), 1.0)
+        columns = torch.from_numpy(ids).to(block.device)
         values = block[:, columns]
-        counts = counts.to(block.device)
+        counts = torch.from_numpy(counts).to(block.device)
         seen = counts > 0
         if p.repetition_penalty != 1:
             assert self.prompt_mask is not None
             r = p.repetition_penalty
-            hit = seen | self.prompt_mask[ids].to(block.device)
+            hit = seen | torch.from_numpy(self.prompt_mask[ids]).to(block.device)
             values = torch.where(hit, torch.where(values > 0, values / r, values * r), values)
         if p.frequency_penalty:
             values = values - counts * p.frequency_penalty

@@ -164,3 +164,9 @@ def test_shapes_the_kernels_cannot_take_are_refused():
     q, k_cache, v_cache, key_slots, mask, rows = attention_case(torch.float32)
     with pytest.raises(ValueError, match="attention kernel"):
         ops.attention(q[..., :8], k_cache[..., :8], v_cache[..., :8], key_slots, mask, rows, 1.0)
+    with pytest.raises(ValueError, match="gumbel kernel"):
+        ops.gumbel_argmax(torch.randn(2, 8), torch.zeros(3), torch.zeros(2), torch.zeros(2), 4)
+    with pytest.raises(ValueError, match="hash kernel"):
+        ops.hash_words(
+            torch.zeros(2, dtype=torch.int64), torch.zeros(3, dtype=torch.int64), 1, None
+        )
