@@ -108,6 +108,6 @@ def available() -> bool:
     that have a torch path of their own take it otherwise."""
     try:
         library()
-    except ModelLoadError:
+    except (ModelLoadError, OSError):  # no compiler, or a library the loader refuses
         return False
     return True
