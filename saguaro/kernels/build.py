@@ -38,6 +38,7 @@ SIGNATURES = {
     "saguaro_gumbel_argmax": [C_PTR, C_INT64, C_INT64, C_PTR, C_PTR, C_PTR, C_INT64, C_PTR]
     + [C_INT],
     "saguaro_hash_words": [C_PTR, C_PTR, C_PTR, C_INT64, C_INT64, C_PTR],
+    "saguaro_sample_rows": [C_PTR, C_INT64, C_INT64, C_PTR, C_PTR, C_PTR, C_PTR, C_INT],
 }
 
 RESTYPES = {"saguaro_rope_cache": C_INT, "saguaro_layers": C_INT}  # the others return nothing

@@ -676,3 +676,35 @@ void saguaro_gumbel_argmax(const float *z, int64_t rows, int64_t vocab, const fl
         out[r] = gumbel_argmax_row(z + r * vocab, vocab, thr[r], noise_key(seed[r], position[r],
                                                                             purpose));
 }
+
+/* Inverse-CDF draws from processed rows (saguaro.sampling.verify's final draw), one row at a
+ * time: with w_v = expf(z_v) where z_v >= thr[r] (else 0) and C_v = w_0 + ... + w_v summed in
+ * double, out[r] = the first v with C_v > x, x = min(u[r] C_V, the double below C_V); mass[r]
+ * = C_V. The second pass adds the same terms in the same order as the first, so it reaches C_V
+ * and stops within the row; a zero-weight token never stops it (its C equals the one before).
+ * z is at most 0 (scaled logits less their maximum), so no weight overflows. */
+static int64_t sample_row(const float *z, int64_t vocab, float thr, double u, double *mass) {
+    double total = 0.0;
+    for (int64_t v = 0; v < vocab; v++)
+        if (z[v] >= thr) total += (double)expf(z[v]);
+    *mass = total;
+    double x = u * total;
+    const double below = nextafter(total, 0.0);
+    if (x > below) x = below;
+    double c = 0.0;
+    for (int64_t v = 0; v < vocab; v++)
+        if (z[v] >= thr) {
+            c += (double)expf(z[v]);
+            if (c > x) return v;
+        }
+    return vocab - 1;
+}
+
+/* z [rows, vocab] float32, thr [rows] float32, u [rows] float64 in (0, 1); out [rows] int64,
+ * mass [rows] float64. */
+void saguaro_sample_rows(const float *z, int64_t rows, int64_t vocab, const float *thr,
+                         const double *u, int64_t *out, double *mass, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t r = 0; r < rows; r++)
+        out[r] = sample_row(z + r * vocab, vocab, thr[r], u[r], mass + r);
+}

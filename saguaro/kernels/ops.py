@@ -236,6 +236,27 @@ def gumbel_argmax(
     return out
 
 
+def sample_rows(
+    z: torch.Tensor, thr: torch.Tensor, u: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row of the scaled logits z [R, V] (float32, at most 0): the inverse-CDF draw by the
+    float64 uniform ``u`` from the weights ``exp(z_v)`` where ``z_v >= thr`` (0 elsewhere), and
+    the row's total weight ([R] int64, [R] float64)."""
+    shape = (z.shape[0],)
+    if z.dtype != torch.float32 or z.dim() != 2 or thr.shape != shape or u.shape != shape:
+        raise ValueError(f"sampling kernel: z {tuple(z.shape)} {z.dtype}, u {tuple(u.shape)}")
+    z = z.contiguous()
+    rows, vocab = z.shape
+    thr, u = _f32(thr), u.to(torch.float64).contiguous()
+    out = torch.empty(rows, dtype=torch.int64)
+    mass = torch.empty(rows, dtype=torch.float64)
+    library().saguaro_sample_rows(
+        z.data_ptr(), rows, vocab, thr.data_ptr(), u.data_ptr(), out.data_ptr(), mass.data_ptr(),
+        _threads(),
+    )  # fmt: skip
+    return out, mass
+
+
 class _Layer(ctypes.Structure):
     _fields_ = [(f, _Linear) for f in ("qkv", "o", "gate_up", "down")]
     _fields_ += [(f, ctypes.c_void_p) for f in ("input_norm", "post_norm", "k_cache", "v_cache")]

@@ -30,7 +30,8 @@ Numerics that keep it exact on confident rows and large vocabularies:
 * A row is processed only when its test can matter (the sequence accepted everything before
   it); the residual and the final draw touch one row per sequence, the one at its stop
   position, sampled through a CDF summed in float64
-  (:func:`saguaro.sampling.sampler.inverse_cdf`).
+  (:func:`saguaro.sampling.sampler.inverse_cdf`; a draw from ``p`` itself, on the CPU, in one
+  pass per row of saguaro's kernel: :func:`draw_from_p`).
 """
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from saguaro.kernels import build, ops
 from saguaro.sampling.noise import Purpose, uniforms
-from saguaro.sampling.probs import SamplingTensors, process
+from saguaro.sampling.probs import Dist, SamplingTensors, process
 from saguaro.sampling.reduce import max_rows
 from saguaro.sampling.sampler import inverse_cdf
 from saguaro.sampling.sparse import SparseQ
@@ -156,28 +158,63 @@ def verify_general(
     dist = process(stop_logits, st)  # p at each sequence's stop position
     if dist.z is None:  # every row greedy: no randomness, no distribution to build
         return VerifyResult(num_accepted, dist.argmax, ~dist.valid)
-    target = dist.probs()  # [n, V]
-    rejected = (num_accepted < num_draft).nonzero()[:, 0]
-    if len(rejected):
-        k_r = num_accepted[rejected]
-        s_r = s[rejected, k_r]
-        if draft_q is None:  # point masses: the residual is p without s
-            target[rejected, s_r] = 0
-        else:
-            q_r = draft_q[rejected, k_r]
-            residual = target[rejected].scatter_add_(1, q_r.ids, -q_r.normalised().float())
-            residual.clamp_(min=0)
-            # Zero residual mass needs p <= q everywhere, i.e. p == q up to rounding. Fall back
-            # to p without the rejected token, keeping the invariant "s_j is never recovered".
-            empty = (residual.sum(dim=-1) <= 0).nonzero()[:, 0]
-            residual[empty] = target[rejected[empty]]
-            residual[empty, s_r[empty]] = 0
-            target[rejected] = residual
-    stop_pos = pos[seq, num_accepted]
-    sampled = inverse_cdf(target, uniforms(seeds, stop_pos, Purpose.SAMPLE))
-    mass = target.sum(dim=-1)
+    u = uniforms(seeds, pos[seq, num_accepted], Purpose.SAMPLE)
+    rejected = num_accepted < num_draft
+    sampled = torch.zeros(n, dtype=torch.int64, device=device)
+    mass = torch.zeros(n, dtype=torch.float64, device=device)
+    plain = (~rejected).nonzero()[:, 0]  # the bonus (or AR) token: a draw from p itself
+    sampled[plain], mass[plain] = draw_from_p(dist, plain, u[plain])
+    r = rejected.nonzero()[:, 0]
+    if len(r):
+        target = residuals(dist, r, s[r, num_accepted[r]], draft_q, num_accepted[r])
+        sampled[r], mass[r] = inverse_cdf(target, u[r]), target.sum(dim=-1).double()
     invalid = ~dist.valid | ~mass.isfinite() | (mass <= 0)
     return VerifyResult(num_accepted, torch.where(invalid, 0, sampled), invalid)
+
+
+def draw_from_p(
+    dist: Dist, rows: torch.Tensor, u: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse-CDF draws from ``p`` at ``rows`` of ``dist`` by the uniforms ``u``, and each
+    row's total mass before normalising (float64). On the CPU saguaro's kernel sums the CDF of
+    ``exp(z)`` over the kept tokens in one pass per row (:func:`saguaro.kernels.ops.sample_rows`):
+    the same distribution as the dense ``p`` of :meth:`Dist.probs`, normalised by the search
+    instead of by ``lse``, without building a ``[rows, V]`` block."""
+    if dist.z is None or dist.z.device.type != "cpu" or not build.available():
+        target = dist.probs(rows)
+        return inverse_cdf(target, u), target.sum(dim=-1).double()
+    tokens = dist.argmax[rows].clone()
+    mass = torch.ones(len(rows), dtype=torch.float64)
+    sampled = ~dist.greedy[rows]  # greedy rows are their argmax
+    if bool(sampled.any()):
+        sub = rows[sampled]
+        tokens[sampled], mass[sampled] = ops.sample_rows(dist.z[sub], dist.thr[sub], u[sampled])
+    return tokens, mass
+
+
+def residuals(
+    dist: Dist,
+    rows: torch.Tensor,
+    rejected: torch.Tensor,
+    draft_q: SparseQ | None,
+    k: torch.Tensor,
+) -> torch.Tensor:
+    """The recovery distributions ``max(0, p - q)`` at ``rows`` of ``dist`` (dense float32, not
+    normalised), where proposal ``rejected`` [m], drawn from ``draft_q[row's sequence, k]``, was
+    rejected (a point mass where ``draft_q`` is None)."""
+    target = dist.probs(rows)
+    if draft_q is None:  # point masses: the residual is p without s
+        target[torch.arange(len(rows)), rejected] = 0
+        return target
+    q_r = draft_q[rows, k]
+    residual = target.clone().scatter_add_(1, q_r.ids, -q_r.normalised().float())
+    residual.clamp_(min=0)
+    # Zero residual mass needs p <= q everywhere, i.e. p == q up to rounding. Fall back to p
+    # without the rejected token, keeping the invariant "s_j is never recovered".
+    empty = (residual.sum(dim=-1) <= 0).nonzero()[:, 0]
+    residual[empty] = target[empty]
+    residual[empty, rejected[empty]] = 0
+    return residual
 
 
 def verify_greedy(

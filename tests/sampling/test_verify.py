@@ -11,6 +11,7 @@ import math
 import pytest
 import torch
 
+from saguaro.kernels import build, ops
 from saguaro.sampling import (
     SamplingParams,
     SamplingTensors,
@@ -249,7 +250,12 @@ def test_first_two_committed_tokens_and_bonus_follow_target(kind):
     assert all(int((k == i).sum()) > n // 10 for i in range(3))  # every outcome is exercised
 
 
-def test_num_draft_zero_samples_first_target_distribution():
+@pytest.mark.parametrize("kernels", [True, False], ids=["kernels", "torch"])
+def test_num_draft_zero_samples_first_target_distribution(monkeypatch, kernels):
+    """AR's draw (no proposals): saguaro's CPU kernels, and torch's dense path that runs
+    elsewhere."""
+    if not kernels:
+        monkeypatch.setattr(build, "available", lambda: False)
     p, q, _ = cases()["random"]
     tokens = torch.full((N, 2), -1)  # pure padding
     res = run(p.expand(N, 3, -1), tokens, q.expand(N, 2, -1), torch.zeros(N, dtype=torch.long))
@@ -423,19 +429,28 @@ def test_confident_rows_accept_improbable_drafts_at_their_rate(temperature):
     assert_samples_follow(first_committed(p, q, False), p, "moderate gap")
 
 
-def test_150k_vocabulary_tail_token_keeps_its_rate():
+def dense_draw(dist, u: float) -> int:
+    return int(inverse_cdf(dist.probs(), torch.tensor([u], dtype=torch.float64))[0])
+
+
+def kernel_draw(dist, u: float) -> int:
+    return int(ops.sample_rows(dist.z, dist.thr, torch.tensor([u], dtype=torch.float64))[0][0])
+
+
+@pytest.mark.parametrize("draw", [dense_draw, kernel_draw], ids=["dense", "kernel"])
+def test_150k_vocabulary_tail_token_keeps_its_rate(draw):
     """The last token of a 151,936-token row with mass 1e-8 owns an interval of uniforms of
     length 1e-8 (to 1e-5 relative): the CDF resolves it behind a mass near 1."""
     vocab, tail = 151_936, 1e-8
     p = torch.full((vocab,), 1e-9, dtype=torch.float64)
     p[-1] = tail
     p[0] = 1 - float(p[1:].sum())
-    probs = process(p.log().float()[None], SamplingTensors.from_params([PLAIN])).probs()
+    dist = process(p.log().float()[None], SamplingTensors.from_params([PLAIN]))
+    probs = dist.probs()
     lo, hi = 0.5, 1.0  # bisect the smallest uniform that draws the last token
     for _ in range(60):
         mid = (lo + hi) / 2
-        token = int(inverse_cdf(probs, torch.tensor([mid], dtype=torch.float64))[0])
-        lo, hi = (lo, mid) if token == vocab - 1 else (mid, hi)
+        lo, hi = (lo, mid) if draw(dist, mid) == vocab - 1 else (mid, hi)
     width = 1 - hi
     expected = float(probs[0, -1]) / float(probs.double().sum())
     assert math.isclose(width, expected, rel_tol=1e-5), (width, expected)
@@ -443,6 +458,31 @@ def test_150k_vocabulary_tail_token_keeps_its_rate():
     # Power: a float32 CDF cannot resolve it (the whole tail is one rounding step).
     cdf32 = probs.cumsum(-1)
     assert float(cdf32[0, -1] - cdf32[0, -2]) != pytest.approx(tail, rel=0.5)
+
+
+@pytest.mark.parametrize("vocab", [5, 1000, 151_936])
+def test_the_kernels_draw_is_the_inverse_cdf(vocab):
+    """Every uniform inside a token's CDF interval (its middle, away from rounding) draws that
+    token, the extremes draw the first and last kept tokens, and a token cut by ``thr`` or at
+    -inf is never drawn; the mass is the row's total weight."""
+    g = seeded(9)
+    z = torch.randn(4, vocab, generator=g) * torch.tensor([0.5, 2.0, 4.0, 1.0])[:, None]
+    z[2, ::3] = -torch.inf
+    z = z - z.amax(dim=-1, keepdim=True)
+    z[:, [0, -1]] = 0.0  # the first and last tokens are kept and heavy: the extremes draw them
+    thr = torch.tensor([-torch.inf, -2.0, -torch.inf, -0.7])
+    w = torch.where(z >= thr[:, None], z.double().exp(), 0.0)
+    cdf, total = w.cumsum(-1), w.sum(-1)
+    for r in range(4):
+        heavy = (w[r] > 1e-4 * total[r]).nonzero()[:, 0]
+        tokens = heavy[torch.randperm(len(heavy), generator=g)[:20]]
+        u = (cdf[r, tokens] - w[r, tokens] / 2) / total[r]
+        tokens = torch.cat([tokens, torch.tensor([0, vocab - 1])])
+        u = torch.cat([u, torch.tensor([2.0**-54, 1 - 2.0**-53], dtype=torch.float64)])
+        n = len(u)
+        drawn, mass = ops.sample_rows(z[r].expand(n, -1), thr[r].expand(n), u)
+        assert drawn.tolist() == tokens.tolist()
+        assert torch.allclose(mass, total[r].expand(n), rtol=1e-5)
 
 
 def test_shape_validation():
