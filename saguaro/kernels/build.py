@@ -17,8 +17,12 @@ import subprocess
 import tempfile
 from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from saguaro.errors import ModelLoadError
+
+if TYPE_CHECKING:
+    import torch
 
 SOURCE = Path(__file__).with_name("cpu_kernels.c")
 # x86-64-v3 (AVX2, FMA, F16C) is what the kernels need; v4 adds AVX-512 where the CPU has it.
@@ -112,3 +116,8 @@ def available() -> bool:
     except (ModelLoadError, OSError):  # no compiler, or a library the loader refuses
         return False
     return True
+
+
+def serves(*tensors: torch.Tensor) -> bool:
+    """Whether the kernels can take these tensors: all on the CPU, and the library at hand."""
+    return all(t.device.type == "cpu" for t in tensors) and available()

@@ -52,7 +52,7 @@ def perturbed_argmax(dist: Dist, seeds: torch.Tensor, positions: torch.Tensor) -
     lie within their logarithms' last-bit rounding of each other."""
     if dist.z is None:
         return dist.argmax
-    if dist.z.device.type != "cpu" or not build.available():
+    if not build.serves(dist.z):
         return perturbed_argmax_torch(dist, seeds, positions)
     tokens = dist.argmax.clone()
     r = (~dist.greedy).nonzero()[:, 0]

@@ -77,7 +77,7 @@ def hash_words(
     saguaro's kernel computes the same bits in one pass (a few element-wise torch operators
     cost more than the hash itself at the sizes sampling asks for)."""
     inputs = [t for t in (seeds, positions, columns) if t is not None]
-    if any(t.device.type != "cpu" for t in inputs) or not build.available():
+    if not build.serves(*inputs):
         return hash_words_torch(seeds, positions, purpose, columns)
     parts = [t.to(torch.int64) for t in torch.broadcast_tensors(*inputs)]
     return ops.hash_words(parts[0], parts[1], int(purpose), parts[2] if len(parts) > 2 else None)

@@ -167,9 +167,15 @@ def verify_general(
     r = rejected.nonzero()[:, 0]
     if len(r):
         target = residuals(dist, r, s[r, num_accepted[r]], draft_q, num_accepted[r])
-        sampled[r], mass[r] = inverse_cdf(target, u[r]), target.sum(dim=-1).double()
+        sampled[r], mass[r] = dense_draw(target, u[r])
     invalid = ~dist.valid | ~mass.isfinite() | (mass <= 0)
     return VerifyResult(num_accepted, torch.where(invalid, 0, sampled), invalid)
+
+
+def dense_draw(target: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse-CDF draws from the dense weights ``target`` [m, V] by ``u`` [m], and each row's
+    total weight (float64)."""
+    return inverse_cdf(target, u), target.sum(dim=-1).double()
 
 
 def draw_from_p(
@@ -180,9 +186,8 @@ def draw_from_p(
     ``exp(z)`` over the kept tokens in one pass per row (:func:`saguaro.kernels.ops.sample_rows`):
     the same distribution as the dense ``p`` of :meth:`Dist.probs`, normalised by the search
     instead of by ``lse``, without building a ``[rows, V]`` block."""
-    if dist.z is None or dist.z.device.type != "cpu" or not build.available():
-        target = dist.probs(rows)
-        return inverse_cdf(target, u), target.sum(dim=-1).double()
+    if dist.z is None or not build.serves(dist.z):
+        return dense_draw(dist.probs(rows), u)
     tokens = dist.argmax[rows].clone()
     mass = torch.ones(len(rows), dtype=torch.float64)
     sampled = ~dist.greedy[rows]  # greedy rows are their argmax
