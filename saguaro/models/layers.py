@@ -74,7 +74,10 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> t
     divides low frequencies (wavelength > orig_ctx / low_freq_factor) by ``factor``, and blends
     linearly in between, so long-context extension does not disturb local position information.
     """
-    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    # On the CPU whatever device the model is built on: under the meta device, the first such
+    # arithmetic imports torch's reference kernels (seconds, in every fresh process).
+    steps = torch.arange(0, head_dim, 2, dtype=torch.float64, device="cpu")
+    inv = 1.0 / (theta ** (steps / head_dim))
     if scaling is None:
         return inv.float()
     orig = scaling.original_max_position_embeddings
@@ -94,14 +97,16 @@ RopeAngles = tuple[torch.Tensor, torch.Tensor]  # cos, sin: [T, 1, D] each
 
 
 class Rotary(nn.Module):
-    """Rotary position embedding (rotate-half convention), cos/sin cached per position."""
+    """Rotary position embedding (rotate-half convention), cos/sin cached per position, built on
+    the CPU (moved with the model)."""
 
     def __init__(
         self, head_dim: int, max_positions: int, theta: float, scaling: RopeScaling | None
     ) -> None:
         super().__init__()
         inv = rope_inv_freq(head_dim, theta, scaling)
-        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv)
+        positions = torch.arange(max_positions, dtype=torch.float32, device="cpu")
+        freqs = torch.outer(positions, inv)
         emb = torch.cat([freqs, freqs], dim=-1)
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)

@@ -256,7 +256,4 @@ def load_dense(
         model.head_token_ids = checked_head_ids(head_ids, cfg.vocab_size, model_dir)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
-    model.rotary = model.rotary.__class__(
-        cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling
-    )
     return model

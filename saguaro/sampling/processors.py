@@ -19,7 +19,7 @@ Why speculation stays exact: position j of a round is scored with the draft toke
 committed. So processing row j over ``g + s_1..s_{j-1}`` gives it exactly the distribution AR
 computes after committing the same tokens; verification (any method) then compares the draft
 against that ``p``. The draft's own q may ignore the processors (any q is verified exactly); an
-in-process draft applies them too (:func:`process_draft_rows`), so that it proposes what the
+in-process draft applies them too (:func:`process_rows`), so that it proposes what the
 target can accept.
 """
 
@@ -40,12 +40,13 @@ class Processors:
     """One request's processors, with what they keep of its history between rounds."""
 
     params: SamplingParams
-    bias_ids: torch.Tensor  # [B] int64
-    bias_values: torch.Tensor  # [B] float32
+    bias_ids: np.ndarray  # [B] int64
+    bias_values: np.ndarray  # [B] float32
     bad_words: list[tuple[int, ...]]  # token sequences never generated
     stop_ids: list[int]  # banned while fewer than min_tokens tokens are generated
-    # The penalties' bookkeeping is NumPy's: a round takes a few small array operations per
-    # request, and each costs NumPy less than torch.
+    # The bookkeeping is NumPy's: a round takes a few small array operations per request, and
+    # each costs NumPy less than torch; the logits themselves are touched once per batch
+    # (:func:`process_rows`).
     prompt_mask: np.ndarray | None  # [V] bool, the prompt's tokens (repetition penalty only)
     counts: np.ndarray | None  # [V] float32, c_t over the generated tokens (penalties only)
     # Sorted ids whose logits a penalty can change: generated ones, and the prompt's under a
@@ -84,8 +85,8 @@ class Processors:
             prompt_mask[support] = True
         return cls(
             params=params,
-            bias_ids=torch.tensor(list(bias), dtype=torch.int64),
-            bias_values=torch.tensor(list(bias.values()), dtype=torch.float32),
+            bias_ids=np.array(list(bias), dtype=np.int64),
+            bias_values=np.array(list(bias.values()), dtype=np.float32),
             bad_words=[tuple(w) for w in bad_words if w],
             stop_ids=sorted(set(stop_ids)) if params.min_tokens else [],
             prompt_mask=prompt_mask,
@@ -117,79 +118,152 @@ class Processors:
         self, block: torch.Tensor, generated: list[int], drafts: list[int], first: int = 0
     ) -> torch.Tensor:
         """Process ``block`` [m, V] in place: row j follows ``generated + drafts[:first + j]``."""
-        rows = range(first, first + block.shape[0])
-        self._process(block, generated, [drafts[:j] for j in rows])
-        if self.grammar is not None:  # one pass over the drafts for every row
-            _refuse(block, self.grammar.banned(generated, drafts, rows))
-        return block
+        prefixes = [drafts[:j] for j in range(first, first + block.shape[0])]
+        return process_rows(block, [RowsOf(self, generated, range(len(prefixes)), prefixes)])
 
     def apply_rows(
         self, block: torch.Tensor, generated: list[int], prefixes: list[list[int]]
     ) -> torch.Tensor:
         """Process ``block`` [m, V] in place: row j follows ``generated + prefixes[j]`` (rows of
         different continuations, as an SSD worker's branches are, processed in one call)."""
-        self._process(block, generated, prefixes)
-        if self.grammar is not None:
-            grammar = self.grammar
-            after = [grammar.banned(generated, p, range(len(p), len(p) + 1))[0] for p in prefixes]
-            _refuse(block, after)
-        return block
+        return process_rows(block, [RowsOf(self, generated, range(len(prefixes)), prefixes)])
 
-    def _process(self, block: torch.Tensor, generated: list[int], prefixes: list[list[int]]):
-        """Steps 1 to 4 of the module docstring, row j after ``generated + prefixes[j]``."""
-        if len(self.bias_ids):
-            block[:, self.bias_ids] += self.bias_values.to(block.device)
-        self._ban(block, generated, prefixes)
-        if self.counts is not None:
-            self._penalise(block, generated, prefixes)
-
-    def _penalise(self, block: torch.Tensor, generated: list[int], prefixes: list[list[int]]):
-        """Steps 3 and 4 of the module docstring, row j after ``generated + prefixes[j]``, in
-        place, column by column of the support (every other column is left as it is)."""
-        p = self.params
+    def _penalties(
+        self, generated: Sequence[int], prefixes: Sequence[Sequence[int]]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Steps 3 and 4's entries for rows after ``generated + prefixes[j]``: (row j, column,
+        count c_t, whether t is the prompt's), one per row and column of the support (with the
+        row's prefix tokens added); every other column is left as it is."""
         self._catch_up(generated)
         assert self.counts is not None and self.support is not None
-        ids = self.support
+        ids, m = self.support, len(prefixes)
         pairs = [(j, t) for j, prefix in enumerate(prefixes) for t in prefix]
         if pairs:
             ids = np.union1d(ids, [t for _, t in pairs])
-        counts = np.repeat(self.counts[ids][None], len(prefixes), axis=0)  # [m, |support|]
+        counts = np.repeat(self.counts[ids][None], m, axis=0)  # [m, |support|]
         if pairs:  # row j also counts its prefix's tokens
             at, tokens = np.asarray(pairs, dtype=np.int64).T
             np.add.at(counts, (at, np.searchsorted(ids, tokens)), 1.0)
-        columns = torch.from_numpy(ids).to(block.device)
-        values = block[:, columns]
-        counts = torch.from_numpy(counts).to(block.device)
-        seen = counts > 0
-        if p.repetition_penalty != 1:
-            assert self.prompt_mask is not None
-            r = p.repetition_penalty
-            hit = seen | torch.from_numpy(self.prompt_mask[ids]).to(block.device)
-            values = torch.where(hit, torch.where(values > 0, values / r, values * r), values)
-        if p.frequency_penalty:
-            values = values - counts * p.frequency_penalty
-        if p.presence_penalty:
-            values = values - seen.float() * p.presence_penalty
-        block[:, columns] = values
-
-    def _ban(self, block: torch.Tensor, generated: list[int], prefixes: list[list[int]]):
-        """Step 2 of the module docstring (but the grammar's), row j after ``generated +
-        prefixes[j]``, in place."""
-        if self.stop_ids or self.bad_words:
-            pairs = [
-                (j, t) for j, prefix in enumerate(prefixes) for t in self.banned(generated + prefix)
-            ]
-            if pairs:
-                rows_, tokens = zip(*pairs, strict=True)
-                block[list(rows_), list(tokens)] = -torch.inf
+        in_prompt = (
+            self.prompt_mask[ids] if self.prompt_mask is not None else np.zeros(len(ids), bool)
+        )
+        rows = np.repeat(np.arange(m), len(ids))
+        return rows, np.tile(ids, m), counts.reshape(-1), np.tile(in_prompt, m)
 
 
-def _refuse(block: torch.Tensor, refused: list[torch.Tensor | None]) -> None:
-    """-inf where the grammar refuses a token: row j where ``refused[j]`` (None: no mask, the
-    row follows a refused token and decides nothing)."""
-    for j, mask in enumerate(refused):
+@dataclass(frozen=True)
+class RowsOf:
+    """Rows of a block that one request's processors act on: ``rows[j]`` follows the request's
+    ``generated`` tokens and then ``prefixes[j]``."""
+
+    processors: Processors
+    generated: Sequence[int]
+    rows: Sequence[int]
+    prefixes: Sequence[Sequence[int]]
+
+
+def process_rows(block: torch.Tensor, jobs: Sequence[RowsOf]) -> torch.Tensor:
+    """Steps 1 to 4 of the module docstring (and the grammar's refusals) on every job's rows of
+    the float32 ``block``, in place.
+
+    Each step gathers the entries it changes for the whole batch, computes them elementwise
+    and scatters them back: one set of tensor operations per batch rather than per request.
+    An entry's arithmetic is the same whatever else is gathered beside it (a penalty of 0 and
+    a repetition penalty of 1 leave a value's bits as they are), so a row gets the bits it
+    gets processed alone.
+    """
+    _add_bias(block, jobs)
+    _ban(block, jobs)
+    _penalise(block, jobs)
+    for job in jobs:
+        if job.processors.grammar is not None:
+            _refuse(block, job.rows, _grammar_refusals(job))
+    return block
+
+
+def _grammar_refusals(job: RowsOf) -> list[torch.Tensor | None]:
+    """Each row's mask of the tokens the grammar refuses; one pass over the drafts when the
+    prefixes are those of one chain (a round's rows), one per prefix otherwise (branches)."""
+    grammar, prefixes = job.processors.grammar, job.prefixes
+    assert grammar is not None
+    if not prefixes:
+        return []
+    chain, first = prefixes[-1], len(prefixes[0])
+    if all(list(p) == list(chain[: first + j]) for j, p in enumerate(prefixes)):
+        return grammar.banned(job.generated, chain, range(first, first + len(prefixes)))
+    return [grammar.banned(job.generated, p, range(len(p), len(p) + 1))[0] for p in prefixes]
+
+
+def _index(parts: list[np.ndarray], device: torch.device) -> torch.Tensor:
+    return torch.from_numpy(np.concatenate(parts)).to(device)
+
+
+def _add_bias(block: torch.Tensor, jobs: Sequence[RowsOf]) -> None:
+    """Step 1: l_t + bias_t."""
+    rows, cols, values = [], [], []
+    for job in jobs:
+        proc, m = job.processors, len(job.rows)
+        if len(proc.bias_ids) and m:
+            rows.append(np.repeat(np.asarray(job.rows, dtype=np.int64), len(proc.bias_ids)))
+            cols.append(np.tile(proc.bias_ids, m))
+            values.append(np.tile(proc.bias_values, m))
+    if rows:
+        at = (_index(rows, block.device), _index(cols, block.device))
+        block[at] = block[at] + _index(values, block.device)
+
+
+def _ban(block: torch.Tensor, jobs: Sequence[RowsOf]) -> None:
+    """Step 2 but the grammar's: -inf for each row's banned tokens."""
+    rows, cols = [], []
+    for job in jobs:
+        proc = job.processors
+        if not (proc.stop_ids or proc.bad_words):
+            continue
+        for row, prefix in zip(job.rows, job.prefixes, strict=True):
+            banned = proc.banned([*job.generated, *prefix])
+            rows += [row] * len(banned)
+            cols += banned
+    if rows:
+        block[
+            torch.tensor(rows, device=block.device), torch.tensor(cols, device=block.device)
+        ] = -torch.inf
+
+
+def _penalise(block: torch.Tensor, jobs: Sequence[RowsOf]) -> None:
+    """Steps 3 and 4: the repetition penalty r on seen and prompt tokens, then the frequency and
+    presence penalties, with each entry's own request's r, frequency and presence."""
+    rows, cols, counts, in_prompt, r, freq, pres = [], [], [], [], [], [], []
+    for job in jobs:
+        proc = job.processors
+        if proc.counts is None or not len(job.rows):
+            continue
+        at, col, count, prompt = proc._penalties(job.generated, job.prefixes)
+        rows.append(np.asarray(job.rows, dtype=np.int64)[at])
+        cols.append(col)
+        counts.append(count)
+        in_prompt.append(prompt)
+        p, n = proc.params, len(col)
+        r.append(np.full(n, p.repetition_penalty, dtype=np.float32))
+        freq.append(np.full(n, p.frequency_penalty, dtype=np.float32))
+        pres.append(np.full(n, p.presence_penalty, dtype=np.float32))
+    if not rows:
+        return
+    dev = block.device
+    at = (_index(rows, dev), _index(cols, dev))
+    values, c = block[at], _index(counts, dev)
+    r_, seen = _index(r, dev), c > 0
+    hit = seen | _index(in_prompt, dev)
+    values = torch.where(hit, torch.where(values > 0, values / r_, values * r_), values)
+    values = values - c * _index(freq, dev)
+    block[at] = values - seen.float() * _index(pres, dev)
+
+
+def _refuse(block: torch.Tensor, rows: Sequence[int], refused: list[torch.Tensor | None]) -> None:
+    """-inf where the grammar refuses a token: in ``rows[j]`` where ``refused[j]`` (None: no
+    mask, the row follows a refused token and decides nothing)."""
+    for row, mask in zip(rows, refused, strict=True):
         if mask is not None:
-            block[j].masked_fill_(mask.to(block.device), -torch.inf)
+            block[row].masked_fill_(mask.to(block.device), -torch.inf)
 
 
 def process_draft_rows(
@@ -223,16 +297,12 @@ def apply_processors(
     (the processed rows go to a copy, made only when some sequence has processors); without, a
     float32 ``logits`` is processed in place.
     """
-    if all(p is None for p in processors):
+    jobs = [
+        RowsOf(proc, gen, row[: len(draft) + 1], [draft[:j] for j in range(len(draft) + 1)])
+        for proc, gen, draft, row in zip(processors, generated, drafts, rows, strict=True)
+        if proc is not None
+    ]
+    if not jobs:
         return logits
     out = logits.float().clone() if keep or logits.dtype != torch.float32 else logits
-    for proc, gen, draft, row in zip(processors, generated, drafts, rows, strict=True):
-        if proc is None:
-            continue
-        scored = row[: len(draft) + 1]
-        if scored == list(range(scored[0], scored[0] + len(scored))):  # in place, on a view
-            proc.apply(out[scored[0] : scored[0] + len(scored)], gen, draft)
-        else:
-            idx = torch.tensor(scored, device=logits.device)
-            out[idx] = proc.apply(out[idx], gen, draft)
-    return out
+    return process_rows(out, jobs)

@@ -51,7 +51,7 @@ from saguaro.engine.block_manager import BlockManager
 from saguaro.engine.model_runner import ModelRunner
 from saguaro.sampling import SamplingParams, SamplingTensors, SparseQ, propose, seed_tensor
 from saguaro.sampling.coupled import propose_coupled, ranked_proposals
-from saguaro.sampling.processors import Processors, process_draft_rows
+from saguaro.sampling.processors import Processors, RowsOf, process_draft_rows, process_rows
 from saguaro.sampling.reduce import argmax_rows, topk_rows
 from saguaro.speculation import protocol as P
 from saguaro.speculation.fanout import FanoutEstimator
@@ -101,14 +101,11 @@ class DraftSeq:
         generated = self.token_ids[self.num_prompt :]
         return process_draft_rows(logits, self.processors, generated, drafts, first)
 
-    def processed_branches(self, logits: torch.Tensor, prefixes: list[list[int]]) -> torch.Tensor:
-        """Branch rows [m, V], row j after the committed tokens and ``prefixes[j]``, processed
-        as the target will process its row there (a copy; the rows themselves without
-        processors)."""
-        if self.processors is None:
-            return logits
-        generated = self.token_ids[self.num_prompt :]
-        return self.processors.apply_rows(logits.float().clone(), generated, prefixes)
+    def rows_of(self, rows: range, prefixes: list[list[int]]) -> RowsOf:
+        """Branch ``rows``, row j after the committed tokens and ``prefixes[j]``, to be
+        processed as the target will process its row there."""
+        assert self.processors is not None
+        return RowsOf(self.processors, self.token_ids[self.num_prompt :], rows, prefixes)
 
 
 def kv_blocks(cfg: P.WorkerConfig) -> int:
@@ -417,17 +414,17 @@ class CacheBuilder:
         """One depth's branch rows (in ``out_tokens``' order of sequences), each processed as
         the target will process it: after the speculation up to its fork, its outcome token and
         what the branch drew so far."""
-        if all(seqs[i].processors is None for i in out_tokens):
-            return logits
-        rows, r = [], 0
+        jobs, r = [], 0
         for i, drawn in out_tokens.items():
-            spec = seqs[i].spec
-            prefixes = [
-                spec[:k] + [t] + so_far for (k, t), so_far in zip(branches[i], drawn, strict=True)
-            ]
-            rows.append(seqs[i].processed_branches(logits[r : r + len(prefixes)], prefixes))
-            r += len(prefixes)
-        return torch.cat(rows)
+            if seqs[i].processors is not None:
+                spec = seqs[i].spec
+                prefixes = [
+                    spec[:k] + [t] + so_far
+                    for (k, t), so_far in zip(branches[i], drawn, strict=True)
+                ]
+                jobs.append(seqs[i].rows_of(range(r, r + len(prefixes)), prefixes))
+            r += len(drawn)
+        return process_rows(logits.float().clone(), jobs) if jobs else logits
 
     def _draw(
         self,

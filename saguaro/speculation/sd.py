@@ -21,7 +21,7 @@ from saguaro.core.sequence import Sequence
 from saguaro.engine.model_runner import ModelRunner
 from saguaro.sampling import SamplingParams, SamplingTensors, SparseQ, propose, seed_tensor
 from saguaro.sampling.coupled import propose_coupled
-from saguaro.sampling.processors import Processors, process_draft_rows
+from saguaro.sampling.processors import Processors, RowsOf, process_rows
 from saguaro.sampling.reduce import argmax_rows
 
 # (draft logits [m, V], chain indices of the m rows, depth, positions [m]) -> tokens, q (None:
@@ -45,11 +45,11 @@ class Chain:
     processors: Processors | None = None  # the request's, applied to the draft's rows too
     num_prompt: int = 0  # token_ids[num_prompt:] are generated (what the processors count)
 
-    def processed(self, logits: torch.Tensor, drafted: list[int]) -> torch.Tensor:
-        """The draft's row after ``drafted``, processed as the target will process its row
-        there: proposals the target's processors refuse would only be rejected."""
-        generated = self.token_ids[self.num_prompt :]
-        return process_draft_rows(logits, self.processors, generated, drafted)
+    def rows_of(self, row: int, drafted: list[int]) -> RowsOf:
+        """The draft's ``row`` after ``drafted``, to be processed as the target will process
+        its row there: proposals the target's processors refuse would only be rejected."""
+        assert self.processors is not None
+        return RowsOf(self.processors, self.token_ids[self.num_prompt :], [row], [drafted])
 
 
 def plain_proposals(chains: list[Chain], top_m: int) -> ProposeFn:
@@ -118,13 +118,13 @@ def decode_chains(
     ]
     for depth in range(k_max):
         logits = runner.forward(queries)
-        if any(chains[i].processors is not None for i in active):
-            logits = torch.cat(
-                [
-                    chains[i].processed(logits[r : r + 1], tokens[i][:depth])
-                    for r, i in enumerate(active)
-                ]
-            )
+        jobs = [
+            chains[i].rows_of(r, tokens[i][:depth])
+            for r, i in enumerate(active)
+            if chains[i].processors is not None
+        ]
+        if jobs:
+            logits = process_rows(logits.float().clone(), jobs)
         if greedy:
             drawn = argmax_rows(logits).tolist()
         else:
