@@ -7,7 +7,7 @@ import threading
 
 import torch
 
-from saguaro.distributed.channel import FIRST, Channel, free_port, pack
+from saguaro.distributed.channel import FIRST, Channel, free_port, pack, unpack
 
 
 def test_small_and_large_messages_round_trip():
@@ -78,6 +78,31 @@ def test_rendezvous_listens_on_the_configured_address_only():
     finally:
         target.close()
     assert _listening_addresses(target.port) == set()
+
+
+def test_cpu_tensors_travel_as_their_own_elements():
+    """Every dtype and shape arrives equal and writable; a view carries its own elements, not
+    the storage it views, so a row of a large tensor makes a small message."""
+    big = torch.randn(1000, 64)
+    message = {
+        "row": big[3],
+        "column": big[:, 5],  # not contiguous
+        "bf16": torch.randn(2, 3).bfloat16(),
+        "bool": torch.tensor([True, False, True]),
+        "scalar": torch.tensor(7, dtype=torch.int64),
+        "empty": torch.zeros(0, 4, dtype=torch.int32),
+        "many": [torch.arange(i % 8, dtype=torch.int64) for i in range(200)],
+    }
+    first, rest, lane = pack(1, message)
+    assert rest is None and not lane  # views of a 256 KB tensor among them, yet one part
+    kind, got, _ = unpack(first, rest)
+    assert kind == 1
+    for name in ("row", "column", "bf16", "bool", "scalar", "empty"):
+        want = message[name]
+        assert got[name].dtype == want.dtype and torch.equal(got[name], want), name
+    assert all(torch.equal(a, b) for a, b in zip(got["many"], message["many"], strict=True))
+    got["row"] += 1  # the receiver owns its tensors
+    assert torch.equal(got["row"], big[3] + 1)
 
 
 def test_device_lane_carries_tensors_beside_the_pickle():

@@ -92,6 +92,33 @@ def test_branch_rows_are_processed_as_each_alone(kwargs):
         torch.testing.assert_close(got[j], torch.tensor(want, dtype=torch.float32))
 
 
+def test_requests_processed_together_get_the_bits_each_gets_alone():
+    """A round's requests, each with its own processors (every case), some without any, and
+    rows out of order: one batched pass gives each row the bits of its request's pass alone."""
+    g = torch.Generator().manual_seed(2)
+    prompt, words = [1, 3, 3, 9], WORDS
+    cases = [*CASES, None]
+    histories = [[2, 8, 2][: i % 4] + [i % V] for i in range(len(cases))]
+    drafts = [[6, 7, 2, 8][: i % 5] for i in range(len(cases))]
+    sizes = [len(d) + 1 for d in drafts]
+    order = torch.randperm(sum(sizes), generator=g).tolist()
+    rows = [order[sum(sizes[:i]) : sum(sizes[: i + 1])] for i in range(len(cases))]
+    logits = torch.randn(sum(sizes), V, generator=g) * 3
+
+    def procs():
+        return [
+            None
+            if kw is None
+            else Processors.build(SamplingParams(max_tokens=16, **kw), prompt, V, [EOS], words)
+            for kw in cases
+        ]
+
+    together = apply_processors(logits, procs(), histories, drafts, rows)
+    for i, proc in enumerate(procs()):
+        alone = apply_processors(logits, [proc], [histories[i]], [drafts[i]], [rows[i]])
+        assert torch.equal(together[rows[i]], alone[rows[i]]), cases[i]
+
+
 def test_counts_catch_up_across_rounds_and_the_input_is_left_alone():
     params = SamplingParams(frequency_penalty=1.0)
     proc = Processors.build(params, [0], V, [EOS])
