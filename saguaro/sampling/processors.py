@@ -26,7 +26,7 @@ target can accept.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -49,11 +49,14 @@ class Processors:
     # (:func:`process_rows`).
     prompt_mask: np.ndarray | None  # [V] bool, the prompt's tokens (repetition penalty only)
     counts: np.ndarray | None  # [V] float32, c_t over the generated tokens (penalties only)
-    # Sorted ids whose logits a penalty can change: generated ones, and the prompt's under a
-    # repetition penalty. Penalties touch only these columns, not the whole vocabulary.
-    support: np.ndarray | None = None
+    # Ids whose logits a penalty can change, in the order they came: the prompt's under a
+    # repetition penalty, then generated ones; ``column`` maps each to its place. Penalties
+    # touch only these columns, not the whole vocabulary.
+    support: list[int] = field(default_factory=list)
+    column: dict[int, int] = field(default_factory=dict)
     grammar: Grammar | None = None  # structured output
     counted: int = 0  # generated tokens already in ``counts``
+    _support_ids: np.ndarray | None = None  # ``support`` as an array (None: to be made)
 
     @classmethod
     def build(
@@ -77,11 +80,10 @@ class Processors:
             raise ValueError(f"logit_bias token ids out of range [0, {vocab_size}): {out_of_range}")
         penalised = bool(params.presence_penalty or params.frequency_penalty)
         repeats = params.repetition_penalty != 1
-        prompt_mask = None
-        support = np.zeros(0, dtype=np.int64) if penalised or repeats else None
+        prompt_mask, support = None, []
         if repeats:
             prompt_mask = np.zeros(vocab_size, dtype=bool)
-            support = np.unique(np.asarray(prompt_ids, dtype=np.int64))
+            support = np.unique(np.asarray(prompt_ids, dtype=np.int64)).tolist()
             prompt_mask[support] = True
         return cls(
             params=params,
@@ -92,17 +94,21 @@ class Processors:
             prompt_mask=prompt_mask,
             counts=np.zeros(vocab_size, dtype=np.float32) if penalised or repeats else None,
             support=support,
+            column={t: i for i, t in enumerate(support)},
             grammar=grammar,
         )
 
     def _catch_up(self, generated: Sequence[int]) -> None:
         """Count the tokens generated since the last round into ``counts`` and ``support``."""
-        assert self.counts is not None and self.support is not None
+        assert self.counts is not None
         new = generated[self.counted :]
         if new:
-            ids = np.asarray(new, dtype=np.int64)
-            np.add.at(self.counts, ids, 1.0)
-            self.support = np.union1d(self.support, ids)
+            np.add.at(self.counts, np.asarray(new, dtype=np.int64), 1.0)
+            for t in new:
+                if t not in self.column:
+                    self.column[t] = len(self.support)
+                    self.support.append(t)
+                    self._support_ids = None
             self.counted = len(generated)
 
     def banned(self, generated: Sequence[int]) -> list[int]:
@@ -135,20 +141,32 @@ class Processors:
         count c_t, whether t is the prompt's), one per row and column of the support (with the
         row's prefix tokens added); every other column is left as it is."""
         self._catch_up(generated)
-        assert self.counts is not None and self.support is not None
-        ids, m = self.support, len(prefixes)
-        pairs = [(j, t) for j, prefix in enumerate(prefixes) for t in prefix]
-        if pairs:
-            ids = np.union1d(ids, [t for _, t in pairs])
-        counts = np.repeat(self.counts[ids][None], m, axis=0)  # [m, |support|]
-        if pairs:  # row j also counts its prefix's tokens
-            at, tokens = np.asarray(pairs, dtype=np.int64).T
-            np.add.at(counts, (at, np.searchsorted(ids, tokens)), 1.0)
-        in_prompt = (
-            self.prompt_mask[ids] if self.prompt_mask is not None else np.zeros(len(ids), bool)
-        )
-        rows = np.repeat(np.arange(m), len(ids))
-        return rows, np.tile(ids, m), counts.reshape(-1), np.tile(in_prompt, m)
+        assert self.counts is not None
+        if self._support_ids is None:
+            self._support_ids = np.asarray(self.support, dtype=np.int64)
+        extra: dict[int, int] = {}  # prefix tokens outside the support -> their column
+        for prefix in prefixes:
+            for t in prefix:
+                if t not in self.column and t not in extra:
+                    extra[t] = len(self.support) + len(extra)
+        ids = self._support_ids
+        if extra:
+            ids = np.concatenate([ids, np.fromiter(extra, dtype=np.int64, count=len(extra))])
+        m, n = len(prefixes), len(ids)
+        counts = _repeated(self.counts[ids], m)
+        # row j also counts its prefix's tokens
+        at = [
+            j * n + (extra[t] if t in extra else self.column[t])
+            for j, p in enumerate(prefixes)
+            for t in p
+        ]
+        if at:
+            np.add.at(counts, np.asarray(at, dtype=np.int64), 1.0)
+        if self.prompt_mask is not None:
+            in_prompt = _repeated(self.prompt_mask[ids], m)
+        else:
+            in_prompt = np.zeros(m * n, dtype=bool)
+        return np.arange(m).repeat(n), _repeated(ids, m), counts, in_prompt
 
 
 @dataclass(frozen=True)
@@ -164,7 +182,7 @@ class RowsOf:
 
 def process_rows(block: torch.Tensor, jobs: Sequence[RowsOf]) -> torch.Tensor:
     """Steps 1 to 4 of the module docstring (and the grammar's refusals) on every job's rows of
-    the float32 ``block``, in place.
+    the float32 ``block``, in place (jobs own disjoint rows).
 
     Each step gathers the entries it changes for the whole batch, computes them elementwise
     and scatters them back: one set of tensor operations per batch rather than per request.
@@ -172,9 +190,13 @@ def process_rows(block: torch.Tensor, jobs: Sequence[RowsOf]) -> torch.Tensor:
     a repetition penalty of 1 leave a value's bits as they are), so a row gets the bits it
     gets processed alone.
     """
-    _add_bias(block, jobs)
-    _ban(block, jobs)
-    _penalise(block, jobs)
+    if not block.is_contiguous():  # the entries are addressed in the flat block
+        block.copy_(process_rows(block.contiguous(), jobs))
+        return block
+    flat = block.view(-1)
+    _add_bias(flat, block.shape[-1], jobs)
+    _ban(flat, block.shape[-1], jobs)
+    _penalise(flat, block.shape[-1], jobs)
     for job in jobs:
         if job.processors.grammar is not None:
             _refuse(block, job.rows, _grammar_refusals(job))
@@ -194,68 +216,74 @@ def _grammar_refusals(job: RowsOf) -> list[torch.Tensor | None]:
     return [grammar.banned(job.generated, p, range(len(p), len(p) + 1))[0] for p in prefixes]
 
 
-def _index(parts: list[np.ndarray], device: torch.device) -> torch.Tensor:
+def _repeated(x: np.ndarray, m: int) -> np.ndarray:
+    """``x`` repeated ``m`` times end to end (np.tile, without its Python-level overhead)."""
+    out = np.empty((m, len(x)), dtype=x.dtype)
+    out[:] = x
+    return out.reshape(-1)
+
+
+def _joined(parts: list[np.ndarray], device: torch.device) -> torch.Tensor:
     return torch.from_numpy(np.concatenate(parts)).to(device)
 
 
-def _add_bias(block: torch.Tensor, jobs: Sequence[RowsOf]) -> None:
+def _add_bias(flat: torch.Tensor, vocab: int, jobs: Sequence[RowsOf]) -> None:
     """Step 1: l_t + bias_t."""
-    rows, cols, values = [], [], []
+    at, values = [], []
     for job in jobs:
         proc, m = job.processors, len(job.rows)
-        if len(proc.bias_ids) and m:
-            rows.append(np.repeat(np.asarray(job.rows, dtype=np.int64), len(proc.bias_ids)))
-            cols.append(np.tile(proc.bias_ids, m))
-            values.append(np.tile(proc.bias_values, m))
-    if rows:
-        at = (_index(rows, block.device), _index(cols, block.device))
-        block[at] = block[at] + _index(values, block.device)
+        n = len(proc.bias_ids)
+        if n and m:
+            rows = np.asarray(job.rows, dtype=np.int64)[:, None]
+            at.append((rows * vocab + proc.bias_ids).reshape(-1))
+            values.append(_repeated(proc.bias_values, m))
+    if at:
+        idx = _joined(at, flat.device)
+        flat.index_copy_(0, idx, flat.take(idx) + _joined(values, flat.device))
 
 
-def _ban(block: torch.Tensor, jobs: Sequence[RowsOf]) -> None:
+def _ban(flat: torch.Tensor, vocab: int, jobs: Sequence[RowsOf]) -> None:
     """Step 2 but the grammar's: -inf for each row's banned tokens."""
-    rows, cols = [], []
+    at: list[int] = []
     for job in jobs:
         proc = job.processors
         if not (proc.stop_ids or proc.bad_words):
             continue
         for row, prefix in zip(job.rows, job.prefixes, strict=True):
-            banned = proc.banned([*job.generated, *prefix])
-            rows += [row] * len(banned)
-            cols += banned
-    if rows:
-        block[
-            torch.tensor(rows, device=block.device), torch.tensor(cols, device=block.device)
-        ] = -torch.inf
+            at += [row * vocab + t for t in proc.banned([*job.generated, *prefix])]
+    if at:
+        flat.index_fill_(0, torch.tensor(at, device=flat.device), -torch.inf)
 
 
-def _penalise(block: torch.Tensor, jobs: Sequence[RowsOf]) -> None:
+def _penalise(flat: torch.Tensor, vocab: int, jobs: Sequence[RowsOf]) -> None:
     """Steps 3 and 4: the repetition penalty r on seen and prompt tokens, then the frequency and
     presence penalties, with each entry's own request's r, frequency and presence."""
-    rows, cols, counts, in_prompt, r, freq, pres = [], [], [], [], [], [], []
+    at, counts, in_prompt, sizes, penalties = [], [], [], [], []
     for job in jobs:
         proc = job.processors
         if proc.counts is None or not len(job.rows):
             continue
-        at, col, count, prompt = proc._penalties(job.generated, job.prefixes)
-        rows.append(np.asarray(job.rows, dtype=np.int64)[at])
-        cols.append(col)
+        row, col, count, prompt = proc._penalties(job.generated, job.prefixes)
+        at.append(np.asarray(job.rows, dtype=np.int64)[row] * vocab + col)
         counts.append(count)
         in_prompt.append(prompt)
-        p, n = proc.params, len(col)
-        r.append(np.full(n, p.repetition_penalty, dtype=np.float32))
-        freq.append(np.full(n, p.frequency_penalty, dtype=np.float32))
-        pres.append(np.full(n, p.presence_penalty, dtype=np.float32))
-    if not rows:
+        p = proc.params
+        sizes.append(len(col))
+        penalties.append((p.repetition_penalty, p.frequency_penalty, p.presence_penalty))
+    if not at:
         return
-    dev = block.device
-    at = (_index(rows, dev), _index(cols, dev))
-    values, c = block[at], _index(counts, dev)
-    r_, seen = _index(r, dev), c > 0
-    hit = seen | _index(in_prompt, dev)
-    values = torch.where(hit, torch.where(values > 0, values / r_, values * r_), values)
-    values = values - c * _index(freq, dev)
-    block[at] = values - seen.float() * _index(pres, dev)
+    dev = flat.device
+    # each entry's own request's r, frequency and presence
+    r, freq, pres = torch.from_numpy(
+        np.repeat(np.asarray(penalties, dtype=np.float32), sizes, axis=0).T.copy()
+    ).to(dev)
+    idx = _joined(at, dev)
+    values, c = flat.take(idx), _joined(counts, dev)
+    seen = c > 0
+    hit = seen | _joined(in_prompt, dev)
+    values = torch.where(hit, torch.where(values > 0, values / r, values * r), values)
+    values = values - c * freq
+    flat.index_copy_(0, idx, values - seen.float() * pres)
 
 
 def _refuse(block: torch.Tensor, rows: Sequence[int], refused: list[torch.Tensor | None]) -> None:
