@@ -124,8 +124,9 @@ class Processors:
         self, block: torch.Tensor, generated: list[int], drafts: list[int], first: int = 0
     ) -> torch.Tensor:
         """Process ``block`` [m, V] in place: row j follows ``generated + drafts[:first + j]``."""
-        prefixes = [drafts[:j] for j in range(first, first + block.shape[0])]
-        return process_rows(block, [RowsOf(self, generated, range(len(prefixes)), prefixes)])
+        return self.apply_rows(
+            block, generated, [drafts[:j] for j in range(first, first + block.shape[0])]
+        )
 
     def apply_rows(
         self, block: torch.Tensor, generated: list[int], prefixes: list[list[int]]
