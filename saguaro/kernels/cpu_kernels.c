@@ -101,7 +101,7 @@ typedef struct {
  * The tile is one column of up to six rows: 12 accumulators and a block's 4 weight vectors fill
  * AVX2's 16 registers (AVX-512 has 32), and a K + 1 = 5-row verification converts each weight
  * once. */
-enum { ROWS = 6, COLS = 1 };
+enum { ROWS = 6, COLS = 1, SMALL_ROWS = ROWS };
 
 /* Block `b` of row `n` as q[i] = weights 8i .. 8i + 7, with its group's scale d and min m. */
 INLINE void weight_block8(const Weight *w, const int fmt, int64_t n, int64_t b, __m256 d,
@@ -200,7 +200,13 @@ INLINE void linear_tile(const float *x, const Weight *w, const int fmt, float *o
 }
 
 #else
-enum { ROWS = 4, COLS = 4 };
+/* Tiles of four rows by four columns: 16 accumulators and a block's 8 weight vectors in
+ * AVX-512's 32 registers. A call of ROWS + 1 .. SMALL_ROWS rows (a K + 1 verification of K = 4
+ * to 7) runs as one taller tile instead, so each block is still converted once per call
+ * without the float32 buffer of linear_columns: at so few rows that buffer's second pass over
+ * 8x the weight bytes costs more than the conversions it saves (5 rows cost 2.5x 4 rows that
+ * way, 1.2x this way), even where the taller tile's accumulators leave registers. */
+enum { ROWS = 4, COLS = 4, SMALL_ROWS = 8 };
 
 INLINE v16 load_f32(const float *p) {
     v16 v;
@@ -267,9 +273,9 @@ INLINE void weight_block(const Weight *w, const int fmt, int64_t n, int64_t b, v
  * from weight rows wn0 .. wn0 + nc - 1: each (r, n) is the same chain whatever nr and nc are. */
 INLINE void linear_tile(const float *x, const Weight *w, const int fmt, float *out, int64_t n_out,
                         int64_t r0, int nr, int64_t n0, int64_t wn0, int nc) {
-    v16 acc[COLS][ROWS];
-    for (int c = 0; c < COLS; c++)
-        for (int r = 0; r < ROWS; r++) acc[c][r] = (v16){0};
+    v16 acc[COLS][SMALL_ROWS];
+    for (int c = 0; c < nc; c++)
+        for (int r = 0; r < nr; r++) acc[c][r] = (v16){0};
     const int64_t blocks = w->k / BLOCK;
     for (int64_t b = 0; b < blocks; b++) {
         v16 lo[COLS], hi[COLS];
@@ -296,11 +302,12 @@ INLINE void block_floats(const Weight *w, const int fmt, int64_t n, int64_t b, f
 }
 #endif
 _Static_assert((int)ROWS <= (int)MAX_TILE_ROWS, "linear_rows' REST cases cover remainders of 1..7 rows");
+_Static_assert((int)SMALL_ROWS <= (int)MAX_TILE_ROWS, "linear_small's cases cover 5..8 rows");
 
 /* Constant tile shapes and formats, so that each call is unrolled with its accumulators in
  * registers and no branch on the format is left in the loop. */
 #define TILE(NR, NC) linear_tile(x, w, fmt, out, n_out, r0, NR, n0 + c, wn0 + c, NC)
-/* Rows r0 .. r0 + NR - 1 (NR at most ROWS) for every column: tiles of COLS, then single ones. */
+/* Rows r0 .. r0 + NR - 1 for every column: tiles of COLS, then single ones. */
 #define ROW_TILE(NR)                                                                          \
     do {                                                                                      \
         int c = 0;                                                                            \
@@ -312,6 +319,12 @@ _Static_assert((int)ROWS <= (int)MAX_TILE_ROWS, "linear_rows' REST cases cover r
 #define REST(NR)                                                                              \
     case NR:                                                                                  \
         ROW_TILE(NR < ROWS ? NR : 1);                                                         \
+        break;
+/* All NR rows of a small call (ROWS < NR <= SMALL_ROWS) in one tile height; the same
+ * instantiation guard as REST's. */
+#define SMALL(NR)                                                                             \
+    case NR:                                                                                  \
+        ROW_TILE(NR <= SMALL_ROWS ? NR : 1);                                                  \
         break;
 
 /* Columns n0 .. n0 + nc - 1 (weight rows wn0 ..) for all m rows, a tile of rows at a time
@@ -327,12 +340,26 @@ INLINE void linear_rows(const float *x, int64_t m, const Weight *w, const int fm
     }
 }
 
+/* Columns n0 .. n0 + nc - 1 for ROWS < m <= SMALL_ROWS rows, in one tile height. */
+INLINE void linear_small(const float *x, int64_t m, const Weight *w, const int fmt, float *out,
+                         int64_t n_out, int64_t n0, int nc) {
+    const int64_t r0 = 0, wn0 = n0;
+    switch ((int)m) {
+    SMALL(5) SMALL(6) SMALL(7) SMALL(8)
+    default: break;
+    }
+}
+
 /* Columns n0 .. n0 + nc - 1 for all m rows. With more rows than one tile, a converted format's
  * columns are turned into floats once, into a buffer the tiles then read as float32: the same
  * floats the tiles would compute themselves, so the same bits, at one conversion per weight
  * instead of one per tile of rows. */
 INLINE void linear_columns(const float *x, int64_t m, const Weight w, const int fmt, float *out,
                            int64_t n_out, int64_t n0, int nc) {
+    if (m > ROWS && m <= SMALL_ROWS) {
+        linear_small(x, m, &w, fmt, out, n_out, n0, nc);
+        return;
+    }
     if (fmt == FMT_F32 || m <= ROWS) {
         linear_rows(x, m, &w, fmt, out, n_out, n0, n0, nc);
         return;

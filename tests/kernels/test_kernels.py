@@ -15,8 +15,9 @@ from saguaro.models.layers import Rotary, apply_rope
 from saguaro.models.quant import SCHEMES, dequantize, quantize
 
 N, K = 74, 128  # 74 = 18 tiles of 4 columns and a tail of 2; K = 4 blocks of 32
-# every tile height and remainder of both paths (AVX-512: tiles of 4 rows; AVX2: of 6)
-ROW_COUNTS = (1, 2, 3, 4, 5, 6, 7, 9, 13, 16)
+# every tile height and remainder of both paths (AVX-512: tiles of 4 rows, one tile up to 8;
+# AVX2: of 6)
+ROW_COUNTS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 16)
 # float32 reassociation over K = 128 products of unit-scale values
 SUM_TOLERANCE = 1e-4
 
