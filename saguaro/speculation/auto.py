@@ -49,11 +49,15 @@ EXPLORE_MAX = 2048  # the longest interval between tries of a mode that keeps lo
 # steps such a try runs: SSD's first round after a pause misses by construction and teaches
 # nothing, so two more for fresh timings and outcomes
 EXPLORE_STEPS = 3
-EXPLORE_BUDGET = 0.03  # the largest share of the engine's time that tries may take
+EXPLORE_BUDGET = 0.02  # the largest share of the engine's time that tries may take
 PRIOR_ROUNDS = 8.0  # a request's own acceptance counts as much as the pool after this many
+# The pool starts as a mean over its observations and this many pseudo-observations of the prior;
+# it becomes a moving average once 1 / alpha - PRIOR_WEIGHT positions have been seen.
+PRIOR_WEIGHT = 2.0
 MIN_ROUNDS = 8  # speculative rounds observed before SD or SSD may be the settled choice
 CALIBRATION_REPEATS = 2  # forwards timed per shape at start (the faster is kept)
 CALIBRATION_SEQS = (1, 2, 4, 8, 16, 32, 64)  # batch sizes timed at start, up to max_num_seqs
+CATCH_UP_PROBE = 64  # tokens of the draft forward timed at start to price a catch-up per token
 
 
 @dataclass(frozen=True)
@@ -68,17 +72,26 @@ class Threads:
 @dataclass
 class Acceptance:
     """Per-position acceptance a_j = P(s_j accepted | s_1..s_{j-1} accepted): pooled over
-    requests (exponential moving averages of the counts) and per request (its own counts,
-    shrunk towards the pool by ``PRIOR_ROUNDS`` pseudo-rounds)."""
+    requests and per request (its own counts, shrunk towards the pool by ``PRIOR_ROUNDS``
+    pseudo-rounds).
+
+    The pool's a_j after n_j observations x_1..x_n (1 accepted, 0 rejected) moves by weight
+    w_n = max(alpha, 1 / (n_j + PRIOR_WEIGHT)): while 1 / (n + PRIOR_WEIGHT) is the larger it is
+    the plain mean (PRIOR_WEIGHT a_prior + sum x) / (PRIOR_WEIGHT + n), so the first rounds
+    move the prior as far as they show (three rejections: 0.28 from a prior of 0.7, where a
+    fixed alpha of 0.1 gives 0.51); after that, an exponential moving average that follows
+    drift."""
 
     k_max: int
     alpha: float = EMA_ALPHA
     pooled: list[float] = field(init=False)
+    seen: list[int] = field(init=False)  # n_j: the pool's observations at position j
     own: dict[int, tuple[list[int], list[int]]] = field(default_factory=dict)  # tried, accepted
     rounds: int = 0  # rounds observed, all requests together
 
     def __post_init__(self) -> None:
         self.pooled = [PRIOR_ACCEPT] * self.k_max
+        self.seen = [0] * self.k_max
 
     def observe(self, seq_id: int | None, drafted: int, accepted: int) -> None:
         """A round that verified ``drafted`` proposals and accepted ``accepted``: positions
@@ -93,7 +106,9 @@ class Acceptance:
             if own is not None:
                 own[0][j] += 1
                 own[1][j] += ok
-            self.pooled[j] += self.alpha * (ok - self.pooled[j])
+            weight = max(self.alpha, 1.0 / (self.seen[j] + 1 + PRIOR_WEIGHT))
+            self.pooled[j] += weight * (ok - self.pooled[j])
+            self.seen[j] += 1
 
     def expected(self, seq_id: int) -> list[float]:
         """Expected tokens a round with k proposals commits, for k = 0..k_max:
@@ -143,6 +158,7 @@ class AutoProposer(Proposer):
         self.run_s = 0.0  # seconds of every step observed
         self.try_s = 0.0  # of which, in tries
         self.step_s = 0.0  # the last step's
+        self.catch_up_s = 0.0  # the draft's seconds per token of a catch-up (calibrated)
         self.last_rates: dict[Choice, float] = {}
         self.counts: dict[Choice, int] = {}  # steps run under each choice
 
@@ -200,11 +216,9 @@ class AutoProposer(Proposer):
     def affords_try(self, seqs: list[Sequence]) -> bool:
         """Whether a try keeps the tries' share of the run within ``EXPLORE_BUDGET``. Its cost
         is predicted as EXPLORE_STEPS steps at the last step's time, plus the draft catching up
-        on every token it has not seen at one single-row step's cost per token (an upper bound:
-        a catch-up takes a sequence's tokens in one forward)."""
-        per_row = (self.draft(len(seqs)) or 0.0) / max(1, len(seqs))
-        missed = sum(len(s) - 1 - self.sd.draft_ready(s) for s in seqs) if per_row else 0
-        cost = EXPLORE_STEPS * self.step_s + missed * per_row
+        on every token it has not seen, in one forward, at the calibrated cost per token."""
+        missed = sum(len(s) - 1 - self.sd.draft_ready(s) for s in seqs) if self.catch_up_s else 0
+        cost = EXPLORE_STEPS * self.step_s + missed * self.catch_up_s
         return self.try_s + cost <= EXPLORE_BUDGET * (self.run_s + cost)
 
     def book(self, step_s: float) -> None:
@@ -296,6 +310,8 @@ class AutoProposer(Proposer):
                 m = n * (k + 1)
                 self.target.observe(m, timed(lambda n=n, k=k: probe(n, k + 1)))
             self.draft.observe(n, timed(lambda n=n: time_forward(self.sd.runner, n, 1)))
+        probe_s = timed(lambda: time_forward(self.sd.runner, 1, CATCH_UP_PROBE))
+        self.catch_up_s = probe_s / CATCH_UP_PROBE
 
     def _use_threads(self, mode: str) -> None:
         """Where the cores are shared: torch threads for an SSD step or for the others."""

@@ -17,10 +17,12 @@ from saguaro.speculation.auto import (
     HYSTERESIS,
     MIN_DWELL,
     MIN_ROUNDS,
+    PRIOR_WEIGHT,
     Acceptance,
     AutoProposer,
 )
 from saguaro.speculation.planner import Choice, Curve, SSDEstimates, plan_mode
+from saguaro.speculation.policy import PRIOR_ACCEPT
 from tests.conftest import PROMPTS, SMALL_VOCAB, exact_first_two, sample_first_two
 from tests.stats import tv_noise_floor
 
@@ -108,6 +110,19 @@ def test_acceptance_per_request_leans_on_the_pool_until_it_has_its_own():
     assert 1 not in acc.own
 
 
+def test_the_pool_is_a_mean_with_the_prior_until_the_moving_average_takes_over():
+    acc = Acceptance(k_max=1, alpha=0.1)
+    for _ in range(3):
+        acc.observe(None, drafted=1, accepted=0)
+    # (PRIOR_WEIGHT x 0.7 + 0 + 0 + 0) / (PRIOR_WEIGHT + 3), not 0.7 x 0.9^3
+    assert acc.pooled[0] == pytest.approx(PRIOR_WEIGHT * PRIOR_ACCEPT / (PRIOR_WEIGHT + 3))
+    for _ in range(200):
+        acc.observe(None, drafted=1, accepted=1)
+    before = acc.pooled[0]
+    acc.observe(None, drafted=1, accepted=0)  # long past the warm start: a step of alpha
+    assert acc.pooled[0] == pytest.approx(before * 0.9)
+
+
 def chooser(predicted: dict[Choice, float], seen: int = MIN_ROUNDS) -> AutoProposer:
     """An AutoProposer whose cost model predicts ``predicted`` (tokens/s) whatever the batch,
     having observed ``seen`` speculative rounds."""
@@ -172,13 +187,14 @@ def test_speculation_settles_only_once_its_rounds_have_been_seen():
 
 
 def test_tries_keep_to_their_budget_of_time():
-    """Steps of 10 ms, a draft step of 4 ms a row and 20 tokens each sequence's draft has not
-    seen: a try is predicted at 3 x 10 + 20 x 4 = 110 ms, so none starts before the engine has
-    run 110 / 0.03 ms, and over a long run the tries take at most EXPLORE_BUDGET of the time."""
+    """Steps of 10 ms, a draft catch-up of 4 ms a token and 20 tokens each sequence's draft
+    has not seen: a try is predicted at 3 x 10 + 20 x 4 = 110 ms, so none starts before the
+    engine has run 110 ms x (1 - EXPLORE_BUDGET) / EXPLORE_BUDGET, and over a long run the
+    tries take at most EXPLORE_BUDGET of the time."""
     ar = Choice("ar", 0)
     auto = chooser({ar: 200.0, Choice("sd", 1): 150.0, Choice("sd", K): 100.0})
     auto.sd = SimpleNamespace(draft_ready=lambda s: len(s) - 21)
-    auto.draft.observe(1, 4 * MS)
+    auto.catch_up_s = 4 * MS
     seq = type("Seq", (), {"seq_id": 0, "__len__": lambda self: 100})()  # 100 tokens
     modes = []
     for _ in range(2000):
