@@ -215,17 +215,21 @@ def _row(key: tuple[str, float, int, str], v: Variant, group: list[Run]) -> Row:
 
 
 def aggregate(runs: list[Run], variants: list[Variant]) -> list[Row]:
-    """One row per (dataset, temperature, batch size, variant), in the order the runs first
-    reached each; then each row's speedups over AR and over SD with the same K (and the same
-    sampling method) in its cell, under the same setup (:attr:`Variant.setup`: forwards, dtype,
-    tensor-parallel size, core budget)."""
+    """One row per (dataset, temperature, batch size, variant), cells in the order the runs
+    first reached them and variants in their declared order within a cell; then each row's
+    speedups over AR and over SD with the same K (and the same sampling method) in its cell,
+    under the same setup (:attr:`Variant.setup`: forwards, dtype, tensor-parallel size, core
+    budget)."""
     by_label = {v.label: v for v in variants}
     cells: dict[tuple[str, float, int, str], list[Run]] = {}
     for run in runs:
         cells.setdefault((run.dataset, run.temperature, run.batch_size, run.variant), []).append(
             run
         )
-    rows = [_row(key, by_label[key[3]], group) for key, group in cells.items()]
+    rank = {v.label: i for i, v in enumerate(variants)}
+    first = {key[:3]: i for i, key in reversed(list(enumerate(cells)))}
+    ordered = sorted(cells, key=lambda key: (first[key[:3]], rank[key[3]]))
+    rows = [_row(key, by_label[key[3]], cells[key]) for key in ordered]
     index = {
         (
             r.dataset,

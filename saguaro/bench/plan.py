@@ -4,6 +4,7 @@ which order, and with which sampling parameters per request."""
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import dataclass, replace
 
 from saguaro.bench.config import PEER_MODES, BenchConfig
@@ -180,7 +181,11 @@ class Plan:
 
     def jobs(self) -> list[Job]:
         """Every call, in run order: per prompt set, temperature, batch size, repeat and batch,
-        the variants one after another (interleaved innermost, so drift hits them alike)."""
+        the variants one after another (interleaved innermost, so drift hits them alike), in an
+        order shuffled per batch (seeded): what one variant's run leaves behind for the next
+        (after an SSD variant, the next run's first forward was measured 20% slower at batch 1)
+        falls on every variant alike, not always on the one listed after it."""
+        rng = random.Random(self.cfg.seed)
         out = []
         for ps in self.prompt_sets:
             for temp in self.cfg.temperatures:
@@ -189,5 +194,7 @@ class Plan:
                     for r in range(self.cfg.repeats):
                         for j, lo in enumerate(range(0, n, b)):
                             idx = list(range(lo, lo + b))
-                            out += [Job(ps, temp, b, r, j, idx, v) for v in self.variants]
+                            order = list(self.variants)
+                            rng.shuffle(order)
+                            out += [Job(ps, temp, b, r, j, idx, v) for v in order]
         return out

@@ -310,8 +310,8 @@ class AutoProposer(Proposer):
                 m = n * (k + 1)
                 self.target.observe(m, timed(lambda n=n, k=k: probe(n, k + 1)))
             self.draft.observe(n, timed(lambda n=n: time_forward(self.sd.runner, n, 1)))
-        probe_s = timed(lambda: time_forward(self.sd.runner, 1, CATCH_UP_PROBE))
-        self.catch_up_s = probe_s / CATCH_UP_PROBE
+        tokens = min(CATCH_UP_PROBE, self.sd.runner.num_slots)  # a tiny pool holds fewer
+        self.catch_up_s = timed(lambda: time_forward(self.sd.runner, 1, tokens)) / tokens
 
     def _use_threads(self, mode: str) -> None:
         """Where the cores are shared: torch threads for an SSD step or for the others."""

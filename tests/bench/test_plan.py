@@ -29,9 +29,24 @@ def test_jobs_interleave_variants_per_batch():
     assert batch_count(3, 2) == 4  # rounded up to whole batches
     per_temperature = 2 * len(variants)  # two batches of 2, each run by every variant
     assert len(jobs) == len(cfg.temperatures) * per_temperature
-    assert [j.variant.label for j in jobs[:4]] == ["ar", "sd", "ar", "sd"]
+    assert sorted(j.variant.label for j in jobs[:2]) == sorted(j.variant.label for j in jobs[2:4])
+    assert sorted(j.variant.label for j in jobs[:2]) == ["ar", "sd"]
     assert [j.indices for j in jobs[:4:2]] == [[0, 1], [2, 3]]
     assert len({request_seed(0, r, i) for r in range(3) for i in range(100)}) == 300
+
+
+def test_each_batch_runs_every_variant_once_in_a_seeded_shuffled_order():
+    cfg = parse_config(["--modes", "ar,sd,ssd,auto", "--batch-sizes", "1", "--num-prompts", "8"])
+    variants = [v.label for v in build_variants(cfg)]
+    ps = PromptSet("p", [], [[1]] * 8, 0)
+    jobs = Plan(cfg, build_variants(cfg), [ps]).jobs()
+    orders = [tuple(j.variant.label for j in jobs[i : i + 4]) for i in range(0, len(jobs), 4)]
+    assert all(sorted(o) == sorted(variants) for o in orders)
+    # no variant always follows the same one
+    assert len({o.index("ssd") for o in orders}) > 1
+    assert [j.variant.label for j in Plan(cfg, build_variants(cfg), [ps]).jobs()] == [
+        j.variant.label for j in jobs
+    ]  # the seed fixes the order
 
 
 def test_forwards_and_one_core_baselines_are_labelled_variants():
