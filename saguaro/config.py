@@ -106,7 +106,9 @@ class EngineConfig:
         "(saguaro import-gguf keeps it) and the kernels are saguaro's, else none",
     )
     draft_quantization: Quantization = opt(
-        "auto", "sd/ssd: the draft's linear weights, as --quantization (any keeps output exact)"
+        "auto",
+        "sd/ssd: the draft's linear weights, as --quantization, but auto quantizes a draft "
+        "without a GGUF file to int8 on saguaro's kernels (any keeps the output exact)",
     )
     kernels: Kernels = opt(
         "auto",

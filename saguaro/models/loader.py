@@ -36,6 +36,11 @@ DTYPES = {
     "fp16": torch.float16,
 }
 
+# A draft only proposes, so its precision moves speed and acceptance, never the output. Per-channel
+# int8 reads a quarter of float32's bytes and keeps its acceptance (docs/bench-kernels,
+# draft-quantization); int4 groups cost the shipped draft a little acceptance for no more speed.
+DRAFT_AUTO_SCHEME = "int8"
+
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(self_attn\.[qkv]_proj|mlp\.(?:gate|up)_proj)\.")
 
 
@@ -143,14 +148,22 @@ def checked_head_ids(ids: torch.Tensor, vocab_size: int, model_dir: Path) -> tor
 
 
 def resolve_quantization(
-    model_dir: Path, quantization: str, kernels: bool, tp: TensorParallel = SINGLE
+    model_dir: Path,
+    quantization: str,
+    kernels: bool,
+    tp: TensorParallel = SINGLE,
+    draft: bool = False,
 ) -> str:
     """``auto``: the GGUF file's own blocks where the directory holds one (``model.gguf``, which
     ``saguaro import-gguf`` writes beside the dequantized weights) and the model runs on
-    saguaro's kernels in one rank; otherwise the dense weights (``none``)."""
+    saguaro's kernels in one rank; otherwise, for a ``draft``, :data:`DRAFT_AUTO_SCHEME` on
+    those kernels, and the dense weights (``none``) for a target."""
     if quantization == "auto":
-        has_gguf = (model_dir / GGUF_NAME).is_file()
-        return "gguf" if has_gguf and kernels and tp.size == 1 else "none"
+        if not kernels or tp.size > 1:
+            return "none"
+        if (model_dir / GGUF_NAME).is_file():
+            return "gguf"
+        return DRAFT_AUTO_SCHEME if draft else "none"
     if quantization != "none" and tp.size > 1:
         raise ModelLoadError(
             f"quantized weights ({quantization}) are not split over tensor-parallel ranks; use "
@@ -171,16 +184,17 @@ def load_model(
     tp: TensorParallel = SINGLE,
     quantization: str = "none",
     kernels: bool = False,
+    draft: bool = False,
 ) -> CausalLM:
     """The model in ``model_dir``, or rank ``tp.rank``'s slices of it. With ``kernels`` it runs
     on saguaro's batch-invariant kernels (:mod:`saguaro.models.linear`), its linear weights as
     ``quantization`` says: ``none`` (dense, in ``dtype``), ``gguf`` (the blocks of the
     directory's GGUF file), one of :data:`saguaro.models.quant.SCHEMES` (quantized now), or
-    ``auto`` (:func:`resolve_quantization`)."""
+    ``auto`` (:func:`resolve_quantization`, which a ``draft`` resolves on its own terms)."""
     model = load_dense(model_dir, dtype, tp)
     model_dir = Path(model_dir)
     kernels = kernels and torch.device(device).type == "cpu"  # the kernels are CPU code
-    scheme = resolve_quantization(model_dir, quantization, kernels, tp)
+    scheme = resolve_quantization(model_dir, quantization, kernels, tp, draft)
     if kernels or scheme != "none":
         weights = gguf_linears(model_dir / GGUF_NAME, model.config) if scheme == "gguf" else None
         scheme = "none" if scheme == "gguf" else scheme

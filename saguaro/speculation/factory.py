@@ -50,6 +50,7 @@ def _in_process(cfg: EngineConfig, setup: DraftSetup) -> DraftProposer:
         cfg.device,
         quantization=cfg.draft_quantization,
         kernels=cfg.kernels == "saguaro",
+        draft=True,
     )
     k = cfg.num_speculative_tokens
     buckets = graph_buckets(cfg.graphs, cfg.max_num_seqs, setup.max_model_len + k, k)

@@ -68,7 +68,12 @@ class DraftWorker:
         if cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
         model = load_model(
-            cfg.draft_dir, cfg.dtype, cfg.device, quantization=cfg.quantization, kernels=cfg.kernels
+            cfg.draft_dir,
+            cfg.dtype,
+            cfg.device,
+            quantization=cfg.quantization,
+            kernels=cfg.kernels,
+            draft=True,
         )
         self.vocab_size = model.config.vocab_size
         num_blocks = kv_blocks(cfg)

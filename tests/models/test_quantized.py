@@ -16,7 +16,7 @@ from saguaro.models.gguf_import import import_gguf
 from saguaro.models.gguf_names import deinterleave_rope_rows
 from saguaro.models.gguf_weights import gguf_linears
 from saguaro.models.linear import KernelLinear
-from saguaro.models.loader import load_model
+from saguaro.models.loader import DRAFT_AUTO_SCHEME, load_model, resolve_quantization
 from saguaro.models.parallel import TensorParallel
 from saguaro.models.quant import dequantize, pack_nibbles, quantize, unpack_nibbles
 from tests.models.test_gguf_import import bpe_model
@@ -105,6 +105,21 @@ def test_the_gguf_model_runs_the_files_blocks_bit_for_bit(source, tmp_path, dtyp
     assert dense.layers[0].mlp.down_proj.fmt == "f32"
     query = [(list(range(4)), 0, PROMPT, len(PROMPT))]
     assert torch.equal(forward_logits(quantized, query), forward_logits(dense, query))
+
+
+def test_auto_keeps_a_targets_dense_weights_and_quantizes_a_drafts(source, tmp_path):
+    """Without a GGUF file, ``auto`` leaves a target's weights as they are (its logits are the
+    model's) and gives a draft int8 on the kernels (a draft moves speed, never the output)."""
+    imported = import_gguf(export_gguf(source, tmp_path / "m.gguf", "q8_0"), tmp_path / "hf")
+    assert resolve_quantization(source, "auto", kernels=True) == "none"
+    assert resolve_quantization(source, "auto", kernels=True, draft=True) == DRAFT_AUTO_SCHEME
+    assert resolve_quantization(source, "auto", kernels=False, draft=True) == "none"
+    assert resolve_quantization(imported, "auto", kernels=True, draft=True) == "gguf"
+    draft = load_model(source, quantization="auto", kernels=True, draft=True)
+    assert draft.layers[0].mlp.down_proj.fmt == "q8"
+    assert (
+        load_model(source, quantization="auto", kernels=True).layers[0].mlp.down_proj.fmt == "f32"
+    )
 
 
 def test_quantization_errors_name_the_way_out(source, tmp_path):

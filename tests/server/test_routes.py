@@ -183,7 +183,13 @@ def test_sd_streams_every_round_as_one_chunk(tiny_llama, offline):
     """Draft = target: every greedy proposal is accepted, so each round commits k + 1 = 5
     tokens, and each round's tokens must arrive together, as one chunk."""
     ref = offline.generate(PROMPTS[2], greedy(40))[0]
-    llm = LLM(model=str(tiny_llama), draft=str(tiny_llama), mode="sd", max_model_len=256)
+    llm = LLM(
+        model=str(tiny_llama),
+        draft=str(tiny_llama),
+        mode="sd",
+        max_model_len=256,
+        draft_quantization="none",  # the target's own weights: auto would quantize the draft
+    )
     with serve(llm) as served:
         chunks = list(
             served.client().completions.create(

@@ -48,7 +48,7 @@ def test_greedy_sd_equals_ar(tiny_llama, tiny_draft, close_draft, ar_reference, 
 
 def test_greedy_sd_with_a_bfloat16_draft_equals_ar(tiny_llama, close_draft, ar_reference):
     """The draft's precision changes what it proposes, never what the target commits."""
-    llm = sd_engine(tiny_llama, close_draft, 3, draft_dtype="bfloat16")
+    llm = sd_engine(tiny_llama, close_draft, 3, draft_dtype="bfloat16", draft_quantization="none")
     assert llm.engine.proposer.runner.model.lm_head.weight.dtype == torch.bfloat16
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     outs = llm.generate(PROMPTS, params)

@@ -17,6 +17,8 @@ def make_worker(draft_dir, k, fanout, **kw) -> DraftWorker:
         max_num_seqs=4,
         block_size=16,
         dtype="float32",
+        # dense, as the same checkpoint served as a target, which tests compare the worker to
+        draft_quantization="none",
         device="cpu",
         seed=0,
         pin_cpus=False,
