@@ -4,8 +4,9 @@
 
 One markdown row per (batch, temperature, layout): AR, the best fixed configuration that ran, and
 auto, in output tok/s and in decode speed (1 / TPOT), with the share of auto's rounds per choice,
-and auto / AR's 95% interval: a bootstrap over the prompt batches, each batch of auto paired with
-AR's on the same prompts in the same pass (tokens over seconds of the resampled batches).
+and the 95% intervals of auto / best and auto / AR: a bootstrap over the prompt batches, each batch
+of auto paired with the other's on the same prompts in the same pass (tokens over seconds of the
+resampled batches).
 "equal": every mode on all the cores; "paper": AR and SD held to one core ("1 core" variants)
 beside SSD (target on one core, draft on the other) and auto with ``auto_cores="own"``.
 """
@@ -23,8 +24,8 @@ MIN_SHARE = 0.02  # choices below this share of auto's rounds are left out
 RESAMPLES = 2000  # bootstrap resamples of the paired batches
 HEADER = (
     "| batch | T | layout | AR tok/s | best fixed, tok/s | auto tok/s | auto / best | auto / AR "
-    "| best fixed by 1/TPOT | auto / best (1/TPOT) | auto / AR (1/TPOT) | auto / AR, 95% "
-    "| auto's rounds |"
+    "| best fixed by 1/TPOT | auto / best (1/TPOT) | auto / AR (1/TPOT) | auto / best, 95% "
+    "| auto / AR, 95% | auto's rounds |"
 )
 
 
@@ -34,17 +35,17 @@ def layout_rows(variants: dict[str, dict], layout: str) -> dict[str, dict]:
     return {k: r for k, r in variants.items() if not k.endswith(ONE_CORE)}
 
 
-def interval(auto: dict[tuple, tuple], ar: dict[tuple, tuple]) -> str:
-    """The paired bootstrap interval of auto / AR over batches run by both; each run is
+def interval(auto: dict[tuple, tuple], other: dict[tuple, tuple]) -> str:
+    """The paired bootstrap interval of auto / other over batches run by both; each run is
     (output tokens, seconds), keyed by (pass, batch)."""
-    keys = sorted(set(auto) & set(ar))
+    keys = sorted(set(auto) & set(other))
     if len(keys) < 2:
         return "-"
     rng, ratios = random.Random(0), []
     for _ in range(RESAMPLES):
         pick = [rng.choice(keys) for _ in keys]
         a_tok, a_s, r_tok, r_s = (
-            sum(runs[k][i] for k in pick) for runs in (auto, ar) for i in (0, 1)
+            sum(runs[k][i] for k in pick) for runs in (auto, other) for i in (0, 1)
         )
         ratios.append((a_tok / a_s) / (r_tok / r_s))
     ratios.sort()
@@ -69,6 +70,7 @@ def row(b: int, t: float, layout: str, pick: dict[str, dict], runs: dict) -> str
         f"{auto['tokens_per_s'] / ar['tokens_per_s']:.2f}", best_decode,
         f"{fixed[best_decode]['tpot_s'] / auto['tpot_s']:.2f}",
         f"{ar['tpot_s'] / auto['tpot_s']:.2f}",
+        interval(runs[(t, b, auto_label)], runs[(t, b, best)]),
         interval(runs[(t, b, auto_label)], runs[(t, b, ar_label)]), choices,
     ]  # fmt: skip
     return "| " + " | ".join(str(c) for c in cells) + " |"
@@ -76,7 +78,7 @@ def row(b: int, t: float, layout: str, pick: dict[str, dict], runs: dict) -> str
 
 def main(paths: list[str]) -> None:
     print(HEADER)
-    print("|---:|---:|---|---:|---|---:|---:|---:|---|---:|---:|---:|---|")
+    print("|---:|---:|---|---:|---|---:|---:|---:|---|---:|---:|---:|---:|---|")
     for path in paths:
         data = json.loads(Path(path).read_text())
         runs: dict[tuple, dict[tuple, tuple]] = defaultdict(dict)

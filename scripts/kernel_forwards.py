@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import torch
 
 from saguaro.engine.model_runner import ModelRunner
 from saguaro.models.catalog import DEFAULT_MODEL, resolve_model
+from saguaro.models.gguf_import import GGUF_NAME
 from saguaro.models.loader import load_model
 from saguaro.train.costs import median_ms
 
@@ -67,6 +69,8 @@ def main() -> None:
     for threads in [int(t) for t in args.threads.split(",")]:
         torch.set_num_threads(threads)
         for name, dtype, quantization, kernels in CONFIGS:
+            if quantization == "gguf" and not (Path(args.model) / GGUF_NAME).is_file():
+                continue  # a directory without the file (the draft's) has no GGUF blocks
             row = {"threads": threads, "config": name}
             row |= measure(args.model, dtype, quantization, kernels, args.context)
             line = json.dumps(row)
