@@ -18,12 +18,15 @@ the draft's catch-up for nothing when the draft is weak.
 
 Estimates of a mode not chosen go stale, so a mode that has not run for ``EXPLORE_EVERY`` steps
 runs for ``EXPLORE_STEPS``; each try that leaves it unchosen doubles its interval, up to
-``EXPLORE_MAX``, and being chosen resets it. A try costs more than its steps (the draft first
-catches up on every token it missed; SSD's first round after a pause misses), so tries also keep
-to a budget of time: one starts only if the tries so far and this one, at its predicted cost,
-stay within ``EXPLORE_BUDGET`` of the time the engine has run. What auto can lose to a fixed
-choice by exploring is thereby bounded by that share, and a short run whose first try would cost
-more never explores.
+``EXPLORE_MAX``, and being chosen resets it. A try costs more than its steps: the draft first
+catches up on every token it missed, and SSD's first round after a pause misses. So an SD try
+drafts only for the ``TRY_SEQS`` sequences whose draft has missed the fewest tokens (a try is
+for acceptance, which a few sequences show, and a catch-up over a whole batch's context is
+what makes a try dear), the others verifying no proposals meanwhile. And tries keep to a budget
+of time: one starts only if the tries so far and this one, at its predicted cost, stay within
+``EXPLORE_BUDGET`` of the time the engine has run. What auto can lose to a fixed choice by
+exploring is thereby bounded by that share, and a short run whose first try would cost more
+never explores.
 """
 
 from __future__ import annotations
@@ -50,6 +53,8 @@ EXPLORE_MAX = 2048  # the longest interval between tries of a mode that keeps lo
 # nothing, so two more for fresh timings and outcomes
 EXPLORE_STEPS = 3
 EXPLORE_BUDGET = 0.02  # the largest share of the engine's time that tries may take
+# sequences an SD try drafts for: its EXPLORE_STEPS rounds of them observe at least MIN_ROUNDS
+TRY_SEQS = 4
 PRIOR_ROUNDS = 8.0  # a request's own acceptance counts as much as the pool after this many
 # The pool starts as a mean over its observations and this many pseudo-observations of the prior;
 # it becomes a moving average once 1 / alpha - PRIOR_WEIGHT positions have been seen.
@@ -149,6 +154,7 @@ class AutoProposer(Proposer):
         self.choice: Choice | None = None  # the last step's
         self.settled: Choice | None = None  # the cost model's, which tries interrupt
         self.trying = Choice("ar", 0)  # a stale mode's, while ``exploring``
+        self.try_ids: set[int] | None = None  # the sequences an SD try drafts for (None: all)
         self.steps = 0
         self.since: dict[str, int] = {"ar": 0, "sd": 0, "ssd": 0}  # steps since each mode ran
         self.interval = dict.fromkeys(self.since, EXPLORE_EVERY)  # steps between tries
@@ -193,13 +199,14 @@ class AutoProposer(Proposer):
             self.exploring -= 1
             return self.trying
         stale = [c for c in rates if self.since[c.mode] >= self.interval[c.mode]]
-        if stale and self.affords_try(seqs):
-            self.in_try = True
-            self.trying = max(stale, key=rates.__getitem__)
+        trying = max(stale, key=rates.__getitem__) if stale else None
+        tried = self.try_seqs(trying, seqs) if trying is not None else []
+        if trying is not None and self.affords_try(tried):
+            self.in_try, self.trying = True, trying
+            self.try_ids = {s.seq_id for s in tried} if trying.mode == "sd" else None
             self.exploring = EXPLORE_STEPS - 1
-            mode = self.trying.mode
-            self.interval[mode] = min(2 * self.interval[mode], EXPLORE_MAX)
-            return self.trying
+            self.interval[trying.mode] = min(2 * self.interval[trying.mode], EXPLORE_MAX)
+            return trying
         # Until speculation has been seen (by a try), its rates rest on the prior acceptance
         # alone: only measured choices may settle.
         known = [c for c in rates if c.mode == "ar" or self.acceptance.rounds >= MIN_ROUNDS]
@@ -213,11 +220,23 @@ class AutoProposer(Proposer):
             self.interval[best.mode] = EXPLORE_EVERY
         return self.settled
 
+    def missed(self, seq: Sequence) -> int:
+        """Tokens of ``seq`` the in-process draft has no KV for."""
+        return len(seq) - 1 - self.sd.draft_ready(seq)
+
+    def try_seqs(self, choice: Choice, seqs: list[Sequence]) -> list[Sequence]:
+        """The sequences a try of ``choice`` drafts for: for SD the ``TRY_SEQS`` whose draft
+        has missed the fewest tokens, for SSD (whose worker drafts for the batch) all."""
+        if choice.mode != "sd" or len(seqs) <= TRY_SEQS:
+            return seqs
+        return sorted(seqs, key=self.missed)[:TRY_SEQS]
+
     def affords_try(self, seqs: list[Sequence]) -> bool:
-        """Whether a try keeps the tries' share of the run within ``EXPLORE_BUDGET``. Its cost
-        is predicted as EXPLORE_STEPS steps at the last step's time, plus the draft catching up
-        on every token it has not seen, in one forward, at the calibrated cost per token."""
-        missed = sum(len(s) - 1 - self.sd.draft_ready(s) for s in seqs) if self.catch_up_s else 0
+        """Whether a try drafting for ``seqs`` keeps the tries' share of the run within
+        ``EXPLORE_BUDGET``. Its cost is predicted as EXPLORE_STEPS steps at the last step's
+        time, plus the draft catching up on every token of ``seqs`` it has not seen, in one
+        forward, at the calibrated cost per token."""
+        missed = sum(self.missed(s) for s in seqs) if self.catch_up_s else 0
         cost = EXPLORE_STEPS * self.step_s + missed * self.catch_up_s
         return self.try_s + cost <= EXPLORE_BUDGET * (self.run_s + cost)
 
@@ -251,7 +270,10 @@ class AutoProposer(Proposer):
         if choice.mode == "ssd" and self.ssd is not None:
             return self.ssd.propose(seqs, ks)
         if choice.mode == "sd" and choice.k > 0:
-            return self.sd.propose(seqs, [min(k, choice.k) for k in ks])
+            ks = [min(k, choice.k) for k in ks]
+            if self.in_try and self.try_ids is not None:
+                ks = [k if s.seq_id in self.try_ids else 0 for s, k in zip(seqs, ks, strict=True)]
+            return self.sd.propose(seqs, ks)
         return Proposal.none(len(seqs), self.k_max)
 
     def observe(self, seqs: list[Sequence], target_s: float, positions: int) -> None:
@@ -289,7 +311,7 @@ class AutoProposer(Proposer):
         self.other.observe(positions, max(0.0, step_s - target_s - draft_s))
         k = max(r.num_drafted for r in records)
         if self.choice is not None and self.choice.mode == "sd" and k > 0:
-            self.draft.observe(len(records), draft_s / k)
+            self.draft.observe(sum(1 for r in records if r.num_drafted), draft_s / k)
 
     def calibrate(self, probe: TargetProbe) -> None:
         """Time the target's forwards and the draft's steps at the batch sizes the engine can

@@ -180,7 +180,8 @@ class DraftProposer(Proposer):
         ]
         tokens, q = decode_chains(self.runner, chains, plain_proposals(chains, self.top_m))
         for s, k in zip(seqs, ks, strict=True):
-            self.computed[s.seq_id] = len(s) + k - 1
+            if k > 0:  # a sequence drafted for nothing keeps the KV it had
+                self.computed[s.seq_id] = len(s) + k - 1
         return Proposal(tokens, torch.tensor(ks), q=q)
 
     def preempted(self, seq: Sequence) -> None:

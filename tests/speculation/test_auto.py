@@ -18,6 +18,7 @@ from saguaro.speculation.auto import (
     MIN_DWELL,
     MIN_ROUNDS,
     PRIOR_WEIGHT,
+    TRY_SEQS,
     Acceptance,
     AutoProposer,
 )
@@ -207,6 +208,36 @@ def test_tries_keep_to_their_budget_of_time():
     assert first * 10 * MS >= cost * (1 - EXPLORE_BUDGET) / EXPLORE_BUDGET > EXPLORE_EVERY * 10 * MS
     assert 0 < auto.try_s <= EXPLORE_BUDGET * auto.run_s
     assert modes.count("sd") == round(auto.try_s / (10 * MS))  # every try step was booked
+
+
+def test_an_sd_try_drafts_only_for_the_sequences_whose_draft_missed_least():
+    """A try of SD in a batch of 6 drafts for the TRY_SEQS sequences with the fewest tokens
+    the draft has not seen; the others' rounds propose nothing, and the draft's step time is
+    booked against the rows it drafted."""
+    sd, ar = Choice("sd", K), Choice("ar", 0)
+    auto = chooser({ar: 200.0, sd: 100.0}, seen=0)
+    missed = {0: 90, 1: 5, 2: 40, 3: 0, 4: 60, 5: 10}  # seq_id -> tokens the draft has not seen
+    proposed = []
+    auto.sd = SimpleNamespace(
+        draft_ready=lambda s: len(s) - 1 - missed[s.seq_id],
+        propose=lambda seqs, ks: proposed.append(ks),
+    )
+    seqs = [
+        type("Seq", (), {"seq_id": i, "__len__": lambda self: 100})() for i in range(len(missed))
+    ]
+    chosen = []
+    for _ in range(EXPLORE_EVERY + EXPLORE_STEPS):
+        chosen.append(auto.choose(seqs))
+        auto.advance(chosen[-1])
+        auto._proposal(chosen[-1], seqs, [K] * len(seqs))
+    assert chosen[-EXPLORE_STEPS:] == [sd] * EXPLORE_STEPS  # the try
+    fewest = sorted(missed, key=missed.get)[:TRY_SEQS]
+    assert auto.try_ids == set(fewest) and len(fewest) < len(seqs)
+    want = [K if i in fewest else 0 for i in range(len(seqs))]
+    assert proposed == [want] * EXPLORE_STEPS
+    records = [SimpleNamespace(num_drafted=k, draft_s=0.001 * k, step_s=0.01) for k in want]
+    auto._observe_costs(records, 0.06, 0.03, sum(k + 1 for k in want), ssd_step=False)
+    assert auto.draft.knots and set(auto.draft.knots) == {TRY_SEQS}
 
 
 # ---- exact across switches ---------------------------------------------------------------------
