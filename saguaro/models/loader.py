@@ -37,8 +37,8 @@ DTYPES = {
 }
 
 # A draft only proposes, so its precision moves speed and acceptance, never the output. Per-channel
-# int8 reads a quarter of float32's bytes and keeps its acceptance (docs/bench-kernels,
-# draft-quantization); int4 groups cost the shipped draft a little acceptance for no more speed.
+# int8 reads a quarter of float32's bytes and keeps the shipped draft's acceptance; int4's groups
+# cost some of it (docs/bench-kernels, "The draft in int8 by default").
 DRAFT_AUTO_SCHEME = "int8"
 
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(self_attn\.[qkv]_proj|mlp\.(?:gate|up)_proj)\.")
