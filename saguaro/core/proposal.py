@@ -66,8 +66,9 @@ class Proposer(ABC):
 
     def draft_ready(self, seq: Sequence) -> int | None:
         """Tokens of ``seq`` whose draft KV sits in the sequence's own blocks, or None when the
-        draft keeps its KV elsewhere. A shared prefix-cache block must hold both models' KV, so
-        the engine registers no block past this many tokens."""
+        draft keeps its KV elsewhere. The engine marks the cached blocks within this many tokens
+        as holding the draft's KV, so that a sequence admitted onto them knows how far its
+        draft may start."""
         return None
 
     def observe(self, seqs: list[Sequence], target_s: float, positions: int) -> None:

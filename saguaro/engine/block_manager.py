@@ -4,11 +4,15 @@ Every sequence owns a block table: block ``i`` holds the KV of token indices
 ``[i * block_size, (i + 1) * block_size)``. All model runners of one engine (target and in-process
 draft) index their own KV pools with the same table.
 
-Prefix caching: once every token of a full block has valid KV in every pool, the block gets the
-hash ``h_i = hash((h_{i-1}, tokens_i))``, a chain over the whole prefix. A new sequence whose
-leading full blocks have the same chain (and, checked, the same tokens) shares those blocks and
-skips computing them. Freed blocks keep their hash until the pool hands them out again (least
-recently freed first), so a finished or preempted request's prefix stays reusable.
+Prefix caching: once every token of a full block has valid KV in the target's pool, the block
+gets the hash ``h_i = hash((h_{i-1}, tokens_i))``, a chain over the whole prefix. A new sequence
+whose leading full blocks have the same chain (and, checked, the same tokens) shares those
+blocks and skips computing them. An in-process draft's KV may lag behind the target's (mode
+auto running AR computes none), so a block also records whether the draft's KV is in it: a
+sequence admitted onto cached blocks learns how many leading ones hold it, and its draft
+computes the rest itself. Registration therefore never waits for the draft. Freed blocks keep
+their hash until the pool hands them out again (least recently freed first), so a finished or
+preempted request's prefix stays reusable.
 
 Only committed tokens are ever hashed, so rolling back speculative slots never touches a hashed
 block.
@@ -28,6 +32,7 @@ class Block:
     ref_count: int = 0
     hash: int | None = None
     token_ids: tuple[int, ...] = field(default=())
+    draft_kv: bool = False  # the in-process draft's KV for all its tokens is in its pool
 
 
 class NoFreeBlocksError(RuntimeError):
@@ -65,7 +70,7 @@ class BlockManager:
         block = self.blocks[block_id]
         if block.hash is not None and self.cached.get(block.hash) == block_id:
             del self.cached[block.hash]
-        block.hash, block.token_ids, block.ref_count = None, (), 1
+        block.hash, block.token_ids, block.ref_count, block.draft_kv = None, (), 1, False
         return block_id
 
     def can_allocate(self, seq: Sequence, num_slots: int) -> bool:
@@ -86,7 +91,7 @@ class BlockManager:
         scored, because its logits decide what comes next.
         """
         assert not seq.block_table
-        seq.block_hashes = []
+        seq.block_hashes, seq.draft_blocks, seq.num_draft_cached_tokens = [], 0, 0
         if not self.enable_prefix_caching or seq.scores_prompt:  # every position gets its row
             return 0
         bs = self.block_size
@@ -103,7 +108,10 @@ class BlockManager:
             block.ref_count += 1
             seq.block_table.append(block_id)
             seq.block_hashes.append(h)
+            if block.draft_kv and seq.draft_blocks == len(seq.block_table) - 1:
+                seq.draft_blocks += 1
             prev = h
+        seq.num_draft_cached_tokens = seq.draft_blocks * bs
         cached = len(seq.block_table) * bs
         self.prefix_hit_tokens += cached
         return cached
@@ -120,6 +128,7 @@ class BlockManager:
             self._release(block_id)
         seq.block_table.clear()
         seq.block_hashes.clear()
+        seq.draft_blocks = 0
 
     def _release(self, block_id: int) -> None:
         block = self.blocks[block_id]
@@ -130,8 +139,12 @@ class BlockManager:
 
     # ---- prefix-cache registration ------------------------------------------------------------
 
-    def register(self, seq: Sequence, num_ready_tokens: int) -> None:
-        """Hash every full block whose tokens all have valid KV in every pool.
+    def register(
+        self, seq: Sequence, num_ready_tokens: int, num_draft_tokens: int | None = None
+    ) -> None:
+        """Hash every full block whose tokens all have valid KV in the target's pool, and mark
+        those whose tokens also have it in the in-process draft's (``num_draft_tokens``; None:
+        no in-process draft, every block counts as holding it).
 
         Called after each round with the count of committed tokens whose KV is written; several
         blocks may fill in one round, and each is hashed over its own tokens.
@@ -149,3 +162,7 @@ class BlockManager:
                 self.cached.setdefault(h, block.block_id)
             seq.block_hashes.append(h)
             prev = h
+        draft = len(seq.block_hashes) if num_draft_tokens is None else num_draft_tokens // bs
+        for i in range(seq.draft_blocks, min(draft, len(seq.block_hashes))):
+            self.blocks[seq.block_table[i]].draft_kv = True
+        seq.draft_blocks = max(seq.draft_blocks, min(draft, len(seq.block_hashes)))

@@ -680,7 +680,7 @@ class LLMEngine:
     def _register(self, seq: Sequence) -> None:
         ready = seq.num_computed_tokens
         draft = self.proposer.draft_ready(seq) if self.proposer is not None else None
-        self.block_manager.register(seq, ready if draft is None else min(ready, draft))
+        self.block_manager.register(seq, ready, draft)
 
     def _on_preempt(self, seq: Sequence) -> None:
         if self.proposer is not None:

@@ -159,9 +159,9 @@ class DraftProposer(Proposer):
 
     def draft_ready(self, seq: Sequence) -> int:
         # KV of proposals past the last accepted one belongs to rejected tokens, and a sequence
-        # the draft has not seen since admission has draft KV for its prefix-cache hit only
-        # (blocks are registered only once both models' KV is in them).
-        return min(self.computed.get(seq.seq_id, seq.num_cached_tokens), len(seq) - 1)
+        # the draft has not seen since admission has draft KV only in the leading cached blocks
+        # that hold it (a block is cached once the target's KV is in it; BlockManager).
+        return min(self.computed.get(seq.seq_id, seq.num_draft_cached_tokens), len(seq) - 1)
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> Proposal:
         chains = [

@@ -101,3 +101,23 @@ def test_register_hashes_each_block_filled_in_one_round():
     assert len(a.block_hashes) == 2
     assert bm.blocks[a.block_table[0]].token_ids == (1, 2)
     assert bm.blocks[a.block_table[1]].token_ids == (3, 4)
+
+
+def test_blocks_are_cached_before_the_draft_and_say_how_far_its_kv_goes():
+    """A block is cached once the target's KV is in it, whatever the in-process draft has; a
+    sequence admitted onto cached blocks learns how many leading ones hold the draft's KV, and
+    a block is marked once the draft catches up on it."""
+    bm = BlockManager(num_blocks=8, block_size=2)
+    a = make_seq([1, 2, 3, 4, 5, 6, 7], 0)
+    bm.admit(a)
+    bm.allocate(a, 7)
+    bm.register(a, 7, num_draft_tokens=2)  # target: 3 full blocks; draft: the first only
+    assert len(a.block_hashes) == 3 and a.draft_blocks == 1
+    b = make_seq([1, 2, 3, 4, 5, 6, 7], 1)
+    assert bm.admit(b) == 6 and b.num_draft_cached_tokens == 2
+    bm.register(a, 7, num_draft_tokens=6)  # the draft caught up
+    assert a.draft_blocks == 3
+    c = make_seq([1, 2, 3, 4, 5, 6, 7], 2)
+    assert bm.admit(c) == 6 and c.num_draft_cached_tokens == 6
+    bm.free_all(c)
+    assert c.draft_blocks == 0

@@ -331,6 +331,22 @@ def test_coupled_sampling_keeps_its_seeded_text_across_switches(tiny_llama, clos
     assert {r.mode for o in outs for r in o.records} == {"ar", "sd", "ssd"}
 
 
+def test_prompts_cached_while_ar_runs_serve_sd_after_the_draft_catches_up(tiny_llama):
+    """Auto running AR computes no draft KV, yet its prompts' blocks are cached; a request that
+    reuses them under SD has its draft compute those blocks itself. With the target as its own
+    draft every proposal is then accepted: a draft reading blocks without its KV would not."""
+    prompt = PROMPTS[0] * 3  # several full blocks
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    llm = auto(tiny_llama, tiny_llama, auto_ssd=False, draft_quantization="none")
+    llm.engine.proposer.force = lambda step: Choice("ar", 0)
+    first = llm.generate([prompt], params)[0]
+    llm.engine.proposer.force = lambda step: Choice("sd", K)
+    second = llm.generate([prompt], params)[0]
+    assert second.metrics["cached_prompt_tokens"] > 0
+    assert second.token_ids == first.token_ids
+    assert second.metrics["mean_accepted_length"] == K + 1
+
+
 def test_auto_without_ssd_chooses_between_ar_and_sd_with_no_worker(tiny_llama, close_draft):
     with auto(tiny_llama, close_draft, auto_ssd=False) as llm:
         assert llm.engine.proposer.ssd is None and llm.config.sampling == "rejection"
