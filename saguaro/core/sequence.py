@@ -33,9 +33,9 @@ class Sequence:
     block_hashes: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0  # tokens with valid KV in the target pool
     num_cached_tokens: int = 0  # prompt tokens served by the prefix cache at last admission
-    # of those, the leading ones whose blocks also hold the in-process draft's KV
-    num_draft_cached_tokens: int = 0
-    draft_blocks: int = 0  # leading hashed blocks this sequence knows hold the draft's KV
+    # leading hashed blocks known to hold the in-process draft's KV too (at admission: the
+    # cached ones that do, where a draft that has not seen the sequence yet may start)
+    draft_blocks: int = 0
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     error: str | None = None  # why the request failed (finish_reason "error")
     stop_reason: str | int | None = None

@@ -91,7 +91,7 @@ class BlockManager:
         scored, because its logits decide what comes next.
         """
         assert not seq.block_table
-        seq.block_hashes, seq.draft_blocks, seq.num_draft_cached_tokens = [], 0, 0
+        seq.block_hashes, seq.draft_blocks = [], 0
         if not self.enable_prefix_caching or seq.scores_prompt:  # every position gets its row
             return 0
         bs = self.block_size
@@ -111,7 +111,6 @@ class BlockManager:
             if block.draft_kv and seq.draft_blocks == len(seq.block_table) - 1:
                 seq.draft_blocks += 1
             prev = h
-        seq.num_draft_cached_tokens = seq.draft_blocks * bs
         cached = len(seq.block_table) * bs
         self.prefix_hit_tokens += cached
         return cached
@@ -162,7 +161,8 @@ class BlockManager:
                 self.cached.setdefault(h, block.block_id)
             seq.block_hashes.append(h)
             prev = h
-        draft = len(seq.block_hashes) if num_draft_tokens is None else num_draft_tokens // bs
-        for i in range(seq.draft_blocks, min(draft, len(seq.block_hashes))):
+        hashed = len(seq.block_hashes)
+        draft = hashed if num_draft_tokens is None else min(num_draft_tokens // bs, hashed)
+        for i in range(seq.draft_blocks, draft):
             self.blocks[seq.block_table[i]].draft_kv = True
-        seq.draft_blocks = max(seq.draft_blocks, min(draft, len(seq.block_hashes)))
+        seq.draft_blocks = max(seq.draft_blocks, draft)

@@ -161,7 +161,8 @@ class DraftProposer(Proposer):
         # KV of proposals past the last accepted one belongs to rejected tokens, and a sequence
         # the draft has not seen since admission has draft KV only in the leading cached blocks
         # that hold it (a block is cached once the target's KV is in it; BlockManager).
-        return min(self.computed.get(seq.seq_id, seq.num_draft_cached_tokens), len(seq) - 1)
+        admitted = seq.draft_blocks * self.runner.block_size
+        return min(self.computed.get(seq.seq_id, admitted), len(seq) - 1)
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> Proposal:
         chains = [
