@@ -28,11 +28,13 @@ it on CUDA only, unless ``enforce_eager``.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from saguaro.engine.transfer import upload
 from saguaro.models.layers import AttentionMetadata
 
 # Bucket ladders: powers of two, then the largest value itself.
@@ -147,6 +149,9 @@ class StaticForwards:
         self.logits = buffer(held * vocab_size, torch.float32).view(held, vocab_size)
         self.graphs: dict[Shape, torch.cuda.CUDAGraph] = {}
         self.pool = torch.cuda.graph_pool_handle() if self.capturing else None
+        # Seconds spent capturing, so far: a forward that captured its bucket on first use took
+        # this much longer than its replays will, and online cost estimates subtract it.
+        self.capture_s = 0.0
 
     def shape_of(self, mask: torch.Tensor) -> Shape | None:
         """The bucket of a forward with this (padded) mask [b, 1, Q, L], or None."""
@@ -172,16 +177,18 @@ class StaticForwards:
         b, _, q, keys = mask.shape
         self._pad(shape)
         rows = (padded_rows // q) * shape.positions + padded_rows % q  # rows of [B, Q]
-        dev = self.device
-        rows_dev = rows.to(dev)
-        self.input_ids.index_copy_(0, rows_dev, input_ids.to(dev))
-        self.positions.index_copy_(0, rows_dev, positions.to(dev))
-        self.slot_mapping.index_copy_(0, rows_dev, slot_mapping.to(dev))
+        wanted = rows.index_select(0, logits_index)
+        rows, input_ids, positions, slot_mapping, key_slots, wanted = upload(
+            (rows, input_ids, positions, slot_mapping, key_slots, wanted), self.device
+        )
+        (mask,) = upload((mask,), self.device)
+        self.input_ids.index_copy_(0, rows, input_ids)
+        self.positions.index_copy_(0, rows, positions)
+        self.slot_mapping.index_copy_(0, rows, slot_mapping)
         key_view, mask_view = self._views(shape)
-        key_view[:b, :keys] = key_slots.to(dev)
-        mask_view[:b, :, :q, :keys] = mask.to(dev)
-        logits = self._launch(shape)
-        return logits.index_select(0, rows.index_select(0, logits_index).to(dev))
+        key_view[:b, :keys] = key_slots
+        mask_view[:b, :, :q, :keys] = mask
+        return self._launch(shape).index_select(0, wanted)
 
     @torch.no_grad()
     def capture(self, shapes: list[Shape]) -> None:
@@ -239,10 +246,13 @@ class StaticForwards:
         """Record one bucket's forward, its logits copied into the shared logits buffer. Run
         once first, on the buffers as they are: lazy initialisation inside the libraries must
         not happen during capture. Both runs write only the cache rows the buffers name."""
+        start = time.perf_counter()
         out = self.logits[: shape.rows]
         out.copy_(self._compute(shape))
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
             out.copy_(self._compute(shape))
         self.graphs[shape] = graph
+        torch.cuda.synchronize(self.device)  # the warm-up run's kernels belong to the capture
+        self.capture_s += time.perf_counter() - start
         return graph

@@ -140,6 +140,12 @@ class ModelRunner:
         query order."""
         return self.run(self.prepare(queries))
 
+    @property
+    def capture_s(self) -> float:
+        """Seconds this runner has spent capturing graphs (0 without them): what a timed region
+        that captured on first use subtracts to learn what its forwards cost."""
+        return self.static.capture_s if self.static is not None else 0.0
+
     def capture_graphs(self, positions: tuple[int, ...]) -> None:
         """On a GPU with buckets, capture now the graphs of forwards of ``positions`` tokens per
         sequence (decode: 1, verification: K + 1) at every batch and key bucket."""

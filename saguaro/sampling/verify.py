@@ -243,8 +243,11 @@ def verify_greedy(
     After the row reduction everything is a handful of ``[n, K]`` integers, decided in NumPy
     on the host: a round's worth of PyTorch operators on tensors this small costs more than the
     reduction (each pays its dispatch, and right after a forward, cold caches). The results
-    return on the logits' device.
+    return on the logits' device. On a GPU the same decisions run there instead
+    (:func:`_verify_greedy_on_device`): every copy to the host would make it wait for the GPU.
     """
+    if logits.device.type == "cuda":
+        return _verify_greedy_on_device(logits, draft_tokens, num_draft, rows, stop_at_non_finite)
     n, k_max = draft_tokens.shape
     top, best = max_rows(logits)  # the first index among tied maxima, as process() takes it
     finite = np.isfinite(top.float().cpu().numpy())  # NumPy has no bfloat16
@@ -258,3 +261,27 @@ def verify_greedy(
     stop_rows = row[np.arange(n), num_accepted]
     out = (num_accepted, best[stop_rows], ~finite[stop_rows])
     return VerifyResult(*(torch.from_numpy(x).to(logits.device) for x in out))
+
+
+def _verify_greedy_on_device(
+    logits: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    num_draft: torch.Tensor,
+    rows: torch.Tensor,
+    stop_at_non_finite: bool,
+) -> VerifyResult:
+    """:func:`verify_greedy`'s decisions as tensor operators where the tensors are, nothing
+    read back: the same accepted prefix (the cumulative product of the matches), the same stop
+    row, argmax 0 and invalid where a row's max is not finite."""
+    k_max = draft_tokens.shape[1]
+    top, best = max_rows(logits)
+    finite = torch.isfinite(top)
+    best = torch.where(finite, best, torch.zeros_like(best))
+    scored = rows[:, :k_max]
+    valid = torch.arange(k_max, device=rows.device) < num_draft[:, None]
+    match = (draft_tokens == best[scored]) & valid
+    if stop_at_non_finite:
+        match &= finite[scored]
+    num_accepted = match.to(torch.int64).cumprod(dim=1).sum(dim=1)
+    stop_rows = rows.gather(1, num_accepted[:, None])[:, 0]
+    return VerifyResult(num_accepted, best[stop_rows], ~finite[stop_rows])

@@ -258,7 +258,7 @@ class CacheBuilder:
     def build(self, seqs: list[DraftSeq], stop: Callable[[], bool] | None = None) -> None:
         """Plan, then glue, candidates and branch decoding for ``seqs``; ``stop`` (polled before
         each depth after the first) ends the build with the depths decoded so far."""
-        t0 = time.perf_counter()
+        t0, captured = time.perf_counter(), self.runner.capture_s
         self._plan(len(seqs))
         glue_logits = self._glue(seqs)
         t1 = time.perf_counter()
@@ -271,7 +271,8 @@ class CacheBuilder:
         depths_s = self._decode_branches(seqs, branches, stop)
         t2 = time.perf_counter()
         self.glue_s, self.branch_s, self.build_s = t1 - t0, t2 - t1, t2 - t0
-        self.costs.fixed.update(self.build_s - depths_s)
+        captured = self.runner.capture_s - captured
+        self.costs.fixed.update(self.build_s - captured - depths_s)
 
     def _glue(self, seqs: list[DraftSeq]) -> torch.Tensor:
         """One forward over each sequence's unseen committed tokens and its speculation; the
@@ -369,7 +370,7 @@ class CacheBuilder:
             if depth and stop is not None and stop():
                 self.cut, done = True, depth
                 break
-            t0 = time.perf_counter()
+            t0, captured = time.perf_counter(), self.runner.capture_s
             queries = []
             for i in live:
                 base, keys, mask, fork, keys_t, mask_t = layout[i]
@@ -392,7 +393,8 @@ class CacheBuilder:
                 for row, token in zip(out_tokens[i], drawn[i], strict=True):
                     row.append(token)
                 tokens[i] = drawn[i]
-            seconds = time.perf_counter() - t0
+            # A bucket captured on first use is not what the next depth of this width costs.
+            seconds = time.perf_counter() - t0 - (self.runner.capture_s - captured)
             depths_s += seconds
             self.costs.observe_depth(num_branches, seconds)
         for i in live:

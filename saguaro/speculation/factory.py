@@ -59,6 +59,7 @@ def _in_process(cfg: EngineConfig, setup: DraftSetup) -> DraftProposer:
     )
     if cfg.compile:
         runner.warm_up()
+    runner.capture_graphs((1,))  # the proposing forwards, at start rather than inside a request
     return DraftProposer(runner, cfg.draft_top_m, cfg.sampling)
 
 

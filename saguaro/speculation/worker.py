@@ -87,6 +87,9 @@ class DraftWorker:
         )
         if cfg.compile:  # compile before any build is timed: compiling is not drafting
             self.runner.warm_up()
+        # Backups and one-branch depths (1 position) and a glue pass over a speculation
+        # (K + 1) at start; other widths capture on first use, their timings net of it.
+        self.runner.capture_graphs((1, cfg.k + 1))
         self.builder = CacheBuilder(cfg, self.runner, self.bm, self.vocab_size)
         self.grammars = draft_grammars(Path(cfg.draft_dir), model.config)
         self.seqs: dict[int, DraftSeq] = {}
@@ -122,10 +125,10 @@ class DraftWorker:
                     specs[u.seq_id] = P.SeqSpec(u.seq_id, [], None, False, None)
                     misses.append(seq)
             order.append(seq)
-        t0 = time.perf_counter()
+        t0, captured = time.perf_counter(), self.runner.capture_s
         if misses:
             self._backup(misses, req.backup, specs)
-        backup_s = time.perf_counter() - t0
+        backup_s = time.perf_counter() - t0 - (self.runner.capture_s - captured)
         if misses and req.backup == "neural":
             self.builder.observe_backup(backup_s)
         self.pending = order

@@ -105,7 +105,8 @@ def test_an_engine_on_the_bucketed_path_writes_the_eager_engines_tokens(
     """The engine as it runs on a GPU (every runner bucketed: target, SD's draft, SSD's worker),
     on the CPU: greedy and seeded T > 0 tokens equal the eager engine's, whose logits are the
     same bits on saguaro's kernels."""
-    engine = dict(max_model_len=256, max_num_seqs=8, num_speculative_tokens=3)
+    # On the CPU wherever it runs: on a machine with a GPU, device="auto" would pick the GPU.
+    engine = dict(device="cpu", max_model_len=256, max_num_seqs=8, num_speculative_tokens=3)
     if mode != "ar":
         engine.update(draft=str(close_draft), mode=mode)
     with LLM(model=str(tiny_llama), **engine) as eager:

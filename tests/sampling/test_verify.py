@@ -22,6 +22,7 @@ from saguaro.sampling import (
     verify,
 )
 from saguaro.sampling.noise import seed_tensor
+from saguaro.sampling.verify import _verify_greedy_on_device as on_device
 from saguaro.sampling.verify import verify_general, verify_greedy
 from tests.stats import assert_samples_follow, tv_distance, tv_noise_floor
 
@@ -294,7 +295,9 @@ def test_the_greedy_fast_path_decides_as_the_general_path(with_q, dtype):
     """verify_greedy (every row at T = 0) against verify_general on the same rounds: planted
     prefixes of matches, tied maxima, NaN / inf / all -inf rows at every position, padding, a
     non-greedy draft's q, uneven num_draft and a shuffled row layout; in float32 and in
-    bfloat16 (which NumPy, where the fast path decides, does not have)."""
+    bfloat16 (which NumPy, where the fast path decides, does not have). The GPU's variant, whose
+    decisions stay on the device, runs here on the CPU's tensors and must decide the same, with
+    and without coupled verification's stop at a non-finite row."""
     gen = seeded(11)
     n, k, vocab = 400, 4, 16
     logits = torch.randn(n * (k + 1), vocab, generator=gen).to(dtype)
@@ -319,6 +322,10 @@ def test_the_greedy_fast_path_decides_as_the_general_path(with_q, dtype):
     assert fast.invalid.tolist() == general.invalid.tolist()
     assert fast.next_token.tolist() == general.next_token.tolist()
     assert bool(fast.invalid.any()) and bool((fast.num_accepted == k).any())  # both kinds ran
+    for stop in (False, True):
+        want, got = verify_greedy(logits, s, num, rows, stop), on_device(logits, s, num, rows, stop)
+        for field in ("num_accepted", "next_token", "invalid"):
+            assert getattr(got, field).tolist() == getattr(want, field).tolist(), (stop, field)
 
 
 def test_rejected_token_is_never_the_recovery_token():

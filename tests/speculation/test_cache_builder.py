@@ -3,11 +3,14 @@ outcome's prefix (in full, shallow or cut short), and outcomes are matched again
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
 from saguaro import LLM, SamplingParams
 from saguaro.engine.block_manager import BlockManager
+from saguaro.engine.model_runner import ModelRunner
 from saguaro.sampling import SamplingParams as Params
 from saguaro.speculation import cache_builder
 from saguaro.speculation import protocol as P
@@ -279,3 +282,34 @@ def test_sequences_of_every_kind_built_together_get_what_they_get_alone(tiny_dra
             if q is not None:
                 assert torch.equal(got_q.ids, q.ids)
                 torch.testing.assert_close(got_q.probs, q.probs, rtol=1e-5, atol=1e-6)
+
+
+CAPTURE_S = 0.5  # each forward below "captures" for this long: far above a tiny draft's forward
+
+
+def test_a_graph_captured_on_first_use_is_not_booked_as_drafting(tiny_draft, monkeypatch):
+    """On a GPU the first forward of a bucket captures its graph. The planner's costs (a branch
+    depth, a build's fixed part, a backup) are net of the capture: booked whole, one capture
+    makes branches look dear, and the budget of 0 it leads to observes no branch again."""
+    worker = make_worker(tiny_draft, 2, "auto")
+    captured = {"s": 0.0}
+    monkeypatch.setattr(ModelRunner, "capture_s", property(lambda self: captured["s"]))
+    forward = worker.runner.forward
+
+    def capturing(queries):
+        time.sleep(CAPTURE_S)
+        captured["s"] += CAPTURE_S
+        return forward(queries)
+
+    monkeypatch.setattr(worker.runner, "forward", capturing)
+    prompts = [[5, 17, 99, 3, 42, 8, 61], [200, 1, 2, 3]]
+    worker.handle(
+        P.RoundRequest(
+            [P.SeqUpdate(i, p, new=True) for i, p in enumerate(prompts)], backup="neural"
+        )
+    )
+    worker.build_pending()
+    costs = worker.builder.costs
+    assert worker.builder.build_s > 3 * CAPTURE_S  # glue and two depths, each captured
+    assert costs.depth_s(1) < CAPTURE_S / 10
+    assert costs.fixed.value < CAPTURE_S / 10 and costs.backup.value < CAPTURE_S / 10

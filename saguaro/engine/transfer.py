@@ -1,0 +1,27 @@
+"""Host tensors onto a GPU without making the host wait.
+
+A copy from pageable host memory blocks the host until the GPU has run everything queued before
+it: each one a synchronisation, several per step. Packed into one page-locked buffer, a step's
+small index tensors go over as one copy queued on the stream, ahead of the kernels that read
+them, and the host goes on preparing. PyTorch's page-locked allocator keeps the buffer from being
+reused until the copy has run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+def upload(tensors: Sequence[torch.Tensor], device: torch.device | str) -> list[torch.Tensor]:
+    """The host ``tensors``, all of one dtype, on ``device`` with their shapes: on a GPU as one
+    non-blocking copy of their concatenation; elsewhere as they are."""
+    if len({t.dtype for t in tensors}) > 1:  # checked everywhere, so CPU runs check GPU calls
+        raise ValueError(f"upload packs tensors of one dtype, got {[t.dtype for t in tensors]}")
+    device = torch.device(device)
+    if device.type != "cuda":
+        return [t.to(device) for t in tensors]
+    flat = torch.cat([t.reshape(-1) for t in tensors]).pin_memory()
+    parts = flat.to(device, non_blocking=True).split([t.numel() for t in tensors])
+    return [part.view(t.shape) for part, t in zip(parts, tensors, strict=True)]
