@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The first thing to run on a machine with NVIDIA GPUs, from a fresh checkout, in about 8 minutes,
+# The first thing to run on a machine with NVIDIA GPUs, from a fresh checkout, in 4 to 6 minutes,
 # with no network: it uses the machine's torch and what the repository carries, and writes its
 # own checkpoints. Everything goes to $OUT (default docs/bench-gpu/<date>); copy its summary.md
 # into docs/bench-gpu/README.md.

@@ -123,8 +123,10 @@ class SaguaroBackend:
             **(_one_core(variant.mode) if variant.one_core else {}),
         )
         if cfg.synthetic_acceptance is not None and spec:
-            rate = cfg.synthetic_acceptance
-            self.llm.engine.verifier_for = lambda _method: synthetic_verifier(rate, cfg.seed)
+            # One verifier for the engine's life: its generator must run on across rounds (one
+            # made per round would draw the same acceptances every round).
+            verifier = synthetic_verifier(cfg.synthetic_acceptance, cfg.seed)
+            self.llm.engine.verifier_for = lambda _method: verifier
 
     def generate(self, prompts: list[list[int]], params: list[SamplingParams]) -> Generation:
         # SSD's figures are cumulative per worker: diff them unless a restart replaced it.

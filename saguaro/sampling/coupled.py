@@ -114,7 +114,7 @@ def ranked_proposals(
     greedy, argmax, ids, z, kept = draft_support(logits, st, top_m)
     if z is None:
         return ids
-    noisy = z.double() + gumbels(seeds[:, None].to(ids.device), positions[:, None], ids)
+    noisy = z.double() + gumbels(seeds[:, None], positions[:, None], ids)
     noisy = torch.where(greedy[:, None], z.double(), noisy).masked_fill_(~kept, -torch.inf)
     order = noisy.argsort(dim=-1, descending=True, stable=True)
     ranked = ids.gather(1, order)

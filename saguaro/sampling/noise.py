@@ -75,8 +75,15 @@ def hash_words(
     """int64 words ``mix(mix(mix(seed + G) + pos * G) + purpose * G)``, with a vocabulary
     column folded in by one more ``mix(h + column * G)``; broadcast over the inputs. On the CPU
     saguaro's kernel computes the same bits in one pass (a few element-wise torch operators
-    cost more than the hash itself at the sizes sampling asks for)."""
+    cost more than the hash itself at the sizes sampling asks for). Inputs on different devices
+    are hashed on the one that is not the CPU (a worker's positions are built on the host, its
+    vocabulary ids are where the logits are): the words are the same bits on any device."""
     inputs = [t for t in (seeds, positions, columns) if t is not None]
+    device = next((t.device for t in inputs if t.device.type != "cpu"), seeds.device)
+    if any(t.device != device for t in inputs):
+        seeds, positions = seeds.to(device), positions.to(device)
+        columns = None if columns is None else columns.to(device)
+        inputs = [t for t in (seeds, positions, columns) if t is not None]
     if not build.serves(*inputs):
         return hash_words_torch(seeds, positions, purpose, columns)
     parts = [t.to(torch.int64) for t in torch.broadcast_tensors(*inputs)]

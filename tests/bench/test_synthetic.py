@@ -61,16 +61,23 @@ def test_no_engine_or_request_setting_reaches_it():
 def test_the_bench_runs_speculation_at_the_rate_asked(
     tiny_llama, tiny_draft, prompt_file, tmp_path
 ):
-    """A random draft of a random target, accepted every time (rate 1); the greedy check is
-    skipped, since the text is no longer the target's."""
-    out = tmp_path / "out"
-    argv = args(
-        tiny_llama, tiny_draft, prompt_file, out, "--k", "3", "--modes", "ar,sd",
-        "--batch-sizes", "1", "--temperatures", "0", "--max-tokens", "9",
-        "--synthetic-acceptance", "1",
-    )  # fmt: skip
-    assert bench_main(argv) == 0
-    res = json.loads((out / "results.json").read_text())
-    rows = {r["variant"]: r for r in res["results"]}
-    assert rows["sd"]["acceptance_rate"] == 1.0
-    assert res["correctness"]["note"] == "synthetic acceptance"
+    """A random draft of a random target, accepted every time at rate 1, and at rate 0.5 the
+    first proposal accepted in some rounds and not in others (one fresh generator per round
+    would draw the same every round); the greedy check is skipped, since the text is no longer
+    the target's."""
+    for rate in (1.0, 0.5):
+        out = tmp_path / f"out-{rate}"
+        argv = args(
+            tiny_llama, tiny_draft, prompt_file, out, "--k", "3", "--modes", "ar,sd",
+            "--batch-sizes", "1", "--temperatures", "0", "--max-tokens", "40",
+            "--synthetic-acceptance", str(rate),
+        )  # fmt: skip
+        assert bench_main(argv) == 0
+        res = json.loads((out / "results.json").read_text())
+        sd = {r["variant"]: r for r in res["results"]}["sd"]
+        if rate == 1.0:
+            assert sd["acceptance_rate"] == 1.0
+        else:
+            per_position = sd["speculation"]["per_position_acceptance"]
+            assert 0 < per_position[0] < 1, per_position
+        assert res["correctness"]["note"] == "synthetic acceptance"

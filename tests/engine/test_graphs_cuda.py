@@ -56,6 +56,31 @@ def test_greedy_speculation_through_graphs_equals_ar(tiny_llama, close_draft, mo
             assert got == want[:batch], batch
 
 
+SEEDED = [
+    SamplingParams(temperature=0.7, top_p=0.95, seed=100 + i, max_tokens=24, ignore_eos=True)
+    for i in range(len(PROMPTS))
+]
+
+
+@pytest.mark.parametrize("mode", ["sd", "ssd"])
+def test_coupled_speculation_through_graphs_gives_coupled_ars_seeded_tokens(
+    tiny_llama, close_draft, mode
+):
+    """At T > 0 with coupled sampling a seeded request's tokens are the target's own perturbed
+    argmaxes, whatever was proposed: SD and SSD (its worker ranking and drawing on the GPU)
+    give coupled AR's, and the worker is still up at the end (a failure would fall back to
+    AR and hide itself)."""
+    with LLM(model=str(tiny_llama), enforce_eager=True, sampling="coupled", **ENGINE) as ar:
+        want = [o.token_ids for o in ar.generate(PROMPTS, SEEDED)]
+    spec = dict(draft=str(close_draft), mode=mode, num_speculative_tokens=3, sampling="coupled")
+    with LLM(model=str(tiny_llama), **spec, **ENGINE) as llm:
+        got = [o.token_ids for o in llm.generate(PROMPTS, SEEDED)]
+        assert llm.last_run["acceptance_rate"] > 0.3
+        if mode == "ssd":
+            assert llm.engine.proposer.worker is not None
+    assert got == want
+
+
 SAMPLES = 12_000
 BATCH = 64  # the largest graph batch bucket
 

@@ -64,6 +64,22 @@ def test_hash_matches_python_integers(words):
         ]
 
 
+def test_noise_keys_on_two_devices_are_hashed_on_the_accelerator():
+    """An SSD worker on a GPU ranks its candidates with positions built on the host and token ids
+    where the logits are: the hash runs where the non-host input is (the meta device stands in
+    for a GPU here: an operator mixing it with host tensors raises, as CUDA's do)."""
+    seeds, positions, columns = (
+        seed_tensor([1, 2])[:, None],
+        torch.tensor([[3], [4]]),
+        torch.arange(5),
+    )
+    for on_meta in ("positions", "columns"):
+        args = dict(seeds=seeds, positions=positions, columns=columns[None])
+        args[on_meta] = args[on_meta].to("meta")
+        words = hash_words(purpose=Purpose.GUMBEL, **args)
+        assert words.device.type == "meta" and words.shape == (2, 5)
+
+
 def test_uniforms_are_uniform_and_independent_across_keys():
     n = 200_000
     seeds = seed_tensor(list(range(n)))
