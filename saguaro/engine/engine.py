@@ -28,7 +28,7 @@ from saguaro.core.snapshot import EngineSnapshot
 from saguaro.engine.block_manager import BlockManager
 from saguaro.engine.detokenizer import Detokenizer
 from saguaro.engine.graphs import graph_buckets
-from saguaro.engine.model_runner import ModelRunner, time_forward
+from saguaro.engine.model_runner import ForwardClock, ModelRunner, time_forward
 from saguaro.engine.scheduler import Scheduled, Scheduler
 from saguaro.engine.tensor_parallel import TensorParallelTarget, rank_placements
 from saguaro.engine.transfer import upload
@@ -427,21 +427,21 @@ class LLMEngine:
             # A proposer may offer fewer than k tokens (a short n-gram match, or none at all).
             for i, s in enumerate(spec):
                 s.k = int(proposal.num_draft[i]) if proposal is not None else 0
-        t1, captured = time.perf_counter(), self.runner.capture_s
+        t1 = time.perf_counter()
+        clock = ForwardClock(self.runner)
         row = {s.seq.seq_id: i for i, s in enumerate(spec)}  # round -> its proposal row
         queries, prompt_rows = self._queries(batch, row, proposal)
         logits = self.runner.forward(queries)
+        clock.stop()
         if prompt_rows:
             logits = self._score_prompts(logits, prompt_rows)
-        # A graph captured on first use is not what this forward costs from now on.
-        t2 = time.perf_counter() - (self.runner.capture_s - captured)
         for s in batch:
             if not s.decode:
                 s.seq.num_computed_tokens += s.num_new_tokens
                 self._register(s.seq)
         if not rounds:
             return []
-        self._verify_and_commit(rounds, row, proposal, logits, t1 - t0, t2 - t1)
+        self._verify_and_commit(rounds, row, proposal, logits, t1 - t0, clock)
         self._release_forks()
         step_s = (time.perf_counter() - step_start) / len(rounds)
         for s in rounds:  # a failed request recorded no round
@@ -449,7 +449,7 @@ class LLMEngine:
                 s.seq.records[-1].step_s = step_s
         if spec and self.proposer is not None:
             positions = sum(len(q.token_ids) for q in queries)
-            self.proposer.observe([s.seq for s in spec], t2 - t1, positions)
+            self.proposer.observe([s.seq for s in spec], clock.seconds(), positions)
         return [s.seq for s in rounds]
 
     def _queries(
@@ -550,7 +550,7 @@ class LLMEngine:
         proposal: Proposal | None,
         logits: torch.Tensor,
         draft_s: float,
-        target_s: float,
+        clock: ForwardClock,
     ) -> None:
         n = len(rounds)
         seqs = [s.seq for s in rounds]
@@ -563,6 +563,7 @@ class LLMEngine:
         processed = apply_processors(logits, processors, generated, drafts, rows, keep=raw)
         methods = [seq.params.method(self.cfg.sampling) for seq in seqs]
         num_accepted, next_token, errors = self._verify(processed, rnd, methods)
+        target_s = clock.seconds()  # read once the outcome's copy has waited for the GPU
         committed = [d[:k] + [t] for d, k, t in zip(drafts, num_accepted, next_token, strict=True)]
         logprobs = self._logprobs(seqs, (logits, processed), rnd, rows, committed, errors)
         now = time.perf_counter()

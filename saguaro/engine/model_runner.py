@@ -260,6 +260,48 @@ def time_forward(runner: ModelRunner, num_seqs: int, positions: int) -> float:
     context = max(0, min(TIMING_CONTEXT, runner.num_slots - positions))
     blocks = list(range(-(-(context + positions) // runner.block_size)))
     query = runner.sequence_query(blocks, context, [0] * positions, positions)
-    start = time.perf_counter()
+    clock = ForwardClock(runner)
     runner.forward([query] * num_seqs)
-    return time.perf_counter() - start
+    clock.stop()
+    return clock.seconds()
+
+
+class ForwardClock:
+    """The seconds one forward of ``runner`` took, less any graph it captured on first use (the
+    next forward of that bucket only replays it).
+
+    On a GPU the host returns from a forward once its kernels are queued, so the host's clock
+    alone times the launches. The clock also records CUDA events around the forward and reads
+    them when asked, by which time the step has waited for the GPU anyway (its outcome's copy to
+    the host): the forward took from its start to the GPU finishing it, or the host's time if
+    that is longer."""
+
+    def __init__(self, runner: ModelRunner) -> None:
+        self.runner, self.captured = runner, runner.capture_s
+        self.events: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
+        if runner.device.type == "cuda":
+            self.stream = torch.cuda.current_stream(runner.device)
+            self.events = (
+                torch.cuda.Event(enable_timing=True),
+                torch.cuda.Event(enable_timing=True),
+            )
+            self.events[0].record(self.stream)
+        self.start = time.perf_counter()
+        self.host_s: float | None = None
+
+    def stop(self) -> None:
+        """The forward has returned (on a GPU: been queued)."""
+        if self.events is not None:
+            self.events[1].record(self.stream)
+        self.host_s = time.perf_counter() - self.start
+        self.captured = self.runner.capture_s - self.captured
+
+    def seconds(self) -> float:
+        if self.host_s is None:
+            raise RuntimeError("ForwardClock.seconds before stop")
+        elapsed = self.host_s
+        if self.events is not None:
+            start, end = self.events
+            end.synchronize()
+            elapsed = max(elapsed, start.elapsed_time(end) / 1000)
+        return max(0.0, elapsed - self.captured)

@@ -5,12 +5,14 @@ bucketed path on the CPU, without capture."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from saguaro import LLM, SamplingParams
 from saguaro.engine.graphs import Buckets
-from saguaro.engine.model_runner import ModelRunner
+from saguaro.engine.model_runner import ForwardClock, ModelRunner
 from saguaro.models.loader import load_model
 from tests.conftest import PROMPTS, SMALL_VOCAB, exact_first_two, sample_first_two
 from tests.engine.test_model_runner import _batches
@@ -104,3 +106,18 @@ def test_sd_through_graphs_first_two_tokens_follow_the_target(small_vocab_pair):
     tv = 0.5 * (counts / counts.sum() - expected).abs().sum().item()
     floor = tv_noise_floor(SMALL_VOCAB**2, int(counts.sum()))
     assert tv < floor, f"TV {tv:.4f} >= noise floor {floor:.4f}"
+
+
+GPU_SPIN_CYCLES = 200_000_000  # some 0.1 s of a GPU's clock: far beyond the host's launch
+
+
+def test_a_forward_clock_on_a_gpu_times_the_work_not_its_launch():
+    """The host returns from queued kernels at once; the clock reads the GPU's events, so the
+    cost models see what a forward takes (a launch's time made SSD's window look too short to
+    build in)."""
+    runner = SimpleNamespace(device=torch.device("cuda"), capture_s=0.0)
+    clock = ForwardClock(runner)
+    torch.cuda._sleep(GPU_SPIN_CYCLES)
+    clock.stop()
+    assert clock.seconds() > 0.05
+    assert clock.host_s is not None and clock.host_s < clock.seconds() / 2

@@ -5,11 +5,15 @@ compiles all of them."""
 
 from __future__ import annotations
 
+import time
+from types import SimpleNamespace
+
+import pytest
 import torch
 from torch._dynamo.utils import counters
 
 from saguaro.core.query import Query, token_slots
-from saguaro.engine.model_runner import ModelRunner
+from saguaro.engine.model_runner import ForwardClock, ModelRunner
 from saguaro.models.loader import load_model
 
 # Inductor's fused kernels reorder float32 sums: equal to the eager logits up to rounding.
@@ -84,3 +88,24 @@ def test_prepare_lays_out_masks_padding_and_rows(tiny_llama):
     for t in (inputs.input_ids, inputs.positions, inputs.slot_mapping, inputs.key_slots):
         assert t.dtype == torch.int64
     assert inputs.mask.dtype == torch.bool
+
+
+FORWARD_S = 0.2  # a forward's stand-in: a sleep, far above the host's timing jitter
+
+
+def test_a_forward_clock_times_the_forward_without_a_graph_it_captured():
+    """What a forward costs from now on: its time less any graph it captured on first use (a
+    capture booked as a forward's cost once made SSD's planner build nothing for good)."""
+    runner = SimpleNamespace(device=torch.device("cpu"), capture_s=0.0)
+    plain = ForwardClock(runner)
+    with pytest.raises(RuntimeError):
+        plain.seconds()
+    time.sleep(FORWARD_S)
+    plain.stop()
+    assert plain.seconds() >= FORWARD_S
+    capturing = ForwardClock(runner)
+    time.sleep(FORWARD_S)
+    runner.capture_s += FORWARD_S  # the whole sleep was a capture
+    capturing.stop()
+    runner.capture_s += 1.0  # a later capture is not this forward's
+    assert capturing.seconds() < FORWARD_S / 2
