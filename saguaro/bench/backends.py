@@ -21,6 +21,7 @@ import torch
 
 from saguaro import LLM, placement
 from saguaro.bench.config import BenchConfig
+from saguaro.bench.gguf_export import EXPORT_VERSION
 from saguaro.bench.plan import Variant
 from saguaro.bench.synthetic import synthetic_verifier
 from saguaro.core.records import RoundRecord
@@ -311,7 +312,7 @@ def cached_gguf(model_dir: Path, cache_dir: str | Path, dtype: str) -> Path:
     _require_gguf()
     model_dir = Path(model_dir).resolve()
     path = Path(cache_dir).expanduser() / (
-        f"{model_dir.name}-{model_fingerprint(model_dir)}-{dtype}.gguf"
+        f"{model_dir.name}-{model_fingerprint(model_dir)}-v{EXPORT_VERSION}-{dtype}.gguf"
     )
     if not path.is_file():
         export_gguf(model_dir, path, dtype)

@@ -49,6 +49,13 @@ NO_MERGE = "<|saguaro_no_merge|> <|saguaro_no_merge|>"
 PAD_TOKEN = "<|saguaro_pad_{}|>"
 
 
+# Raised when a change makes earlier exports wrong: cached files carry it in their names.
+# 2: a reduced output vocabulary is written as a full head.
+EXPORT_VERSION = 2
+# A reduced output vocabulary's tensors, written as a full head (converted_tensors).
+REDUCED_HEAD = ("lm_head.weight", "lm_head.token_ids")
+
+
 def _check_supported(cfg: ModelConfig) -> None:
     if cfg.rope_scaling is not None:
         raise ValueError(
@@ -59,10 +66,20 @@ def _check_supported(cfg: ModelConfig) -> None:
 
 def converted_tensors(model_dir: Path, cfg: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
     """(llama.cpp name, float32 tensor) for every tensor the GGUF file holds, q/k rows reordered
-    for the ``llama`` architecture; the output matrix is left out when tied to the embedding."""
+    for the ``llama`` architecture; the output matrix is left out when tied to the embedding.
+
+    llama.cpp holds no reduced output vocabulary (a draft's ``draft_vocab_size`` rows and their
+    ``lm_head.token_ids``): such a head is written with every token's row, its own rows at their
+    tokens' ids and zeros elsewhere. A token outside the head then scores 0 instead of saguaro's
+    ``-inf``, so llama.cpp's greedy draft proposes what saguaro's does wherever the head's best
+    logit is positive; the proposals are verified either way."""
     interleave = cfg.family == "llama"
     heads = {"attn_q": cfg.num_attention_heads, "attn_k": cfg.num_key_value_heads}
+    reduced: dict[str, torch.Tensor] = {}
     for hf_name, tensor in iter_tensors(safetensors_files(model_dir)):
+        if cfg.draft_vocab_size is not None and hf_name in REDUCED_HEAD:
+            reduced[hf_name] = tensor
+            continue
         name = gguf_tensor_name(hf_name)
         if name is None or (name == "output.weight" and cfg.tie_word_embeddings):
             continue
@@ -71,6 +88,10 @@ def converted_tensors(model_dir: Path, cfg: ModelConfig) -> Iterator[tuple[str, 
         if interleave and kind in heads:
             t = interleave_rope_rows(t, heads[kind])
         yield name, t
+    if reduced:
+        rows, ids = reduced["lm_head.weight"], reduced["lm_head.token_ids"]
+        full = torch.zeros(cfg.vocab_size, rows.shape[1], dtype=torch.float32)
+        yield "output.weight", full.index_copy_(0, ids.long(), rows.to(torch.float32))
 
 
 def _tokenizer_fields(model_dir: Path, vocab_size: int) -> dict[str, Any]:

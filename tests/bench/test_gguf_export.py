@@ -22,6 +22,7 @@ from saguaro.bench.gguf_export import (
 from saguaro.models.config import ModelConfig
 from saguaro.models.layers import rope_inv_freq
 from tests.conftest import write_tiny_model
+from tests.speculation.test_reduced_head import reduced_copy
 
 gguf = pytest.importorskip("gguf", reason="gguf is a dev dependency (pip install -e '.[dev]')")
 
@@ -221,3 +222,18 @@ def test_rope_scaling_is_refused(tmp_path):
     with pytest.raises(ValueError, match="RoPE scaling"):
         export_gguf(model, tmp_path / "s.gguf")
     assert not (tmp_path / "s.gguf").exists()
+
+
+def test_a_reduced_head_is_written_whole_with_zero_rows_off_it(close_draft, tmp_path):
+    """llama.cpp holds no reduced output vocabulary: the head's rows go to their tokens' ids
+    and every other token's row is zero."""
+    keep = [*range(0, 256, 3), 256]
+    reduced = reduced_copy(close_draft, tmp_path / "reduced", keep)
+    cfg = ModelConfig.from_dir(reduced)
+    _, tensors = read(export_gguf(reduced, tmp_path / "r.gguf"))
+    assert set(tensors) == expected_names(cfg, tied=False)
+    head = np.asarray(tensors["output.weight"].data).reshape(cfg.vocab_size, cfg.hidden_size)
+    rows = load_file(str(reduced / "model.safetensors"))["lm_head.weight"]
+    np.testing.assert_array_equal(head[keep], rows.numpy())
+    off = np.setdiff1d(np.arange(cfg.vocab_size), keep)
+    assert not head[off].any()
