@@ -31,9 +31,8 @@ from pathlib import Path
 
 import torch
 
-from saguaro.bench.backends import cached_gguf
+from saguaro.bench.backends import peer_gguf
 from saguaro.models.catalog import DEFAULT_DRAFT, DEFAULT_MODEL, resolve_model
-from saguaro.models.gguf_import import GGUF_NAME
 from saguaro.train.costs import ForwardTimer
 
 FORWARDS = ("kernels", "eager", "compiled")
@@ -44,12 +43,6 @@ def kinds(model: str, k: int, branches: list[int]) -> list[tuple[str, int]]:
     if model == "target":
         return [("1 position", 1), (f"{k + 1} positions", k + 1)]
     return [("1 position", 1)] + [(f"{b} branches", b) for b in branches]
-
-
-def own_or_exported_gguf(model_dir: Path, cache: str) -> Path:
-    """The directory's own GGUF file (the one saguaro's kernels run), else its float32 export."""
-    own = model_dir / GGUF_NAME
-    return own if own.is_file() else cached_gguf(model_dir, cache, "f32")
 
 
 def llama_bench(binary: Path, gguf: Path, sizes: list[int], context: int, threads: int, reps: int):
@@ -90,7 +83,7 @@ def main() -> int:
         p.error(f"--threads {a.threads}: this process has {len(cpus)} cores")
     binary = Path(a.bin) / "llama-bench"
     models = {m: d for m, d in (("target", a.model), ("draft", a.draft)) if m in a.models}
-    ggufs = {m: own_or_exported_gguf(Path(d), a.cache) for m, d in models.items()}
+    ggufs = {m: peer_gguf(Path(d), a.cache, "f32") for m, d in models.items()}
     timers = {
         (m, fw): ForwardTimer(d, a.context, compile=fw == "compiled", kernels=fw == "kernels")
         for m, d in models.items()

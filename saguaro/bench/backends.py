@@ -25,6 +25,7 @@ from saguaro.bench.gguf_export import EXPORT_VERSION
 from saguaro.bench.plan import Variant
 from saguaro.bench.synthetic import synthetic_verifier
 from saguaro.core.records import RoundRecord
+from saguaro.models.gguf_import import GGUF_NAME
 from saguaro.models.loader import safetensors_files
 from saguaro.models.tokenizer import Tokenizer
 from saguaro.sampling import SamplingParams
@@ -319,6 +320,13 @@ def cached_gguf(model_dir: Path, cache_dir: str | Path, dtype: str) -> Path:
     return path
 
 
+def peer_gguf(model_dir: Path, cache_dir: str | Path, dtype: str) -> Path:
+    """The file llama.cpp runs for ``model_dir``: the directory's own GGUF file where it keeps
+    one (the very blocks saguaro's kernels run), else the checkpoint written as GGUF."""
+    own = Path(model_dir) / GGUF_NAME
+    return own if own.is_file() else cached_gguf(model_dir, cache_dir, dtype)
+
+
 def peer_threads(cfg: BenchConfig) -> int:
     """The peers' threads: --llama-cpp-threads, else every core this process had before an SSD
     engine placed it (the cores SSD's target and draft use together)."""
@@ -334,7 +342,7 @@ class LlamaCppBackend:
 
     def __init__(self, cfg: BenchConfig, target_dir: Path, max_model_len: int):
         llama_cpp = import_llama_cpp()
-        self.gguf_path = cached_gguf(target_dir, cfg.llama_cpp_cache, cfg.llama_cpp_dtype)
+        self.gguf_path = peer_gguf(target_dir, cfg.llama_cpp_cache, cfg.llama_cpp_dtype)
         self.threads = peer_threads(cfg)
         self.llm = llama_cpp.Llama(
             model_path=str(self.gguf_path),
@@ -436,8 +444,8 @@ class LlamaCppSpecBackend:
         self.binary = Path(cfg.llama_cpp_bin).expanduser() / SPEC_BINARY
         if not os.access(self.binary, os.X_OK):
             raise ValueError(f"{self.binary}: not an executable (build llama.cpp's {SPEC_BINARY})")
-        self.target = cached_gguf(target_dir, cfg.llama_cpp_cache, cfg.llama_cpp_dtype)
-        self.draft = cached_gguf(draft_dir, cfg.llama_cpp_cache, cfg.llama_cpp_dtype)
+        self.target = peer_gguf(target_dir, cfg.llama_cpp_cache, cfg.llama_cpp_dtype)
+        self.draft = peer_gguf(draft_dir, cfg.llama_cpp_cache, cfg.llama_cpp_dtype)
         self.tokenizer = Tokenizer(target_dir)
         self.k = variant.k or 1
         self.threads = peer_threads(cfg)

@@ -215,7 +215,10 @@ class BenchConfig:
         "~/.cache/saguaro/gguf", "where the models' GGUF files are written once", metavar="DIR"
     )
     llama_cpp_dtype: str = opt(
-        "f32", f"llama.cpp peers' weights: {' | '.join(LLAMA_CPP_DTYPES)}", metavar="DTYPE"
+        "f32",
+        f"llama.cpp peers' weights where a checkpoint is written as GGUF: "
+        f"{' | '.join(LLAMA_CPP_DTYPES)} (a model directory's own GGUF file runs as it is)",
+        metavar="DTYPE",
     )
     llama_cpp_threads: int | None = opt(
         None, "llama.cpp peers' threads (default: the cores this process may run on)"

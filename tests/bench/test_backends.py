@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import sys
 
 import pytest
@@ -13,6 +14,7 @@ from saguaro.bench import main as bench_main_module
 from saguaro.bench.backends import SaguaroBackend
 from saguaro.bench.config import DEFAULT_MODES, PEER_MODES, BenchConfig, parse_config
 from saguaro.bench.plan import Variant, build_variants
+from saguaro.models.gguf_import import GGUF_NAME
 from saguaro.models.tokenizer import Tokenizer
 from saguaro.sampling import SamplingParams
 from tests.bench.conftest import args
@@ -125,6 +127,17 @@ def test_gguf_cache_is_written_once_per_checkpoint(tiny_llama, tmp_path):
     assert again == first and again.stat().st_mtime_ns == stamp
     assert backends.cached_gguf(tiny_llama, tmp_path, "f16") != first
     assert first.name.startswith(tiny_llama.name) and first.name.endswith("-f32.gguf")
+
+
+def test_the_peers_run_a_directorys_own_gguf_file(tiny_llama, tmp_path):
+    """llama.cpp runs the very file saguaro's kernels run where the directory keeps one (an
+    imported GGUF model), not a float32 export of its dequantized weights."""
+    model = tmp_path / "imported"
+    shutil.copytree(tiny_llama, model)
+    exported = backends.peer_gguf(model, tmp_path / "cache", "f32")
+    assert exported.parent == tmp_path / "cache" and exported.name.endswith("-f32.gguf")
+    shutil.copy(exported, model / GGUF_NAME)
+    assert backends.peer_gguf(model, tmp_path / "cache", "f32") == model / GGUF_NAME
 
 
 FAKE_SPEC_BINARY = """\
