@@ -49,7 +49,7 @@ NO_MERGE = "<|saguaro_no_merge|> <|saguaro_no_merge|>"
 PAD_TOKEN = "<|saguaro_pad_{}|>"
 
 
-# Raised when a change makes earlier exports wrong: cached files carry it in their names.
+# Increased when a change makes earlier exports wrong: cached files carry it in their names.
 # 2: a reduced output vocabulary is written as a full head.
 EXPORT_VERSION = 2
 # A reduced output vocabulary's tensors, written as a full head (converted_tensors).
