@@ -503,3 +503,5 @@ def test_shape_validation():
         verify(z, st, s, torch.ones(2, dtype=torch.long), seeds, pos, dense_q(torch.ones(2, 1, V)))
     with pytest.raises(ValueError, match="num_draft"):
         verify(z, st, s, torch.tensor([0, 3]), seeds, pos)
+    with pytest.raises(ValueError, match="num_draft"):
+        verify(z, st, s, torch.ones(3, dtype=torch.long), seeds, pos)
