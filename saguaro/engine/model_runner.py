@@ -267,8 +267,9 @@ def time_forward(runner: ModelRunner, num_seqs: int, positions: int) -> float:
 
 
 class ForwardClock:
-    """The seconds one forward of ``runner`` took, less any graph it captured on first use (the
-    next forward of that bucket only replays it).
+    """The seconds a stretch of ``runner``'s work took (a forward; a branch depth's forward and
+    draws; a backup), less any graph captured in it on first use (the next forward of that
+    bucket only replays it).
 
     On a GPU the host returns from a forward once its kernels are queued, so the host's clock
     alone times the launches. The clock also records CUDA events around the forward and reads
@@ -277,7 +278,7 @@ class ForwardClock:
     that is longer."""
 
     def __init__(self, runner: ModelRunner) -> None:
-        self.runner, self.captured = runner, runner.capture_s
+        self.runner, self.capture_start, self.captured = runner, runner.capture_s, 0.0
         self.events: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
         if runner.device.type == "cuda":
             self.stream = torch.cuda.current_stream(runner.device)
@@ -294,7 +295,7 @@ class ForwardClock:
         if self.events is not None:
             self.events[1].record(self.stream)
         self.host_s = time.perf_counter() - self.start
-        self.captured = self.runner.capture_s - self.captured
+        self.captured = self.runner.capture_s - self.capture_start
 
     def seconds(self) -> float:
         if self.host_s is None:

@@ -48,7 +48,7 @@ import torch
 
 from saguaro.core.query import Query, token_slots
 from saguaro.engine.block_manager import BlockManager
-from saguaro.engine.model_runner import ModelRunner
+from saguaro.engine.model_runner import ForwardClock, ModelRunner
 from saguaro.sampling import SamplingParams, SamplingTensors, SparseQ, propose, seed_tensor
 from saguaro.sampling.coupled import propose_coupled, ranked_proposals
 from saguaro.sampling.processors import Processors, RowsOf, process_draft_rows, process_rows
@@ -258,7 +258,7 @@ class CacheBuilder:
     def build(self, seqs: list[DraftSeq], stop: Callable[[], bool] | None = None) -> None:
         """Plan, then glue, candidates and branch decoding for ``seqs``; ``stop`` (polled before
         each depth after the first) ends the build with the depths decoded so far."""
-        t0, captured = time.perf_counter(), self.runner.capture_s
+        t0, clock = time.perf_counter(), ForwardClock(self.runner)
         self._plan(len(seqs))
         glue_logits = self._glue(seqs)
         t1 = time.perf_counter()
@@ -270,9 +270,9 @@ class CacheBuilder:
             offset += m
         depths_s = self._decode_branches(seqs, branches, stop)
         t2 = time.perf_counter()
+        clock.stop()
         self.glue_s, self.branch_s, self.build_s = t1 - t0, t2 - t1, t2 - t0
-        captured = self.runner.capture_s - captured
-        self.costs.fixed.update(self.build_s - captured - depths_s)
+        self.costs.fixed.update(clock.seconds() - depths_s)
 
     def _glue(self, seqs: list[DraftSeq]) -> torch.Tensor:
         """One forward over each sequence's unseen committed tokens and its speculation; the
@@ -370,7 +370,7 @@ class CacheBuilder:
             if depth and stop is not None and stop():
                 self.cut, done = True, depth
                 break
-            t0, captured = time.perf_counter(), self.runner.capture_s
+            clock = ForwardClock(self.runner)
             queries = []
             for i in live:
                 base, keys, mask, fork, keys_t, mask_t = layout[i]
@@ -393,8 +393,8 @@ class CacheBuilder:
                 for row, token in zip(out_tokens[i], drawn[i], strict=True):
                     row.append(token)
                 tokens[i] = drawn[i]
-            # A bucket captured on first use is not what the next depth of this width costs.
-            seconds = time.perf_counter() - t0 - (self.runner.capture_s - captured)
+            clock.stop()
+            seconds = clock.seconds()
             depths_s += seconds
             self.costs.observe_depth(num_branches, seconds)
         for i in live:

@@ -24,7 +24,7 @@ from saguaro.config import EngineConfig
 from saguaro.distributed.channel import Channel, ChannelError
 from saguaro.engine.block_manager import BlockManager
 from saguaro.engine.graphs import MAX_GRAPH_POSITIONS, graph_buckets
-from saguaro.engine.model_runner import ModelRunner
+from saguaro.engine.model_runner import ForwardClock, ModelRunner
 from saguaro.models.config import ModelConfig
 from saguaro.models.loader import load_model
 from saguaro.models.tokenizer import Tokenizer
@@ -125,10 +125,11 @@ class DraftWorker:
                     specs[u.seq_id] = P.SeqSpec(u.seq_id, [], None, False, None)
                     misses.append(seq)
             order.append(seq)
-        t0, captured = time.perf_counter(), self.runner.capture_s
+        clock = ForwardClock(self.runner)
         if misses:
             self._backup(misses, req.backup, specs)
-        backup_s = time.perf_counter() - t0 - (self.runner.capture_s - captured)
+        clock.stop()
+        backup_s = clock.seconds()
         if misses and req.backup == "neural":
             self.builder.observe_backup(backup_s)
         self.pending = order
