@@ -89,20 +89,11 @@ if [ "$DEVICE" = cuda ]; then
         | tee "$OUT/syncs.jsonl" | tee -a "$OUT/summary.md"
 fi
 
-python - "$OUT/prompts.jsonl" <<'EOF'
-import json, sys
-prompts = ["def fibonacci(n):", "Write a haiku about the sea.", "import numpy as np\n",
-           "Explain speculative decoding in one paragraph.", "class Stack:",
-           "The capital of France is", "for i in range(10):", "SELECT name FROM"]
-with open(sys.argv[1], "w") as f:
-    for i, p in enumerate(prompts):
-        f.write(json.dumps({"id": f"p{i}", "prompt": p}) + "\n")
-EOF
 bench() {  # name, then saguaro bench flags
     local name=$1; shift
     log "bench $name"
     timeout 240 "$PYTHON" -m saguaro.cli bench --device "$DEVICE" --model "$target" --draft "$draft" \
-        --prompts "$OUT/prompts.jsonl" --num-prompts "$NUM_PROMPTS" --max-tokens "$MAX_TOKENS" \
+        --prompts scripts/gpu_prompts.jsonl --num-prompts "$NUM_PROMPTS" --max-tokens "$MAX_TOKENS" \
         --temperatures 0 \
         --repeats 1 --out "$OUT/$name" "$@" >"$OUT/$name.log" 2>&1 \
         || log "bench $name failed: see $name.log"

@@ -36,7 +36,8 @@ def main() -> None:
         with LLM(model=args.model, draft=draft, mode=mode, device="cuda") as llm:
             for t in (float(x) for x in args.temperatures.split(",")):
                 params = SamplingParams(temperature=t, max_tokens=args.max_tokens, seed=0)
-                llm.generate(PROMPTS, params)  # warm: captures, allocator pools
+                for _ in range(2):  # warm: captures, allocator pools, then prefix-cache hits
+                    llm.generate(PROMPTS, params)
                 steps = llm.engine.num_steps
                 with warnings.catch_warnings(record=True) as caught:
                     warnings.simplefilter("always")

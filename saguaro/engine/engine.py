@@ -31,7 +31,6 @@ from saguaro.engine.graphs import graph_buckets
 from saguaro.engine.model_runner import ForwardClock, ModelRunner, time_forward
 from saguaro.engine.scheduler import Scheduled, Scheduler
 from saguaro.engine.tensor_parallel import TensorParallelTarget, rank_placements
-from saguaro.engine.transfer import upload
 from saguaro.errors import (
     DraftWorkerError,
     IncompatibleModelsError,
@@ -39,6 +38,7 @@ from saguaro.errors import (
     RequestError,
     TensorParallelError,
 )
+from saguaro.kernels.transfer import upload
 from saguaro.models.config import ModelConfig
 from saguaro.models.loader import load_model
 from saguaro.models.tokenizer import Tokenizer
@@ -519,8 +519,11 @@ class LLMEngine:
         if proposal is not None and proposal.q is not None and take:
             # Rounds without proposals get point masses: their entries are never read.
             # Assembled where the proposal's q is (the device, over SSD's lane): no round trip.
-            q = SparseQ.point_mass(draft_tokens, proposal.q.width).to(proposal.q.ids.device)
-            dst, src = (torch.tensor(x, device=q.ids.device) for x in zip(*take, strict=True))
+            where = proposal.q.ids.device
+            dst, src, padded_tokens = upload(
+                [*(torch.tensor(x) for x in zip(*take, strict=True)), draft_tokens], where
+            )
+            q = SparseQ.point_mass(padded_tokens, proposal.q.width)
             q.ids[dst], q.probs[dst] = proposal.q.ids[src, :k_max], proposal.q.probs[src, :k_max]
         seqs = [s.seq for s in rounds]
         on_host = (

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from saguaro.engine.transfer import upload
+from saguaro.kernels.transfer import upload
 from saguaro.models.layers import AttentionMetadata
 
 # Bucket ladders: powers of two, then the largest value itself.

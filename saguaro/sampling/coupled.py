@@ -139,6 +139,7 @@ def verify_coupled(
     rows = round_rows(logits, draft_tokens, num_draft, rows)
     if st.all_greedy():  # no noise: the target's token is each row's argmax
         return verify_greedy(logits, draft_tokens, num_draft, rows, stop_at_non_finite=True)
+    st = st.on(device)
     seq = torch.arange(n, device=device)
     valid = torch.arange(k_max, device=device) < num_draft[:, None]
     s = torch.where(valid, draft_tokens, -1)
@@ -150,7 +151,7 @@ def verify_coupled(
     for j in range(k_max + 1):
         if len(live) == 0:
             break
-        dist = process(logits[rows[live, j]], st.index(live.cpu()))
+        dist = process(logits[rows[live, j]], st.index(live))
         x = perturbed_argmax(dist, seeds[live], pos[live, j])
         invalid[live] = ~dist.valid
         matched = dist.valid & (x == s[live, j]) if j < k_max else torch.zeros_like(dist.valid)

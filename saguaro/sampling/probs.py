@@ -34,11 +34,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import torch
 
+from saguaro.kernels.transfer import upload
 from saguaro.sampling.params import SamplingParams
 from saguaro.sampling.reduce import max_rows, topk_rows
 
@@ -51,6 +52,19 @@ TINY_TEMPERATURE = torch.finfo(torch.float32).tiny
 
 
 @dataclass(frozen=True)
+class HostFacts:
+    """What the host knows of a block of rows without reading a device (on a GPU a read makes
+    the host wait for everything queued). Each is True only where it holds for every row; False
+    means it may not, and the code then takes the path that is exact either way."""
+
+    all_greedy: bool  # every row at temperature 0
+    uncut: bool  # no row has top-k, top-p or min-p on
+
+
+UNKNOWN = HostFacts(all_greedy=False, uncut=False)
+
+
+@dataclass(frozen=True)
 class SamplingTensors:
     """Per-row sampling transforms as tensors (one row per sequence or per scored position)."""
 
@@ -58,6 +72,8 @@ class SamplingTensors:
     top_k: torch.Tensor  # [n] int64, 0 = off
     top_p: torch.Tensor  # [n] float64, 1 = off (float64: a tiny top_p must not round to 0)
     log_min_p: torch.Tensor  # [n] float32 log(min_p), -inf = off
+    # A device copy's facts, read on the host before it moved (see :meth:`facts`).
+    known: HostFacts = field(default=UNKNOWN, init=False, repr=False, compare=False)
 
     @classmethod
     def from_params(
@@ -81,28 +97,57 @@ class SamplingTensors:
             ),
         )
 
+    def _derived(self, *tensors: torch.Tensor) -> SamplingTensors:
+        """Rows made of this block's rows keep what was known of all of them."""
+        out = SamplingTensors(*tensors)
+        object.__setattr__(out, "known", self.facts())
+        return out
+
     def repeat_interleave(self, repeats: int | torch.Tensor) -> SamplingTensors:
         """Row i repeated ``repeats`` (or ``repeats[i]``) times, e.g. K+1 scored positions."""
-        return SamplingTensors(
-            temperature=self.temperature.repeat_interleave(repeats),
-            top_k=self.top_k.repeat_interleave(repeats),
-            top_p=self.top_p.repeat_interleave(repeats),
-            log_min_p=self.log_min_p.repeat_interleave(repeats),
+        return self._derived(
+            self.temperature.repeat_interleave(repeats),
+            self.top_k.repeat_interleave(repeats),
+            self.top_p.repeat_interleave(repeats),
+            self.log_min_p.repeat_interleave(repeats),
         )
 
     def index(self, rows: torch.Tensor) -> SamplingTensors:
-        return SamplingTensors(
+        return self._derived(
             self.temperature[rows], self.top_k[rows], self.top_p[rows], self.log_min_p[rows]
         )
+
+    def on(self, device: torch.device | str) -> SamplingTensors:
+        """These rows on ``device``: on a GPU one non-blocking copy (every field packed as
+        float64, which holds each exactly: float32 values, top-k below 2^31), knowing what the
+        host knew of them."""
+        device = torch.device(device)
+        if self.temperature.device == device:
+            return self
+        fields = (self.temperature, self.top_k, self.top_p, self.log_min_p)
+        moved = upload([f.double() for f in fields], device)
+        return self._derived(*(m.to(f.dtype) for m, f in zip(moved, fields, strict=True)))
 
     @property
     def greedy(self) -> torch.Tensor:
         return self.temperature == 0
 
+    def facts(self) -> HostFacts:
+        """Read from the tensors on the host (a few values, no device to wait for); a device
+        copy's are those known when it was made, or made from host rows."""
+        if self.temperature.device.type != "cpu":
+            return self.known
+        return HostFacts(
+            all_greedy=not any(self.temperature.tolist()),
+            uncut=not (
+                bool((self.top_k > 0).any())
+                or bool((self.top_p < 1).any())
+                or bool((self.log_min_p > -torch.inf).any())
+            ),
+        )
+
     def all_greedy(self) -> bool:
-        """Every row at temperature 0, decided on the host: a per-step check costs a list of a
-        few floats, not a tensor reduction."""
-        return not any(self.temperature.tolist())
+        return self.facts().all_greedy
 
 
 @dataclass
@@ -119,6 +164,7 @@ class Dist:
     argmax: torch.Tensor  # [R] int64
     vocab_size: int
     valid: torch.Tensor  # [R] bool: the row's max is finite (no NaN, no inf, not all -inf)
+    uncut: bool = False  # known on the host: every thr is -inf
 
     @cached_property
     def lse(self) -> torch.Tensor:
@@ -129,7 +175,7 @@ class Dist:
         thr = self.thr[:, None]
         kept = (
             self.z
-            if bool((thr == -torch.inf).all())
+            if self.uncut or host_all(thr == -torch.inf)
             else self.z.masked_fill(self.z < thr, -torch.inf)
         )
         return torch.logsumexp(kept, dim=-1)
@@ -153,46 +199,54 @@ class Dist:
             z = self.z if every else self.z[rows]
             logp = z - self.lse[rows, None]
             thr = self.thr[rows]
-            if bool((thr > -torch.inf).any()):
+            if not (self.uncut or host_all(thr == -torch.inf)):
                 logp.masked_fill_(z < thr[:, None], -torch.inf)
             # exp in float32: masses down to 1e-45 survive, and the CDF sums them in float64.
             p = logp.exp_()
-            if not bool(greedy.any()):
+            if host_all(~greedy):
                 return p
         else:
             p = torch.zeros(len(rows), self.vocab_size, device=self.thr.device)
-        g = greedy.nonzero()[:, 0]
-        p[g] = 0
-        p[g, self.argmax[rows[g]]] = 1
-        return p
+        # Greedy rows become the point mass at their argmax; the others gain 0 there, exactly.
+        p.masked_fill_(greedy[:, None], 0.0)
+        return p.scatter_add_(1, self.argmax[rows][:, None], greedy[:, None].to(p.dtype))
+
+
+def host_all(mask: torch.Tensor) -> bool:
+    """``mask.all()`` where it is read without waiting (a host tensor); on a device False, as
+    if unknown: the caller then takes the path that is exact either way."""
+    return mask.device.type == "cpu" and bool(mask.all())
 
 
 def finite_rows(x: torch.Tensor, top: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``x`` with every row whose max ``top`` is not finite (NaN, inf, all -inf) replaced by a
     flat row, and which rows were kept: the caller flags the others, and nothing raises."""
     valid = top.isfinite()
-    return (x if bool(valid.all()) else x.masked_fill(~valid[:, None], 0.0)), valid
+    return (x if host_all(valid) else x.masked_fill(~valid[:, None], 0.0)), valid
 
 
 def process(logits: torch.Tensor, st: SamplingTensors, candidates: int = CANDIDATES) -> Dist:
     """[R, V] logits (any float dtype) and R rows of transforms -> :class:`Dist`."""
     rows, vocab = logits.shape
     device = logits.device
-    greedy = st.greedy.to(device)
+    st = st.on(device)
+    facts, greedy = st.facts(), st.greedy
     x = logits.float()
     top, argmax = max_rows(x)  # the first index among tied maxima
     x, valid = finite_rows(x, top)
-    if not bool(valid.all()):
-        top, argmax = max_rows(x)
-    if st.all_greedy():  # nothing to temper or filter
-        inf = torch.full((rows,), -torch.inf, device=device)
-        return Dist(None, inf, greedy, argmax, vocab, valid)
+    # A flat row's max is 0, first at index 0: what max_rows would give, read without waiting.
+    top, argmax = torch.where(valid, top, 0.0), torch.where(valid, argmax, 0)
+    inf = torch.full((rows,), -torch.inf, device=device)
+    if facts.all_greedy:  # nothing to temper or filter
+        return Dist(None, inf, greedy, argmax, vocab, valid, uncut=True)
     # Greedy rows are never read through z; divide them by 1 to keep them finite.
-    t = torch.where(greedy, 1.0, st.temperature.to(device))
+    t = torch.where(greedy, 1.0, st.temperature)
     z = (x - top[:, None]).div_(t[:, None])
-    top_k = torch.where(greedy, 0, st.top_k.to(device))
-    top_p = torch.where(greedy, 1.0, st.top_p.to(device))
-    min_p = torch.where(greedy, -torch.inf, st.log_min_p.to(device))
+    if facts.uncut:  # no cut-off in any row: cutoffs() would find none
+        return Dist(z, inf, greedy, argmax, vocab, valid, uncut=True)
+    top_k = torch.where(greedy, 0, st.top_k)
+    top_p = torch.where(greedy, 1.0, st.top_p)
+    min_p = torch.where(greedy, -torch.inf, st.log_min_p)
     thr = cutoffs(z, top_k, top_p, candidates, min_p)
     return Dist(z, thr, greedy, argmax, vocab, valid)
 

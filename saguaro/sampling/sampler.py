@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from saguaro.kernels.transfer import upload
 from saguaro.sampling.noise import Purpose, uniforms
 from saguaro.sampling.probs import SamplingTensors, cutoffs, finite_rows
 from saguaro.sampling.reduce import argmax_rows, topk_rows
@@ -44,19 +45,20 @@ def draft_support(
     """
     rows, vocab = logits.shape
     device = logits.device
-    greedy = st.greedy.to(device)
+    st = st.on(device)
+    greedy = st.greedy
     logits = finite_rows(logits, logits.amax(dim=-1))[0]
     argmax = argmax_rows(logits)
     if st.all_greedy():
         return greedy, argmax, argmax[:, None], None, greedy[:, None]
     x = logits.float()
     values, ids = topk_rows(x, min(top_m, vocab))
-    t = torch.where(greedy, 1.0, st.temperature.to(device))[:, None]
+    t = torch.where(greedy, 1.0, st.temperature)[:, None]
     z = (values - values[:, :1]) / t
-    top_k, top_p, min_p = st.top_k.to(device), st.top_p.to(device), st.log_min_p.to(device)
+    top_k, top_p, min_p = st.top_k, st.top_p, st.log_min_p
     thr = torch.full((rows,), -torch.inf, device=device)
     cut = ~greedy & (((top_k > 0) & (top_k < vocab)) | (top_p < 1) | (min_p > -torch.inf))
-    if bool(cut.any()):  # the cut-offs need the full row's mass
+    if not st.facts().uncut and bool(cut.any()):  # the cut-offs need the full row's mass
         r = cut.nonzero()[:, 0]
         thr[r] = cutoffs((x[r] - values[r, :1]) / t[r], top_k[r], top_p[r], log_min_p=min_p[r])
     return greedy, argmax, ids, z, z >= thr[:, None]
@@ -88,7 +90,8 @@ def propose(
     point = SparseQ.point_mass(argmax, ids.shape[1])
     ids = torch.where(greedy[:, None], point.ids, ids)
     probs = torch.where(greedy[:, None], point.probs, probs)
-    u = uniforms(seeds.to(device), positions.to(device), Purpose.DRAFT)
+    seeds, positions = upload([seeds, positions.to(seeds.dtype)], device)
+    u = uniforms(seeds, positions, Purpose.DRAFT)
     col = inverse_cdf(probs, u)
     tokens = torch.where(greedy, argmax, ids.gather(1, col[:, None])[:, 0])
     return tokens, SparseQ(ids, probs)

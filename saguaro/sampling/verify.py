@@ -43,7 +43,7 @@ import torch
 
 from saguaro.kernels import build, ops
 from saguaro.sampling.noise import Purpose, uniforms
-from saguaro.sampling.probs import Dist, SamplingTensors, process
+from saguaro.sampling.probs import Dist, SamplingTensors, host_all, process
 from saguaro.sampling.reduce import max_rows
 from saguaro.sampling.sampler import inverse_cdf
 from saguaro.sampling.sparse import SparseQ
@@ -134,6 +134,7 @@ def verify_general(
     device = logits.device
     if draft_q is not None and draft_q.ids.shape[:2] != (n, k_max):
         raise ValueError(f"draft_q must be [{n}, {k_max}, M], got {list(draft_q.ids.shape)}")
+    st = st.on(device)
     seq = torch.arange(n, device=device)
     valid = torch.arange(k_max, device=device) < num_draft[:, None]  # [n, K]
     s = torch.where(valid, draft_tokens, 0)  # padding may be any value (e.g. -1)
@@ -149,7 +150,7 @@ def verify_general(
     for j in range(k_max):
         if len(live) == 0:
             break
-        dist = process(logits[rows[live, j]], st.index(live.cpu()))
+        dist = process(logits[rows[live, j]], st.index(live))
         log_p = dist.log_prob(torch.arange(len(live), device=device), s[live, j])
         ok = log_u[live, j] + log_q[live, j] < log_p
         live = live[ok]
@@ -157,25 +158,43 @@ def verify_general(
         live = live[valid[live, j + 1]] if j + 1 < k_max else live[:0]
 
     stop_rows = rows[seq, num_accepted]
-    if len(stop_rows) == len(logits) and bool((stop_rows == seq).all()):
-        stop_logits = logits  # e.g. AR: the stop rows are all the rows, in order
+    if len(stop_rows) == len(logits) and host_all(stop_rows == seq):
+        stop_logits = logits  # e.g. AR on the host: the stop rows are all the rows, in order
     else:
         stop_logits = logits[stop_rows]
     dist = process(stop_logits, st)  # p at each sequence's stop position
     if dist.z is None:  # every row greedy: no randomness, no distribution to build
         return VerifyResult(num_accepted, dist.argmax, ~dist.valid)
     u = uniforms(seeds, pos[seq, num_accepted], Purpose.SAMPLE)
+    if k_max == 0:  # AR: nothing to reject, each token a draw from p (known without a read)
+        sampled, mass = draw_from_p(dist, seq, u)
+    else:
+        sampled, mass = draw_after_round(dist, u, num_accepted, num_draft, s, draft_q)
+    invalid = ~dist.valid | ~mass.isfinite() | (mass <= 0)
+    return VerifyResult(num_accepted, torch.where(invalid, 0, sampled), invalid)
+
+
+def draw_after_round(
+    dist: Dist,
+    u: torch.Tensor,
+    num_accepted: torch.Tensor,
+    num_draft: torch.Tensor,
+    s: torch.Tensor,
+    draft_q: SparseQ | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each sequence's token at its stop position and its row's total mass: the bonus token (a
+    draw from p) where every proposal was accepted, else a draw from the residual."""
+    n = len(num_accepted)
     rejected = num_accepted < num_draft
-    sampled = torch.zeros(n, dtype=torch.int64, device=device)
-    mass = torch.zeros(n, dtype=torch.float64, device=device)
-    plain = (~rejected).nonzero()[:, 0]  # the bonus (or AR) token: a draw from p itself
+    sampled = torch.zeros(n, dtype=torch.int64, device=u.device)
+    mass = torch.zeros(n, dtype=torch.float64, device=u.device)
+    plain = (~rejected).nonzero()[:, 0]
     sampled[plain], mass[plain] = draw_from_p(dist, plain, u[plain])
     r = rejected.nonzero()[:, 0]
     if len(r):
         target = residuals(dist, r, s[r, num_accepted[r]], draft_q, num_accepted[r])
         sampled[r], mass[r] = dense_draw(target, u[r])
-    invalid = ~dist.valid | ~mass.isfinite() | (mass <= 0)
-    return VerifyResult(num_accepted, torch.where(invalid, 0, sampled), invalid)
+    return sampled, mass
 
 
 def dense_draw(target: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -19,6 +19,7 @@ import torch
 from saguaro.core.proposal import Proposal, Proposer
 from saguaro.core.sequence import Sequence
 from saguaro.engine.model_runner import ModelRunner
+from saguaro.kernels.transfer import upload
 from saguaro.sampling import SamplingParams, SamplingTensors, SparseQ, propose, seed_tensor
 from saguaro.sampling.coupled import propose_coupled
 from saguaro.sampling.processors import Processors, RowsOf, process_rows
@@ -131,11 +132,12 @@ def decode_chains(
             positions = torch.tensor([len(chains[i].token_ids) + depth for i in active])
             drawn_rows, q_rows = propose_fn(logits, active, depth, positions)
             drawn = drawn_rows.tolist()
-            if q_rows is not None:
+            if q_rows is not None:  # kept on the logits' device: the verifier reads it there
                 if q is None:
-                    q = SparseQ.point_mass(torch.zeros(n, k_max, dtype=torch.int64), q_rows.width)
-                idx = torch.tensor(active)
-                q.ids[idx, depth], q.probs[idx, depth] = q_rows.ids.cpu(), q_rows.probs.cpu()
+                    blank = torch.zeros(n, k_max, dtype=torch.int64, device=logits.device)
+                    q = SparseQ.point_mass(blank, q_rows.width)
+                (idx,) = upload([torch.tensor(active)], logits.device)
+                q.ids[idx, depth], q.probs[idx, depth] = q_rows.ids, q_rows.probs
         for i, t in zip(active, drawn, strict=True):
             tokens[i][depth] = t
         active = [i for i in active if chains[i].k > depth + 1]

@@ -5,6 +5,8 @@ bucketed path on the CPU, without capture."""
 
 from __future__ import annotations
 
+import warnings
+from collections import Counter
 from types import SimpleNamespace
 
 import pytest
@@ -121,3 +123,52 @@ def test_a_forward_clock_on_a_gpu_times_the_work_not_its_launch():
     clock.stop()
     assert clock.seconds() > 0.05
     assert clock.host_s is not None and clock.host_s < clock.seconds() / 2
+
+
+def _graphs(llm: LLM) -> int:
+    runners = (llm.engine.runner, getattr(llm.engine.proposer, "runner", None))
+    return sum(len(r.static.graphs) for r in runners if r is not None and r.static is not None)
+
+
+def _syncs_per_step(llm: LLM, params: SamplingParams) -> tuple[float, Counter]:
+    """Host-device synchronisations per engine step of a warm ``llm`` generating PROMPTS, and
+    the lines that caused them. A graph captured on a shape's first use waits once for its
+    warm-up run: a one-time cost per shape, not counted."""
+    for _ in range(2):  # captures and allocator pools on first use, then prefix-cache hits
+        llm.generate(PROMPTS, params)
+    steps, graphs = llm.engine.num_steps, _graphs(llm)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            llm.generate(PROMPTS, params)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    lines = Counter(f"{w.filename}:{w.lineno}" for w in caught)
+    lines["graphs captured"] = captures = _graphs(llm) - graphs
+    return (len(caught) - captures) / (llm.engine.num_steps - steps), lines
+
+
+SAMPLED = SamplingParams(temperature=0.7, max_tokens=32, ignore_eos=True, seed=0)
+
+
+@pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "T=0.7"])
+def test_an_ar_step_waits_for_the_gpu_once(tiny_llama, params):
+    """Everything an AR step does, greedy or sampling at a temperature, is queued on the GPU;
+    the host waits once, for the copy of the round's outcome (committed tokens, counts, invalid
+    flags) that scheduling needs. (Top-k and top-p cut-offs still read rows back.)"""
+    with LLM(model=str(tiny_llama), **ENGINE) as llm:
+        per_step, lines = _syncs_per_step(llm, params)
+    assert per_step == 1, lines
+
+
+def test_a_greedy_sd_step_waits_once_per_draft_depth_and_once_for_its_outcome(
+    tiny_llama, close_draft
+):
+    """SD's draft loop is driven from the host: each depth's tokens are read back to build the
+    next depth's queries (K waits), then the round's outcome once."""
+    k = 3
+    spec = dict(draft=str(close_draft), mode="sd", num_speculative_tokens=k)
+    with LLM(model=str(tiny_llama), **spec, **ENGINE) as llm:
+        per_step, lines = _syncs_per_step(llm, GREEDY)
+    assert per_step <= k + 1, lines

@@ -6,6 +6,7 @@ independent of the code under test. Histograms are compared with the exact targe
 ``tests.stats`` noise floors.
 """
 
+import importlib
 import math
 
 import pytest
@@ -22,6 +23,7 @@ from saguaro.sampling import (
     verify,
 )
 from saguaro.sampling.noise import seed_tensor
+from saguaro.sampling.probs import UNKNOWN
 from saguaro.sampling.verify import _verify_greedy_on_device as on_device
 from saguaro.sampling.verify import verify_general, verify_greedy
 from tests.stats import assert_samples_follow, tv_distance, tv_noise_floor
@@ -505,3 +507,42 @@ def test_shape_validation():
         verify(z, st, s, torch.tensor([0, 3]), seeds, pos)
     with pytest.raises(ValueError, match="num_draft"):
         verify(z, st, s, torch.ones(3, dtype=torch.long), seeds, pos)
+
+
+DEVICE_PARAMS = [
+    SamplingParams(temperature=0),
+    SamplingParams(temperature=1.0),
+    SamplingParams(temperature=0.7, top_k=3),
+    SamplingParams(temperature=1.3, top_p=0.8),
+    SamplingParams(temperature=0.9, min_p=0.2),
+]
+
+
+@pytest.mark.parametrize("k", [0, 3])
+@pytest.mark.parametrize("facts", ["host's", "unknown"])
+@pytest.mark.parametrize("params", ["mixed", "temperature only"], ids=str)
+def test_the_paths_a_gpu_takes_decide_as_the_hosts(monkeypatch, k, facts, params):
+    """On a GPU nothing is read back to choose a path: every check a host tensor answers for
+    free (all rows finite, none cut, none greedy) is taken as unknown there, and a device copy
+    of sampling rows knows what its host rows did, or, indexed on the device, possibly nothing.
+    The paths taken then must decide exactly as the host's: same accepted counts, tokens and
+    flags, on rows with NaN, inf and all -inf logits, greedy and sampled rows, cut-offs, AR
+    (K = 0) and speculation, point-mass and dense q."""
+    n = 40
+    z, _, s, q, num = random_rows(n, max(k, 1))
+    z, s, q, num = z[:, : k + 1], s[:, :k], q[:, :k], num.clamp(max=k)
+    z[3::9, 1 % (k + 1)] = torch.nan
+    z[5::11, 0, 2] = torch.inf
+    z[7::13, k] = -torch.inf
+    mix = DEVICE_PARAMS if params == "mixed" else DEVICE_PARAMS[1:2]
+    st = SamplingTensors.from_params([mix[i % len(mix)] for i in range(n)])
+    args = (z.reshape(-1, V), st, s, num, seed_tensor(list(range(n))), torch.arange(n) * 3)
+    want = verify(*args, q)
+    for module in ("saguaro.sampling.probs", "saguaro.sampling.verify"):
+        monkeypatch.setattr(importlib.import_module(module), "host_all", lambda mask: False)
+    if facts == "unknown":
+        monkeypatch.setattr(SamplingTensors, "facts", lambda self: UNKNOWN)
+    got = verify(*args, q)
+    for field in ("num_accepted", "next_token", "invalid"):
+        assert getattr(got, field).tolist() == getattr(want, field).tolist(), field
+    assert bool(want.invalid.any()) and not bool(want.invalid.all())

@@ -15,13 +15,15 @@ import torch
 
 
 def upload(tensors: Sequence[torch.Tensor], device: torch.device | str) -> list[torch.Tensor]:
-    """The host ``tensors``, all of one dtype, on ``device`` with their shapes: on a GPU as one
-    non-blocking copy of their concatenation; elsewhere as they are."""
+    """``tensors``, all of one dtype, on ``device`` with their shapes: on a GPU those on the
+    host as one non-blocking copy of their concatenation (those there already as they are);
+    elsewhere as ``.to(device)``."""
     if len({t.dtype for t in tensors}) > 1:  # checked everywhere, so CPU runs check GPU calls
         raise ValueError(f"upload packs tensors of one dtype, got {[t.dtype for t in tensors]}")
     device = torch.device(device)
-    if device.type != "cuda":
+    host = [t for t in tensors if t.device.type == "cpu"]
+    if device.type != "cuda" or not host:
         return [t.to(device) for t in tensors]
-    flat = torch.cat([t.reshape(-1) for t in tensors]).pin_memory()
-    parts = flat.to(device, non_blocking=True).split([t.numel() for t in tensors])
-    return [part.view(t.shape) for part, t in zip(parts, tensors, strict=True)]
+    flat = torch.cat([t.reshape(-1) for t in host]).pin_memory()
+    parts = iter(flat.to(device, non_blocking=True).split([t.numel() for t in host]))
+    return [next(parts).view(t.shape) if t.device.type == "cpu" else t.to(device) for t in tensors]
