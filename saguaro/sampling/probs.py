@@ -135,8 +135,10 @@ class SamplingTensors:
     def facts(self) -> HostFacts:
         """Read from the tensors on the host (a few values, no device to wait for); a device
         copy's are those known when it was made, or made from host rows."""
-        if self.temperature.device.type != "cpu":
-            return self.known
+        return self._read_facts if self.temperature.device.type == "cpu" else self.known
+
+    @cached_property
+    def _read_facts(self) -> HostFacts:
         return HostFacts(
             all_greedy=not any(self.temperature.tolist()),
             uncut=not (
