@@ -143,20 +143,8 @@ def verify_general(
         log_q = draft_q.prob_of(s).log()
     pos = positions[:, None] + torch.arange(k_max + 1, device=device)  # [n, K+1]
     log_u = uniforms(seeds[:, None], pos[:, :k_max], Purpose.ACCEPT).log()
-    # Position by position, only for sequences that accepted everything so far: the rows after
-    # a sequence's first rejection are never processed.
-    num_accepted = torch.zeros(n, dtype=torch.int64, device=device)
-    live = seq[valid[:, 0]] if k_max else seq[:0]
-    for j in range(k_max):
-        if len(live) == 0:
-            break
-        dist = process(logits[rows[live, j]], st.index(live))
-        log_p = dist.log_prob(torch.arange(len(live), device=device), s[live, j])
-        ok = log_u[live, j] + log_q[live, j] < log_p
-        live = live[ok]
-        num_accepted[live] += 1
-        live = live[valid[live, j + 1]] if j + 1 < k_max else live[:0]
-
+    accept = accepted_lazily if lazy(device) else accepted_at_once
+    num_accepted = accept(logits, st, rows, s, valid, log_u + log_q)
     stop_rows = rows[seq, num_accepted]
     if len(stop_rows) == len(logits) and host_all(stop_rows == seq):
         stop_logits = logits  # e.g. AR on the host: the stop rows are all the rows, in order
@@ -168,10 +156,84 @@ def verify_general(
     u = uniforms(seeds, pos[seq, num_accepted], Purpose.SAMPLE)
     if k_max == 0:  # AR: nothing to reject, each token a draw from p (known without a read)
         sampled, mass = draw_from_p(dist, seq, u)
-    else:
+    elif lazy(device):
         sampled, mass = draw_after_round(dist, u, num_accepted, num_draft, s, draft_q)
+    else:
+        sampled, mass = draw_after_round_at_once(dist, u, num_accepted, num_draft, s, draft_q)
     invalid = ~dist.valid | ~mass.isfinite() | (mass <= 0)
     return VerifyResult(num_accepted, torch.where(invalid, 0, sampled), invalid)
+
+
+def lazy(device: torch.device) -> bool:
+    """Whether a round's work follows its outcomes as they are read: on the host each read is
+    free and skipping rows saves their work; on a GPU each read makes the host wait for the
+    device, so every row is processed and the outcomes chosen there."""
+    return device.type == "cpu"
+
+
+def accepted_lazily(
+    logits: torch.Tensor,
+    st: SamplingTensors,
+    rows: torch.Tensor,
+    s: torch.Tensor,
+    valid: torch.Tensor,
+    log_uq: torch.Tensor,
+) -> torch.Tensor:
+    """[n] accepted counts k, position by position, processing a position's row only for the
+    sequences that accepted everything before it. ``log_uq`` is ``log u + log q(s)`` [n, K]."""
+    n, k_max = s.shape
+    num_accepted = torch.zeros(n, dtype=torch.int64, device=logits.device)
+    live = torch.arange(n, device=logits.device)[valid[:, 0]] if k_max else num_accepted[:0]
+    for j in range(k_max):
+        if len(live) == 0:
+            break
+        dist = process(logits[rows[live, j]], st.index(live))
+        ok = log_uq[live, j] < dist.log_prob(
+            torch.arange(len(live), device=live.device), s[live, j]
+        )
+        live = live[ok]
+        num_accepted[live] += 1
+        live = live[valid[live, j + 1]] if j + 1 < k_max else live[:0]
+    return num_accepted
+
+
+def accepted_at_once(
+    logits: torch.Tensor,
+    st: SamplingTensors,
+    rows: torch.Tensor,
+    s: torch.Tensor,
+    valid: torch.Tensor,
+    log_uq: torch.Tensor,
+) -> torch.Tensor:
+    """:func:`accepted_lazily` with every position's test made at once: k is the length of the
+    leading run of accepted positions, the same count, since a position after the first
+    rejection never adds to it."""
+    n, k_max = s.shape
+    flat = torch.arange(n * k_max, device=logits.device)
+    dist = process(logits[rows[:, :k_max].reshape(-1)], st.repeat_interleave(k_max))
+    log_p = dist.log_prob(flat, s.reshape(-1)).view(n, k_max)
+    ok = (log_uq < log_p) & valid
+    return ok.long().cumprod(dim=1).sum(dim=1)
+
+
+def draw_after_round_at_once(
+    dist: Dist,
+    u: torch.Tensor,
+    num_accepted: torch.Tensor,
+    num_draft: torch.Tensor,
+    s: torch.Tensor,
+    draft_q: SparseQ | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`draw_after_round` with both draws made for every sequence and each one's kept:
+    the residual of a sequence that rejected nothing is built and dropped."""
+    n, k_max = s.shape
+    seq = torch.arange(n, device=u.device)
+    k = num_accepted.clamp(max=k_max - 1)
+    plain, plain_mass = draw_from_p(dist, seq, u)
+    recovered, recovered_mass = dense_draw(residuals(dist, seq, s[seq, k], draft_q, k), u)
+    rejected = num_accepted < num_draft
+    sampled = torch.where(rejected, recovered, plain)
+    return sampled, torch.where(rejected, recovered_mass, plain_mass)
 
 
 def draw_after_round(
@@ -241,10 +303,9 @@ def residuals(
     residual.clamp_(min=0)
     # Zero residual mass needs p <= q everywhere, i.e. p == q up to rounding. Fall back to p
     # without the rejected token, keeping the invariant "s_j is never recovered".
-    empty = (residual.sum(dim=-1) <= 0).nonzero()[:, 0]
-    residual[empty] = target[empty]
-    residual[empty, rejected[empty]] = 0
-    return residual
+    empty = residual.sum(dim=-1) <= 0
+    target[torch.arange(len(rows), device=target.device), rejected] = 0
+    return torch.where(empty[:, None], target, residual)
 
 
 def verify_greedy(

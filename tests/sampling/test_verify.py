@@ -523,11 +523,12 @@ DEVICE_PARAMS = [
 @pytest.mark.parametrize("params", ["mixed", "temperature only"], ids=str)
 def test_the_paths_a_gpu_takes_decide_as_the_hosts(monkeypatch, k, facts, params):
     """On a GPU nothing is read back to choose a path: every check a host tensor answers for
-    free (all rows finite, none cut, none greedy) is taken as unknown there, and a device copy
-    of sampling rows knows what its host rows did, or, indexed on the device, possibly nothing.
-    The paths taken then must decide exactly as the host's: same accepted counts, tokens and
-    flags, on rows with NaN, inf and all -inf logits, greedy and sampled rows, cut-offs, AR
-    (K = 0) and speculation, point-mass and dense q."""
+    free (all rows finite, none cut, none greedy) is taken as unknown there, a device copy of
+    sampling rows knows what its host rows did, or, indexed on the device, possibly nothing, and
+    a round tests every position at once and draws both the bonus and the recovery token of
+    every sequence, keeping one. Those paths must decide exactly as the host's: same accepted
+    counts, tokens and flags, on rows with NaN, inf and all -inf logits, greedy and sampled
+    rows, cut-offs, AR (K = 0) and speculation, point-mass and dense q."""
     n = 40
     z, _, s, q, num = random_rows(n, max(k, 1))
     z, s, q, num = z[:, : k + 1], s[:, :k], q[:, :k], num.clamp(max=k)
@@ -540,6 +541,7 @@ def test_the_paths_a_gpu_takes_decide_as_the_hosts(monkeypatch, k, facts, params
     want = verify(*args, q)
     for module in ("saguaro.sampling.probs", "saguaro.sampling.verify"):
         monkeypatch.setattr(importlib.import_module(module), "host_all", lambda mask: False)
+    monkeypatch.setattr(importlib.import_module("saguaro.sampling.verify"), "lazy", lambda d: False)
     if facts == "unknown":
         monkeypatch.setattr(SamplingTensors, "facts", lambda self: UNKNOWN)
     got = verify(*args, q)
