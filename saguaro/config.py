@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +14,8 @@ from saguaro.options import check_choices, cpu_list, opt
 from saguaro.placement import process_cpus, resolve_device
 from saguaro.sampling.params import RequestMethod
 from saguaro.sampling.sampler import DEFAULT_TOP_M
+
+log = logging.getLogger("saguaro")
 
 FANOUT_MODES = ("auto", "geometric", "empirical")
 
@@ -258,20 +261,32 @@ class EngineConfig:
                     self.draft_cpus or [c for c in cores if c not in self.target_cpus][:1]
                 )
                 self.draft_threads = self.draft_threads or len(self.draft_cpus)
-        if self.tensor_parallel_size > 1 and self.device.startswith("cuda"):
-            first = torch.device(self.device).index or 0
-            last = first + self.tensor_parallel_size - 1
-            if last >= torch.cuda.device_count():
-                raise ValueError(
-                    f"tensor_parallel_size={self.tensor_parallel_size} on {self.device} needs "
-                    f"GPUs cuda:{first}..cuda:{last}; {torch.cuda.device_count()} are visible"
-                )
-            if (
-                self.uses_worker
-                and self.draft_device is None
-                and last + 1 < torch.cuda.device_count()
-            ):
-                self.draft_device = f"cuda:{last + 1}"  # the draft's own GPU, after the ranks
+        if self.device.startswith("cuda"):
+            self._place_on_gpus()
+
+    def _place_on_gpus(self) -> None:
+        """The target's ranks on consecutive GPUs from ``device``; SSD's worker, unless told, on
+        the GPU after them (the paper's layout). On the target's own GPU the worker cannot hide
+        its drafting: one GPU runs one process's kernels at a time (docs/bench-gpu)."""
+        first = torch.device(self.device).index or 0
+        last = first + self.tensor_parallel_size - 1
+        visible = torch.cuda.device_count()
+        if last >= visible:
+            raise ValueError(
+                f"tensor_parallel_size={self.tensor_parallel_size} on {self.device} needs "
+                f"GPUs cuda:{first}..cuda:{last}; {visible} are visible"
+            )
+        if not self.uses_worker or self.draft_device is not None:
+            return
+        if last + 1 < visible:
+            self.draft_device = f"cuda:{last + 1}"
+        else:
+            log.warning(
+                "saguaro: SSD's draft worker shares cuda:%d with the target; one GPU runs one "
+                "process's kernels at a time, so its drafting cannot overlap verification "
+                "(--draft-device names another GPU)",
+                last,
+            )
 
     @property
     def uses_worker(self) -> bool:

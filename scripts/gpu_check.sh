@@ -101,7 +101,7 @@ bench() {  # name, then saguaro bench flags
 }
 # Graphs are captured on CUDA alone: a dry run on the CPU benches the eager forwards.
 if [ "$DEVICE" = cuda ]; then graphs=graphs both=eager,graphs; else graphs=eager both=eager; fi
-bench one-gpu --modes ar,sd,ssd --k 4 --forwards "$both" --batch-sizes 1,16
+bench one-gpu --modes ar,sd,ssd --k 4 --forwards "$both" --batch-sizes 1,16 --draft-device "$DEVICE"
 if [ "$gpus" -ge 2 ]; then
     bench ssd-own-gpu --modes ar,sd,ssd --k 4 --forwards "$graphs" --batch-sizes 1,16 \
         --draft-device cuda:1

@@ -37,6 +37,21 @@ def test_tensor_parallel_ranks_need_a_gpu_each():
         EngineConfig(device="cuda", tensor_parallel_size=2)
 
 
+@pytest.mark.parametrize("visible", [1, 2, 3])
+def test_ssds_worker_takes_the_gpu_after_the_targets_or_warns_that_it_shares(
+    monkeypatch, caplog, visible
+):
+    """The paper's layout by default: the draft on a GPU of its own where one is left. (Only
+    the configuration: no GPU is touched.)"""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: visible)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    cfg = EngineConfig(mode="ssd", device="cuda:0")
+    assert cfg.draft_device == (None if visible == 1 else "cuda:1")
+    assert ("shares cuda:0" in caplog.text) == (visible == 1)
+    assert EngineConfig(mode="ssd", device="cuda:0", draft_device="cuda:0").draft_device == "cuda:0"
+    assert EngineConfig(mode="sd", device="cuda:0").draft_device is None
+
+
 @pytest.mark.skipif(len(placement.process_cpus()) < 2, reason="SSD pins on two cores or more")
 def test_ssd_on_cpu_leaves_the_worker_a_core_after_the_ranks():
     cfg = EngineConfig(mode="ssd", device="cpu", tensor_parallel_size=4)

@@ -14,6 +14,13 @@ from collections.abc import Sequence
 import torch
 
 
+def reads_wait(device: torch.device) -> bool:
+    """Whether reading a value on ``device`` makes the host wait for the work queued before it
+    (a GPU). Where it does, code queues its work without reads and chooses by tensor operators;
+    on the host a read is free, and choosing by it saves work."""
+    return device.type != "cpu"
+
+
 def upload(tensors: Sequence[torch.Tensor], device: torch.device | str) -> list[torch.Tensor]:
     """``tensors``, all of one dtype, on ``device`` with their shapes: on a GPU those on the
     host as one non-blocking copy of their concatenation (those there already as they are);

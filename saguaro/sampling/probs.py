@@ -39,7 +39,7 @@ from functools import cached_property
 
 import torch
 
-from saguaro.kernels.transfer import upload
+from saguaro.kernels import transfer
 from saguaro.sampling.params import SamplingParams
 from saguaro.sampling.reduce import max_rows, topk_rows
 
@@ -125,7 +125,7 @@ class SamplingTensors:
         if self.temperature.device == device:
             return self
         fields = (self.temperature, self.top_k, self.top_p, self.log_min_p)
-        moved = upload([f.double() for f in fields], device)
+        moved = transfer.upload([f.double() for f in fields], device)
         return self._derived(*(m.to(f.dtype) for m, f in zip(moved, fields, strict=True)))
 
     @property
@@ -217,7 +217,7 @@ class Dist:
 def host_all(mask: torch.Tensor) -> bool:
     """``mask.all()`` where it is read without waiting (a host tensor); on a device False, as
     if unknown: the caller then takes the path that is exact either way."""
-    return mask.device.type == "cpu" and bool(mask.all())
+    return not transfer.reads_wait(mask.device) and bool(mask.all())
 
 
 def finite_rows(x: torch.Tensor, top: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from saguaro.kernels import build, ops
+from saguaro.kernels import build, ops, transfer
 from saguaro.sampling.noise import Purpose, uniforms
 from saguaro.sampling.probs import Dist, SamplingTensors, host_all, process
 from saguaro.sampling.reduce import max_rows
@@ -143,7 +143,8 @@ def verify_general(
         log_q = draft_q.prob_of(s).log()
     pos = positions[:, None] + torch.arange(k_max + 1, device=device)  # [n, K+1]
     log_u = uniforms(seeds[:, None], pos[:, :k_max], Purpose.ACCEPT).log()
-    accept = accepted_lazily if lazy(device) else accepted_at_once
+    lazy = not transfer.reads_wait(device)
+    accept = accepted_lazily if lazy else accepted_at_once
     num_accepted = accept(logits, st, rows, s, valid, log_u + log_q)
     stop_rows = rows[seq, num_accepted]
     if len(stop_rows) == len(logits) and host_all(stop_rows == seq):
@@ -156,19 +157,12 @@ def verify_general(
     u = uniforms(seeds, pos[seq, num_accepted], Purpose.SAMPLE)
     if k_max == 0:  # AR: nothing to reject, each token a draw from p (known without a read)
         sampled, mass = draw_from_p(dist, seq, u)
-    elif lazy(device):
+    elif lazy:
         sampled, mass = draw_after_round(dist, u, num_accepted, num_draft, s, draft_q)
     else:
         sampled, mass = draw_after_round_at_once(dist, u, num_accepted, num_draft, s, draft_q)
     invalid = ~dist.valid | ~mass.isfinite() | (mass <= 0)
     return VerifyResult(num_accepted, torch.where(invalid, 0, sampled), invalid)
-
-
-def lazy(device: torch.device) -> bool:
-    """Whether a round's work follows its outcomes as they are read: on the host each read is
-    free and skipping rows saves their work; on a GPU each read makes the host wait for the
-    device, so every row is processed and the outcomes chosen there."""
-    return device.type == "cpu"
 
 
 def accepted_lazily(
@@ -180,7 +174,8 @@ def accepted_lazily(
     log_uq: torch.Tensor,
 ) -> torch.Tensor:
     """[n] accepted counts k, position by position, processing a position's row only for the
-    sequences that accepted everything before it. ``log_uq`` is ``log u + log q(s)`` [n, K]."""
+    sequences that accepted everything before it (on the host, where reading which did is
+    free). ``log_uq`` is ``log u + log q(s)`` [n, K]."""
     n, k_max = s.shape
     num_accepted = torch.zeros(n, dtype=torch.int64, device=logits.device)
     live = torch.arange(n, device=logits.device)[valid[:, 0]] if k_max else num_accepted[:0]
@@ -205,9 +200,9 @@ def accepted_at_once(
     valid: torch.Tensor,
     log_uq: torch.Tensor,
 ) -> torch.Tensor:
-    """:func:`accepted_lazily` with every position's test made at once: k is the length of the
-    leading run of accepted positions, the same count, since a position after the first
-    rejection never adds to it."""
+    """:func:`accepted_lazily` with every position's test made at once, as a GPU does it (no
+    reads): k is the length of the leading run of accepted positions, the same count, since a
+    position after the first rejection never adds to it."""
     n, k_max = s.shape
     flat = torch.arange(n * k_max, device=logits.device)
     dist = process(logits[rows[:, :k_max].reshape(-1)], st.repeat_interleave(k_max))

@@ -17,7 +17,9 @@ been observed: before, their rates rest on a prior acceptance, and a switch made
 the draft's catch-up for nothing when the draft is weak.
 
 Estimates of a mode not chosen go stale, so a mode that has not run for ``EXPLORE_EVERY`` steps
-runs for ``EXPLORE_STEPS``; each try that leaves it unchosen doubles its interval, up to
+runs for ``EXPLORE_STEPS``, and its costs restart from what the try measures (a cost is a moving
+average; one taken while the machine was busy elsewhere would otherwise keep the mode looking
+slow for many tries); each try that leaves it unchosen doubles its interval, up to
 ``EXPLORE_MAX``, and being chosen resets it. A try costs more than its steps: the draft first
 catches up on every token it missed, and SSD's first round after a pause misses. So an SD try
 drafts only for the ``TRY_SEQS`` sequences whose draft has missed the fewest tokens (a try is
@@ -53,6 +55,9 @@ EXPLORE_MAX = 2048  # the longest interval between tries of a mode that keeps lo
 # nothing, so two more for fresh timings and outcomes
 EXPLORE_STEPS = 3
 EXPLORE_BUDGET = 0.02  # the largest share of the engine's time that tries may take
+# steps after which a cost not measured since restarts from its next measurement: fewer than
+# EXPLORE_EVERY, so a try measures its mode afresh instead of nudging an old estimate
+STALE_STEPS = EXPLORE_EVERY // 2
 # sequences an SD try drafts for: its EXPLORE_STEPS rounds of them observe at least MIN_ROUNDS
 TRY_SEQS = 4
 PRIOR_ROUNDS = 8.0  # a request's own acceptance counts as much as the pool after this many
@@ -146,9 +151,9 @@ class AutoProposer(Proposer):
         self.sd, self.ssd = sd, ssd
         self.k_max, self.max_num_seqs = k_max, max_num_seqs
         self.threads = threads
-        self.target, self.other, self.draft = Curve(), Curve(), Curve()
+        self.target, self.other, self.draft = (Curve(stale_after=STALE_STEPS) for _ in range(3))
         # an SSD step's target forward runs on fewer threads where the cores are shared
-        self.ssd_target = Curve() if threads is not None else self.target
+        self.ssd_target = Curve(stale_after=STALE_STEPS) if threads is not None else self.target
         self.acceptance = Acceptance(k_max)
         self.force: Callable[[int], Choice] | None = None
         self.choice: Choice | None = None  # the last step's
@@ -306,12 +311,13 @@ class AutoProposer(Proposer):
         same forward would blur it), the rest of the step, and the draft's steps."""
         if not records or positions != sum(r.num_drafted + 1 for r in records):
             return
-        (self.ssd_target if ssd_step else self.target).observe(positions, target_s)
+        step = self.steps
+        (self.ssd_target if ssd_step else self.target).observe(positions, target_s, step)
         draft_s = sum(r.draft_s for r in records)
-        self.other.observe(positions, max(0.0, step_s - target_s - draft_s))
+        self.other.observe(positions, max(0.0, step_s - target_s - draft_s), step)
         k = max(r.num_drafted for r in records)
         if self.choice is not None and self.choice.mode == "sd" and k > 0:
-            self.draft.observe(sum(1 for r in records if r.num_drafted), draft_s / k)
+            self.draft.observe(sum(1 for r in records if r.num_drafted), draft_s / k, step)
 
     def calibrate(self, probe: TargetProbe) -> None:
         """Time the target's forwards and the draft's steps at the batch sizes the engine can

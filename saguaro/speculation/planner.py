@@ -135,9 +135,17 @@ class Curve:
     reading the weights, then rising with the arithmetic), so no single line fits it."""
 
     alpha: float = EMA_ALPHA
+    # A size last observed more than this many steps before restarts from its next observation:
+    # its value measured conditions that may be gone (a burst of other work on the machine
+    # left a mode looking slow long after it ended, the mode unchosen and so unmeasured).
+    stale_after: int | None = None
     knots: dict[int, _Ema] = field(default_factory=dict)
+    last: dict[int, int] = field(default_factory=dict)  # the step each size was last observed
 
-    def observe(self, m: int, seconds: float) -> None:
+    def observe(self, m: int, seconds: float, step: int = 0) -> None:
+        if self.stale_after is not None and step - self.last.get(m, step) > self.stale_after:
+            del self.knots[m]
+        self.last[m] = step
         self.knots.setdefault(m, _Ema(self.alpha)).update(seconds)
 
     def __call__(self, m: int) -> float | None:

@@ -12,14 +12,15 @@ The draft's KV lives in its own pool, indexed by the engine's block tables.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from saguaro.core.proposal import Proposal, Proposer
+from saguaro.core.query import Query
 from saguaro.core.sequence import Sequence
 from saguaro.engine.model_runner import ModelRunner
-from saguaro.kernels.transfer import upload
+from saguaro.kernels import transfer
 from saguaro.sampling import SamplingParams, SamplingTensors, SparseQ, propose, seed_tensor
 from saguaro.sampling.coupled import propose_coupled
 from saguaro.sampling.processors import Processors, RowsOf, process_rows
@@ -94,6 +95,50 @@ def propose_rows(
     return out, full
 
 
+class Drafted:
+    """The tokens drafted so far, [n, K]. On the host each depth's are read back at once, as
+    ints: the next depth's queries and the requests' processors take them so, and a few list
+    writes cost less than the tensor operators they replace. Where a read waits for the device
+    (a GPU) and no processor reads them, they stay there: the next depth's forward takes its
+    input ids from the last depth's tokens, and all are read once, after the last depth."""
+
+    def __init__(self, n: int, k_max: int, device: torch.device, on_device: bool) -> None:
+        self.lists = [[0] * k_max for _ in range(n)]
+        self.on_device = (
+            torch.zeros(n, k_max, dtype=torch.int64, device=device) if on_device else None
+        )
+        self.last: tuple[list[int], torch.Tensor] | None = None  # (chains, their tokens)
+
+    def record(self, active: list[int], depth: int, drawn: torch.Tensor, idx: torch.Tensor):
+        """Depth ``depth``'s tokens ``drawn`` of chains ``active`` (``idx`` on their device)."""
+        if self.on_device is None:
+            for i, t in zip(active, drawn.tolist(), strict=True):
+                self.lists[i][depth] = t
+        else:
+            self.on_device[idx, depth] = drawn
+            self.last = (active, drawn)
+
+    def token(self, chain: int, depth: int) -> int:
+        """A query's token as an int: a placeholder where the tokens stay on the device."""
+        return self.lists[chain][depth]
+
+    def forward(self, runner: ModelRunner, queries: list[Query], active: list[int]):
+        """The draft's logits for the next depth's ``queries`` (of chains ``active``)."""
+        if self.last is None:
+            return runner.forward(queries)
+        before, drawn = self.last
+        at = {c: r for r, c in enumerate(before)}
+        (rows,) = transfer.upload(
+            [torch.tensor([at[c] for c in active], dtype=torch.int64)], drawn.device
+        )
+        return runner.run(replace(runner.prepare(queries), input_ids=drawn[rows]))
+
+    def tokens(self) -> torch.Tensor:
+        if self.on_device is None:
+            return torch.tensor(self.lists, dtype=torch.int64)
+        return self.on_device.cpu()
+
+
 def decode_chains(
     runner: ModelRunner, chains: list[Chain], propose_fn: ProposeFn
 ) -> tuple[torch.Tensor, SparseQ | None]:
@@ -105,9 +150,8 @@ def decode_chains(
     Draft KV is written for indices ``[start, len + k - 1)``: the last proposal is never fed.
     """
     n, k_max = len(chains), max(c.k for c in chains)
-    # Tokens as lists: each depth's queries need them as ints, and a few list writes cost less
-    # than the tensor operators they replace.
-    tokens = [[0] * k_max for _ in range(n)]
+    stays = transfer.reads_wait(runner.device) and all(c.processors is None for c in chains)
+    drafted = Drafted(n, k_max, runner.device, stays)
     greedy = all(c.params.greedy for c in chains)
     q: SparseQ | None = None
     active = [i for i, c in enumerate(chains) if c.k > 0]
@@ -118,36 +162,37 @@ def decode_chains(
         for i in active
     ]
     for depth in range(k_max):
-        logits = runner.forward(queries)
+        logits = drafted.forward(runner, queries, active)
         jobs = [
-            chains[i].rows_of(r, tokens[i][:depth])
+            chains[i].rows_of(r, drafted.lists[i][:depth])
             for r, i in enumerate(active)
             if chains[i].processors is not None
         ]
         if jobs:
             logits = process_rows(logits.float().clone(), jobs)
+        (idx,) = transfer.upload([torch.tensor(active, dtype=torch.int64)], logits.device)
         if greedy:
-            drawn = argmax_rows(logits).tolist()
+            drawn = argmax_rows(logits)
         else:
             positions = torch.tensor([len(chains[i].token_ids) + depth for i in active])
-            drawn_rows, q_rows = propose_fn(logits, active, depth, positions)
-            drawn = drawn_rows.tolist()
+            drawn, q_rows = propose_fn(logits, active, depth, positions)
             if q_rows is not None:  # kept on the logits' device: the verifier reads it there
                 if q is None:
                     blank = torch.zeros(n, k_max, dtype=torch.int64, device=logits.device)
                     q = SparseQ.point_mass(blank, q_rows.width)
-                (idx,) = upload([torch.tensor(active)], logits.device)
                 q.ids[idx, depth], q.probs[idx, depth] = q_rows.ids, q_rows.probs
-        for i, t in zip(active, drawn, strict=True):
-            tokens[i][depth] = t
+        drafted.record(active, depth, drawn, idx)
         active = [i for i in active if chains[i].k > depth + 1]
         queries = [
             runner.sequence_query(
-                chains[i].block_table, len(chains[i].token_ids) + depth, [tokens[i][depth]], 1
+                chains[i].block_table,
+                len(chains[i].token_ids) + depth,
+                [drafted.token(i, depth)],
+                1,
             )
             for i in active
         ]
-    return torch.tensor(tokens, dtype=torch.int64), q
+    return drafted.tokens(), q
 
 
 class DraftProposer(Proposer):

@@ -6,13 +6,12 @@ independent of the code under test. Histograms are compared with the exact targe
 ``tests.stats`` noise floors.
 """
 
-import importlib
 import math
 
 import pytest
 import torch
 
-from saguaro.kernels import build, ops
+from saguaro.kernels import build, ops, transfer
 from saguaro.sampling import (
     SamplingParams,
     SamplingTensors,
@@ -539,9 +538,7 @@ def test_the_paths_a_gpu_takes_decide_as_the_hosts(monkeypatch, k, facts, params
     st = SamplingTensors.from_params([mix[i % len(mix)] for i in range(n)])
     args = (z.reshape(-1, V), st, s, num, seed_tensor(list(range(n))), torch.arange(n) * 3)
     want = verify(*args, q)
-    for module in ("saguaro.sampling.probs", "saguaro.sampling.verify"):
-        monkeypatch.setattr(importlib.import_module(module), "host_all", lambda mask: False)
-    monkeypatch.setattr(importlib.import_module("saguaro.sampling.verify"), "lazy", lambda d: False)
+    monkeypatch.setattr(transfer, "reads_wait", lambda device: True)
     if facts == "unknown":
         monkeypatch.setattr(SamplingTensors, "facts", lambda self: UNKNOWN)
     got = verify(*args, q)

@@ -99,6 +99,50 @@ def test_a_curve_interpolates_between_the_sizes_it_saw_and_never_falls_beyond():
     assert c(20) == 1.5  # beyond the last: the last segment's slope, never falling
 
 
+def test_a_size_not_measured_for_a_while_restarts_from_its_next_measurement():
+    c = Curve(stale_after=10)
+    c.observe(1, 5.0, step=0)  # measured while the machine was busy
+    c.observe(1, 1.0, step=5)
+    assert c(1) == pytest.approx(4.6)  # recent: a step of alpha
+    c.observe(2, 1.0, step=20)
+    c.observe(1, 1.0, step=16)  # 11 steps after: stale, replaced
+    assert c(1) == 1.0 and c(2) == 1.0
+
+
+def served(auto: AutoProposer, steps: int, slow: float = 1.0) -> list[str]:
+    """``steps`` steps of one sequence whose forwards cost ``slow`` times the normal: AR 10 ms,
+    SD with k proposals 10 + k ms for the target and 3 ms a draft step; acceptance 0.3, so AR
+    serves 100 tok/s and SD k = 1 93. Returns the modes run."""
+    modes = []
+    for _ in range(steps):
+        choice = auto.choose([SimpleNamespace(seq_id=0)])
+        auto.advance(choice)
+        k = choice.k if choice.mode == "sd" else 0
+        target_s, draft_s = slow * (10 + k) * MS, slow * 3 * MS * k
+        record = SimpleNamespace(num_drafted=k, draft_s=draft_s, step_s=target_s + draft_s)
+        auto.book(record.step_s)
+        auto._observe_costs([record], record.step_s, target_s, k + 1, ssd_step=False)
+        modes.append(choice.mode)
+    return modes
+
+
+def test_a_burst_of_other_work_does_not_leave_auto_on_the_slower_mode():
+    """The machine is 5x slower for 30 steps while AR runs: AR's measured cost rises, SD (its
+    costs measured before the burst) looks faster and is chosen. Once the burst is over, AR's
+    next try measures it afresh and AR is chosen again; a moving average fed three try steps
+    would have kept it looking 3.5x slower, and SD on, try after try."""
+    auto = AutoProposer(SimpleNamespace(), None, K, 8)
+    auto.acceptance.pooled, auto.acceptance.rounds = [0.3] * K, MIN_ROUNDS
+    for m in range(1, K + 2):
+        auto.target.observe(m, (9 + m) * MS)
+        auto.other.observe(m, 0.0)
+    auto.draft.observe(1, 3 * MS)
+    assert set(served(auto, 20)) == {"ar"}
+    assert "sd" in served(auto, 30, slow=5.0)
+    after = served(auto, 600)
+    assert after[-300:].count("ar") >= 0.95 * 300  # AR, but for SD's own tries
+
+
 def test_acceptance_per_request_leans_on_the_pool_until_it_has_its_own():
     acc = Acceptance(k_max=2, alpha=0.5)
     for _ in range(20):

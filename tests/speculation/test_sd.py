@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from saguaro import LLM, SamplingParams
+from saguaro.kernels import transfer
+from saguaro.speculation import sd
 from tests.conftest import PROMPTS, SMALL_VOCAB, exact_first_two
 from tests.stats import tv_noise_floor
 
@@ -226,3 +228,33 @@ def test_sd_first_two_tokens_follow_confident_target(confident_pair):
     tv, floor, llm = first_two_tv(*confident_pair, 0.5, 1.0)
     assert tv < floor, f"TV {tv:.4f} >= noise floor {floor:.4f}"
     assert 0 < llm.last_run["accepted"] < llm.last_run["drafted"]
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0, max_tokens=30, ignore_eos=True),
+        SamplingParams(temperature=0.9, top_p=0.95, seed=7, max_tokens=30, ignore_eos=True),
+    ],
+    ids=["greedy", "seeded T=0.9"],
+)
+def test_sd_on_the_paths_a_gpu_takes_writes_the_hosts_tokens(
+    tiny_llama, close_draft, monkeypatch, params
+):
+    """Where a read waits for the device (a GPU), the draft's tokens stay there between depths
+    (each depth's forward takes its input ids from the last depth's tokens) and the verifier
+    tests every position at once. Forced here on the CPU, SD must write the same tokens as on
+    the host's paths, and the tokens must really have been fed from the device."""
+    llm = sd_engine(tiny_llama, close_draft, 3)
+    want = [o.token_ids for o in llm.generate(PROMPTS[:5], params)]
+    fed = []
+    forward = sd.Drafted.forward
+
+    def spy(self, runner, queries, active):
+        fed.append(self.last is not None)
+        return forward(self, runner, queries, active)
+
+    monkeypatch.setattr(transfer, "reads_wait", lambda device: True)
+    monkeypatch.setattr(sd.Drafted, "forward", spy)
+    assert [o.token_ids for o in llm.generate(PROMPTS[:5], params)] == want
+    assert any(fed) and not all(fed)  # depth 0 catches up from the host's tokens
