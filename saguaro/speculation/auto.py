@@ -34,7 +34,7 @@ never explores.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -182,6 +182,14 @@ class AutoProposer(Proposer):
             return {Choice("ar", 0): 0.0}
         per_seq = [self.acceptance.expected(s.seq_id) for s in seqs]
         tokens = [sum(e[k] for e in per_seq) for k in range(self.k_max + 1)]
+        ssd = None if self.ssd is None else self.ssd.estimates(n)
+        if ssd is not None:
+            # A round's tokens from this acceptance (SD's and SSD's rounds, warm-started), not the
+            # worker's moving averages of its own rounds: a few tries leave those near a prior
+            # of 0.7 a position, and a weak draft's SSD then looks worth a switch. A hit's branch
+            # and a neural backup each speculate K tokens.
+            full = tokens[self.k_max] / n
+            ssd = replace(ssd, e_hit=full, e_miss=full if ssd.backup == "neural" else ssd.e_miss)
         return plan_mode(
             n=n,
             k_max=self.k_max,
@@ -190,7 +198,7 @@ class AutoProposer(Proposer):
             other_s=lambda m: self.other(m) or 0.0,
             draft_s=lambda rows: self.draft(rows) or 0.0,
             tokens=tokens,
-            ssd=None if self.ssd is None else self.ssd.estimates(n),
+            ssd=ssd,
         )
 
     def choose(self, seqs: list[Sequence]) -> Choice:

@@ -190,6 +190,7 @@ class SSDEstimates:
     e_miss: float
     t_p: float
     t_b: float
+    backup: str = "neural"  # the kind of backup a miss would run
 
 
 def plan_mode(

@@ -228,7 +228,7 @@ class SSDProposer(Proposer):
         choose (docs/design.md §7, §12)."""
         kind = self.policy.choose(batch)
         p = self.policy
-        return SSDEstimates(p.p_hit, p.e_hit, p.e_miss[kind], p.t_p, p.t_b[kind])
+        return SSDEstimates(p.p_hit, p.e_hit, p.e_miss[kind], p.t_p, p.t_b[kind], kind)
 
     def stats(self, batch: int) -> dict:
         """Fan-out, budget, cache-build timings (the last round's, and cumulative ``totals``),

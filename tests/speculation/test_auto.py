@@ -99,6 +99,28 @@ def test_a_curve_interpolates_between_the_sizes_it_saw_and_never_falls_beyond():
     assert c(20) == 1.5  # beyond the last: the last segment's slope, never falling
 
 
+@pytest.mark.parametrize("accept, wins", [(0.1, "ar"), (0.9, "ssd")])
+def test_ssds_tokens_a_round_come_from_the_measured_acceptance(accept, wins):
+    """The worker's estimates of its own rounds start at a prior of 0.7 a position and move by
+    a tenth a round, so after a few tries they still promise 2.8 tokens a hit; auto prices SSD's
+    rounds by the acceptance it measured instead: a weak draft's SSD loses to AR, a strong one's
+    wins, whatever the worker's figures say."""
+    optimistic = SSDEstimates(p_hit=0.9, e_hit=2.8, e_miss=2.8, t_p=0.5, t_b=1.0)
+    ssd = SimpleNamespace(estimates=lambda n: optimistic)
+    auto = AutoProposer(SimpleNamespace(), ssd, K, 8)
+    auto.acceptance.pooled, auto.acceptance.rounds = [accept] * K, MIN_ROUNDS
+    for m in range(1, 9 * (K + 1)):
+        auto.target.observe(m, memory_bound(m))
+        auto.other.observe(m, 0.0)
+    auto.draft.observe(1, 6 * MS)
+    auto.draft.observe(8, 6 * MS)
+    seqs = [SimpleNamespace(seq_id=i) for i in range(4)]
+    got = auto.rates(seqs)
+    assert best(got).mode == wins
+    if wins == "ar":  # the worker's own figures would have chosen SSD
+        assert best(rates(4, memory_bound, accept=accept, ssd=optimistic)).mode == "ssd"
+
+
 def test_a_size_not_measured_for_a_while_restarts_from_its_next_measurement():
     c = Curve(stale_after=10)
     c.observe(1, 5.0, step=0)  # measured while the machine was busy
