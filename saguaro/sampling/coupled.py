@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import torch
 
-from saguaro.kernels import build, ops
+from saguaro.kernels import build, ops, transfer
 from saguaro.sampling.noise import GUMBEL_MAX, Purpose, gumbels
 from saguaro.sampling.probs import Dist, SamplingTensors, process
 from saguaro.sampling.reduce import argmax_rows, topk_rows
@@ -140,14 +140,30 @@ def verify_coupled(
     if st.all_greedy():  # no noise: the target's token is each row's argmax
         return verify_greedy(logits, draft_tokens, num_draft, rows, stop_at_non_finite=True)
     st = st.on(device)
-    seq = torch.arange(n, device=device)
     valid = torch.arange(k_max, device=device) < num_draft[:, None]
     s = torch.where(valid, draft_tokens, -1)
     pos = positions[:, None] + torch.arange(k_max + 1, device=device)
+    if transfer.reads_wait(device):
+        return _coupled_at_once(logits, st, rows, s, seeds, pos)
+    return _coupled_lazily(logits, st, rows, s, seeds, pos)
+
+
+def _coupled_lazily(
+    logits: torch.Tensor,
+    st: SamplingTensors,
+    rows: torch.Tensor,
+    s: torch.Tensor,
+    seeds: torch.Tensor,
+    pos: torch.Tensor,
+) -> VerifyResult:
+    """Position by position, for the sequences whose target token there is not known yet (on
+    the host, where reading which are is free); ``s`` is -1 past each sequence's proposals."""
+    n, k_max = s.shape
+    device = logits.device
     num_accepted = torch.zeros(n, dtype=torch.int64, device=device)
     next_token = torch.zeros(n, dtype=torch.int64, device=device)
     invalid = torch.zeros(n, dtype=torch.bool, device=device)
-    live = seq  # sequences whose target token at position num_accepted is not known yet
+    live = torch.arange(n, device=device)
     for j in range(k_max + 1):
         if len(live) == 0:
             break
@@ -160,3 +176,27 @@ def verify_coupled(
         live = live[matched]
         num_accepted[live] += 1
     return VerifyResult(num_accepted, next_token, invalid)
+
+
+def _coupled_at_once(
+    logits: torch.Tensor,
+    st: SamplingTensors,
+    rows: torch.Tensor,
+    s: torch.Tensor,
+    seeds: torch.Tensor,
+    pos: torch.Tensor,
+) -> VerifyResult:
+    """:func:`_coupled_lazily` with every position's target token computed at once, as a GPU
+    does it (no reads): k is the leading run of valid rows whose token is the proposal, and the
+    stop row's token (0 where it is not valid) the next one. A row's perturbed argmax depends
+    on its logits, seed and position alone, so the outcome is the lazy one's."""
+    n, k_max = s.shape
+    width = k_max + 1
+    dist = process(logits[rows.reshape(-1)], st.repeat_interleave(width))
+    x = perturbed_argmax(dist, seeds.repeat_interleave(width), pos.reshape(-1)).view(n, width)
+    ok = dist.valid.view(n, width)
+    matched = ok[:, :k_max] & (x[:, :k_max] == s)
+    num_accepted = matched.long().cumprod(dim=1).sum(dim=1)
+    at = num_accepted[:, None]
+    stop_ok, stop_x = ok.gather(1, at)[:, 0], x.gather(1, at)[:, 0]
+    return VerifyResult(num_accepted, torch.where(stop_ok, stop_x, 0), ~stop_ok)

@@ -5,6 +5,7 @@ proposal matches at least (1 - TV) / (1 + TV) of the time."""
 import pytest
 import torch
 
+from saguaro.kernels import transfer
 from saguaro.sampling import SamplingParams, SamplingTensors, coupled, logits_to_probs, process
 from saguaro.sampling.coupled import (
     perturbed_argmax,
@@ -14,7 +15,7 @@ from saguaro.sampling.coupled import (
     verify_coupled,
 )
 from saguaro.sampling.noise import gumbels, seed_tensor
-from saguaro.sampling.probs import Dist
+from saguaro.sampling.probs import UNKNOWN, Dist
 from tests.stats import assert_samples_follow
 
 N = 200_000
@@ -119,27 +120,56 @@ def test_verification_commits_the_targets_tokens_whatever_is_proposed():
     assert 0 < float((res.num_accepted == num).float().mean()) < 1
 
 
+def mixed_round(n: int, k: int, vocab: int = 16):
+    """A round of n sequences: tied maxima, NaN / inf / all -inf rows at every position, a
+    shuffled row layout, proposals that match the argmax for a planted prefix, uneven
+    num_draft (padding -1). Returns logits, rows, proposals and num_draft."""
+    gen = seeded(12)
+    logits = torch.randn(n * (k + 1), vocab, generator=gen)
+    logits[::7, 3] = logits.max(-1).values[::7]
+    logits[5::11] = torch.nan
+    logits[6::13, 2] = torch.inf
+    logits[8::17] = -torch.inf
+    rows = torch.randperm(n * (k + 1), generator=gen).view(n, k + 1)
+    best = torch.where(logits.max(-1).values.isfinite(), logits.max(-1).indices, 0)
+    planted = torch.randint(0, k + 1, (n,), generator=gen)
+    s = torch.randint(0, vocab, (n, k), generator=gen)
+    for i in range(n):
+        s[i, : planted[i]] = best[rows[i, : planted[i]]]
+    num = torch.randint(0, k + 1, (n,), generator=gen)
+    s[torch.arange(k) >= num[:, None]] = -1
+    return logits, rows, s, num
+
+
+@pytest.mark.parametrize("facts", ["host's", "unknown"])
+def test_the_gpus_coupled_verification_decides_as_the_hosts(monkeypatch, facts):
+    """Where reads wait (a GPU) every position's target token is computed at once and the
+    outcome chosen by tensor operators; forced here on the CPU, it must be the position loop's,
+    on greedy, tempered and nucleus rows with non-finite rows among them."""
+    n, k = 300, 4
+    logits, rows, s, num = mixed_round(n, k)
+    mix = [SamplingParams(temperature=0), SamplingParams(temperature=0.3)]
+    mix.append(SamplingParams(temperature=0.8, top_p=0.9))
+    st = SamplingTensors.from_params([mix[i % 3] for i in range(n)])
+    seeds, pos = seed_tensor(list(range(n))), torch.arange(n) * 5
+    want = verify_coupled(logits, st, s, num, seeds, pos, rows)
+    monkeypatch.setattr(transfer, "reads_wait", lambda device: True)
+    if facts == "unknown":
+        monkeypatch.setattr(SamplingTensors, "facts", lambda self: UNKNOWN)
+    got = verify_coupled(logits, st, s, num, seeds, pos, rows)
+    for field in ("num_accepted", "next_token", "invalid"):
+        assert getattr(got, field).tolist() == getattr(want, field).tolist(), field
+    assert bool(want.invalid.any()) and bool((want.num_accepted >= 2).any())
+
+
 def test_greedy_rounds_take_one_pass_and_decide_as_the_position_loop():
     """A greedy batch verifies in one pass; a greedy sequence batched with one sequence at T > 0
     goes through the per-position loop instead. Its outcome must not depend on which: planted
     matches, tied maxima, NaN / inf / all -inf rows at every position (never accepted: the
     sequence stops there, invalid), uneven num_draft and a shuffled row layout."""
-    gen = seeded(12)
-    n, k, vocab = 300, 4, 16
-    logits = torch.randn((n + 1) * (k + 1), vocab, generator=gen)
-    logits[::7, 3] = logits.max(-1).values[::7]
-    logits[5::11] = torch.nan
-    logits[6::13, 2] = torch.inf
-    logits[8::17] = -torch.inf
-    logits[-(k + 1) :] = torch.randn(k + 1, vocab, generator=gen)  # the T > 0 sequence: finite
-    rows = torch.randperm((n + 1) * (k + 1), generator=gen).view(n + 1, k + 1)
-    best = torch.where(logits.max(-1).values.isfinite(), logits.max(-1).indices, 0)
-    planted = torch.randint(0, k + 1, (n + 1,), generator=gen)
-    s = torch.randint(0, vocab, (n + 1, k), generator=gen)
-    for i in range(n + 1):
-        s[i, : planted[i]] = best[rows[i, : planted[i]]]
-    num = torch.randint(0, k + 1, (n + 1,), generator=gen)
-    s[torch.arange(k) >= num[:, None]] = -1
+    n, k = 300, 4
+    logits, rows, s, num = mixed_round(n + 1, k)
+    logits[rows[-1]] = torch.randn(k + 1, logits.shape[1], generator=seeded(3))  # T > 0: finite
     params = [SamplingParams(temperature=0)] * n + [SamplingParams(temperature=0.8)]
     st = SamplingTensors.from_params(params)
     seeds, pos = seed_tensor(list(range(n + 1))), torch.zeros(n + 1, dtype=torch.long)
