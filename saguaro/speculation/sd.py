@@ -109,7 +109,7 @@ class Drafted:
         )
         self.last: tuple[list[int], torch.Tensor] | None = None  # (chains, their tokens)
 
-    def record(self, active: list[int], depth: int, drawn: torch.Tensor, idx: torch.Tensor):
+    def record(self, active: list[int], depth: int, drawn: torch.Tensor, idx: torch.Tensor) -> None:
         """Depth ``depth``'s tokens ``drawn`` of chains ``active`` (``idx`` on their device)."""
         if self.on_device is None:
             for i, t in zip(active, drawn.tolist(), strict=True):
@@ -122,7 +122,7 @@ class Drafted:
         """A query's token as an int: a placeholder where the tokens stay on the device."""
         return self.lists[chain][depth]
 
-    def forward(self, runner: ModelRunner, queries: list[Query], active: list[int]):
+    def forward(self, runner: ModelRunner, queries: list[Query], active: list[int]) -> torch.Tensor:
         """The draft's logits for the next depth's ``queries`` (of chains ``active``)."""
         if self.last is None:
             return runner.forward(queries)
