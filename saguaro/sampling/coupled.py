@@ -79,14 +79,28 @@ def perturbed_argmax_torch(
     # A token outside the candidates has z <= values[:, -1]; it can only win from there.
     last = values[:, -1]
     open_rows = ~dist.greedy & (last >= dist.thr) & (last.double() + GUMBEL_MAX > best)
-    if width < vocab and bool(open_rows.any()):
+    if width == vocab:
+        return tokens
+    if transfer.reads_wait(dist.z.device):  # every row's full search, kept where it is open
+        return torch.where(open_rows, _full_search(dist, seeds, positions), tokens)
+    if bool(open_rows.any()):
         r = open_rows.nonzero()[:, 0]
-        z = dist.z[r]
-        columns = torch.arange(vocab, device=z.device)[None]
-        full = z.double() + gumbels(seeds[r, None], positions[r, None], columns)
-        full.masked_fill_(z < dist.thr[r, None], -torch.inf)
-        tokens[r] = argmax_rows(full)
+        tokens[r] = _full_search(dist, seeds, positions, r)
     return tokens
+
+
+def _full_search(
+    dist: Dist, seeds: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The perturbed argmax of ``rows`` (all if None) over every kept token."""
+    z = dist.z if rows is None else dist.z[rows]
+    thr = dist.thr if rows is None else dist.thr[rows]
+    if rows is not None:
+        seeds, positions = seeds[rows], positions[rows]
+    columns = torch.arange(z.shape[1], device=z.device)[None]
+    full = z.double() + gumbels(seeds[:, None], positions[:, None], columns)
+    full.masked_fill_(z < thr[:, None], -torch.inf)
+    return argmax_rows(full)
 
 
 def propose_coupled(

@@ -69,11 +69,14 @@ def rows_of_every_kind(vocab: int, n: int = 40, seed: int = 1):
     return process(z, st), seed_tensor(list(range(n))), torch.arange(n) * 5
 
 
+@pytest.mark.parametrize("reads", ["free", "wait"])
 @pytest.mark.parametrize("vocab", [100, 5000])
-def test_candidate_search_is_the_exact_argmax(vocab):
+def test_candidate_search_is_the_exact_argmax(monkeypatch, vocab, reads):
     """torch's search from the largest logits equals the argmax over every token, on flat rows
-    (the fallback runs) and peaked ones (it does not)."""
+    (the fallback runs) and peaked ones (it does not); also where reads wait (a GPU), which
+    searches every row in full and keeps the result where the candidates could lose."""
     dist, seeds, pos = rows_of_every_kind(vocab)
+    monkeypatch.setattr(transfer, "reads_wait", lambda device: reads == "wait")
     assert torch.equal(perturbed_argmax_torch(dist, seeds, pos), full_row_argmax(dist, seeds, pos))
 
 
