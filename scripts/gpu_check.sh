@@ -14,7 +14,8 @@
 # 3. One forward eager against graphed, draft and target of SmolLM2-135M's shapes (random
 #    weights; the draft is the target's first 4 layers, the target's other layers scaled by
 #    NEAR, which sets greedy acceptance: about 0.8 at 0.02): batch 1 and 16, 1 and 5 positions.
-# 4. Where a decoding step synchronises the host with the GPU, by line (scripts/gpu_syncs.py).
+# 4. Where a decoding step synchronises the host with the GPU, by line (scripts/gpu_syncs.py):
+#    AR, SD, and SD under coupled sampling (SSD's target side at T > 0).
 # 5. saguaro bench on that pair, greedy (exact: checked against AR), AR, SD and SSD, eager and
 #    graphed, batch 1 and 16; with two GPUs, SSD's draft on the second (the paper's layout) and
 #    TP 2. Then SD at a synthetic acceptance of 0.7 on an unrelated random pair.
@@ -85,7 +86,7 @@ done | tee "$OUT/forwards.jsonl" | tee -a "$OUT/summary.md"
 
 if [ "$DEVICE" = cuda ]; then
     log "host-device synchronisations per step (lines that cause them)"
-    timeout 120 "$PYTHON" scripts/gpu_syncs.py --model "$target" --draft "$draft" \
+    timeout 180 "$PYTHON" scripts/gpu_syncs.py --model "$target" --draft "$draft" \
         | tee "$OUT/syncs.jsonl" | tee -a "$OUT/summary.md"
 fi
 
