@@ -1,6 +1,6 @@
-"""Where a decoding step makes the host wait for the GPU: a few requests under
-``torch.cuda.set_sync_debug_mode("warn")``, whose warnings are counted by the line of saguaro that
-caused them, per engine step.
+"""Where a decoding step makes the host wait for the GPU: a few requests under torch's
+synchronisation debug mode (:func:`saguaro.kernels.transfer.waits_recorded`), whose warnings
+are counted by the line of saguaro that caused them, per engine step.
 
     python scripts/gpu_syncs.py --model DIR --draft DIR [--modes ar,sd,sd-coupled] \
         [--temperatures 0,0.7]
@@ -17,11 +17,9 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import warnings
-
-import torch
 
 from saguaro import LLM, SamplingParams
+from saguaro.kernels import transfer
 
 PROMPTS = ["def fibonacci(n):", "The capital of France is", "import numpy as np\n", "class A:"]
 TOP_LINES = 12
@@ -45,13 +43,8 @@ def main() -> None:
                 for _ in range(2):  # warm: captures, allocator pools, then prefix-cache hits
                     llm.generate(PROMPTS, params)
                 steps = llm.engine.num_steps
-                with warnings.catch_warnings(record=True) as caught:
-                    warnings.simplefilter("always")
-                    torch.cuda.set_sync_debug_mode("warn")
-                    try:
-                        llm.generate(PROMPTS, params)
-                    finally:
-                        torch.cuda.set_sync_debug_mode(0)
+                with transfer.waits_recorded() as caught:
+                    llm.generate(PROMPTS, params)
                 steps = llm.engine.num_steps - steps
                 lines = collections.Counter(f"{w.filename}:{w.lineno}" for w in caught)
                 print(

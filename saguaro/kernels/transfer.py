@@ -9,7 +9,9 @@ reused until the copy has run.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 
@@ -19,6 +21,19 @@ def reads_wait(device: torch.device) -> bool:
     (a GPU). Where it does, code queues its work without reads and chooses by tensor operators;
     on the host a read is free, and choosing by it saves work."""
     return device.type != "cpu"
+
+
+@contextmanager
+def waits_recorded() -> Iterator[list[warnings.WarningMessage]]:
+    """Every wait of the host for a GPU inside the block, recorded as the warnings of torch's
+    synchronisation debug mode (each names the file and line that waited)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield caught
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
 
 
 def upload(tensors: Sequence[torch.Tensor], device: torch.device | str) -> list[torch.Tensor]:

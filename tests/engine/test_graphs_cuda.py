@@ -5,7 +5,6 @@ bucketed path on the CPU, without capture."""
 
 from __future__ import annotations
 
-import warnings
 from collections import Counter
 from types import SimpleNamespace
 
@@ -15,6 +14,7 @@ import torch
 from saguaro import LLM, SamplingParams
 from saguaro.engine.graphs import Buckets
 from saguaro.engine.model_runner import ForwardClock, ModelRunner
+from saguaro.kernels import transfer
 from saguaro.models.loader import load_model
 from tests.conftest import PROMPTS, SMALL_VOCAB, exact_first_two, sample_first_two
 from tests.engine.test_model_runner import _batches
@@ -137,13 +137,8 @@ def _syncs_per_step(llm: LLM, params: SamplingParams) -> tuple[float, Counter]:
     for _ in range(2):  # captures and allocator pools on first use, then prefix-cache hits
         llm.generate(PROMPTS, params)
     steps, graphs = llm.engine.num_steps, _graphs(llm)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            llm.generate(PROMPTS, params)
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
+    with transfer.waits_recorded() as caught:
+        llm.generate(PROMPTS, params)
     lines = Counter(f"{w.filename}:{w.lineno}" for w in caught)
     lines["graphs captured"] = captures = _graphs(llm) - graphs
     return (len(caught) - captures) / (llm.engine.num_steps - steps), lines
