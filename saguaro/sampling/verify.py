@@ -143,8 +143,11 @@ def verify_general(
         log_q = draft_q.prob_of(s).log()
     pos = positions[:, None] + torch.arange(k_max + 1, device=device)  # [n, K+1]
     log_u = uniforms(seeds[:, None], pos[:, :k_max], Purpose.ACCEPT).log()
-    lazy = not transfer.reads_wait(device)
-    accept = accepted_lazily if lazy else accepted_at_once
+    accept, draw = (
+        (accepted_at_once, draw_after_round_at_once)
+        if transfer.reads_wait(device)
+        else (accepted_lazily, draw_after_round)
+    )
     num_accepted = accept(logits, st, rows, s, valid, log_u + log_q)
     stop_rows = rows[seq, num_accepted]
     if len(stop_rows) == len(logits) and host_all(stop_rows == seq):
@@ -157,10 +160,8 @@ def verify_general(
     u = uniforms(seeds, pos[seq, num_accepted], Purpose.SAMPLE)
     if k_max == 0:  # AR: nothing to reject, each token a draw from p (known without a read)
         sampled, mass = draw_from_p(dist, seq, u)
-    elif lazy:
-        sampled, mass = draw_after_round(dist, u, num_accepted, num_draft, s, draft_q)
     else:
-        sampled, mass = draw_after_round_at_once(dist, u, num_accepted, num_draft, s, draft_q)
+        sampled, mass = draw(dist, u, num_accepted, num_draft, s, draft_q)
     invalid = ~dist.valid | ~mass.isfinite() | (mass <= 0)
     return VerifyResult(num_accepted, torch.where(invalid, 0, sampled), invalid)
 
