@@ -37,7 +37,7 @@ from tqdm import tqdm
 
 from saguaro.options import opt
 from saguaro.train.draft_data import load_rollouts, right_padded, save_whole
-from saguaro.train.draft_model import cut_draft, head_ids
+from saguaro.train.draft_model import cut_draft, head_ids, load_draft
 from saguaro.train.trainer import lr_lambda
 
 CKPT = "draft-checkpoint.pt"
@@ -66,6 +66,11 @@ class DistillConfig:
     lr: float = opt(1e-3, "peak learning rate (AdamW, cosine to a tenth)")
     warmup_steps: int = opt(20, "linear warmup steps")
     seed: int = opt(0, "batch order")
+    init: str = opt(
+        "",
+        "a draft directory (train-draft's output) to continue from: its layers, norm and head "
+        "replace --layers and --head-tokens (empty: cut from the target)",
+    )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -136,12 +141,16 @@ class Distiller:
         self.data = load_rollouts(rollouts or run_dir)
         target = transformers.AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
         vocab = target.config.vocab_size
-        ids = (
-            state["head_ids"]
-            if state is not None
-            else head_ids(self.data.top_ids, self.data.top_logp, cfg.head_tokens, vocab)
-        )
-        self.draft = cut_draft(target, cfg.layers, ids).to(self.device)
+        if state is None and cfg.init:
+            self.draft = load_draft(target, Path(cfg.init)).to(self.device)
+        else:
+            ids = (
+                state["head_ids"]
+                if state is not None
+                else head_ids(self.data.top_ids, self.data.top_logp, cfg.head_tokens, vocab)
+            )
+            self.draft = cut_draft(target, cfg.layers, ids).to(self.device)
+        ids = self.draft.head_ids.tolist()
         del target
         # token id -> its row in the draft's head, -1 outside it
         self.head_row = torch.full((vocab,), -1, dtype=torch.long)

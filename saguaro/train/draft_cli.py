@@ -25,6 +25,7 @@ from saguaro.train.draft_data import (
     RolloutConfig,
     answer_pairs,
     answer_path,
+    code_pairs,
     generate_rollouts,
     score_answers,
     shard_path,
@@ -66,16 +67,19 @@ def parser() -> argparse.ArgumentParser:
 
 
 def rollout_stage(args: argparse.Namespace, cfg: RolloutConfig, run_dir: Path) -> bool:
-    """Generate the missing rollout shards and score the missing answer shards; whether all
-    are on disk."""
+    """Generate the missing rollout shards and score the missing answer and code shards;
+    whether all are on disk."""
     import transformers
 
     from saguaro.bench.datasets import file_prompts
     from saguaro.models.config import ModelConfig
     from saguaro.models.tokenizer import Tokenizer
 
+    scored = (("answers", cfg.answer_shards, answer_pairs), ("code", cfg.code_shards, code_pairs))
     rolled = all(shard_path(run_dir, i).is_file() for i in range(cfg.shards))
-    if rolled and all(answer_path(run_dir, i).is_file() for i in range(cfg.answer_shards)):
+    if rolled and all(
+        answer_path(run_dir, i, kind).is_file() for kind, n, _ in scored for i in range(n)
+    ):
         return True
     tokenizer = Tokenizer(args.target)
     stop = {*ModelConfig.from_dir(args.target).eos_token_ids, tokenizer.eos_token_id} - {None}
@@ -91,10 +95,11 @@ def rollout_stage(args: argparse.Namespace, cfg: RolloutConfig, run_dir: Path) -
         else:
             prompts = training_prompts(tokenizer, cfg, cfg.shards * SHARD)
         done = generate_rollouts(model, prompts, stop, run_dir, cfg, args.minutes) == cfg.shards
-    if done and cfg.answer_shards:
-        left = None if args.minutes is None else args.minutes - (time.monotonic() - start) / 60
-        pairs = answer_pairs(tokenizer, cfg)
-        done = score_answers(model, pairs, run_dir, cfg, left) == cfg.answer_shards
+    for kind, shards, pairs_of in scored:
+        if done and shards:
+            left = None if args.minutes is None else args.minutes - (time.monotonic() - start) / 60
+            pairs = pairs_of(tokenizer, cfg)
+            done = score_answers(model, pairs, run_dir, shards, left, kind) == shards
     return done
 
 

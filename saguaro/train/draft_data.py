@@ -57,6 +57,11 @@ class RolloutConfig:
     answer_shards: int = opt(
         0, f"shards of {SHARD} ShareGPT replies the target scores as written (teacher forcing)"
     )
+    code_shards: int = opt(
+        0,
+        f"shards of {SHARD} functions of the standard library's training split, their bodies "
+        "scored by the target as written (teacher forcing)",
+    )
     rollout_seed: int = opt(0, "prompt order and sampling noise")
     rollout_dtype: Literal["float32", "bfloat16"] = opt(
         "bfloat16", "the target's precision as it writes (bfloat16 is faster on most CPUs)"
@@ -70,9 +75,8 @@ class RolloutConfig:
         if path.is_file():
             saved = json.loads(path.read_text())
             saved["temperatures"] = tuple(saved["temperatures"])
-            return dataclasses.replace(
-                cls(**saved), shards=cfg.shards, answer_shards=cfg.answer_shards
-            )
+            counts = {f: getattr(cfg, f) for f in ("shards", "answer_shards", "code_shards")}
+            return dataclasses.replace(cls(**{**dataclasses.asdict(cls()), **saved}), **counts)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(dataclasses.asdict(cfg)))
         return cfg
@@ -122,8 +126,10 @@ def shard_path(run_dir: Path, index: int) -> Path:
     return run_dir / ROLLOUT_DIR / f"shard-{index:05d}.pt"
 
 
-def answer_path(run_dir: Path, index: int) -> Path:
-    return run_dir / ROLLOUT_DIR / f"answers-{index:05d}.pt"
+def answer_path(run_dir: Path, index: int, kind: str = "answers") -> Path:
+    """Where scored shard ``index`` of ``kind`` (``answers``: ShareGPT's, ``code``: the
+    standard library's) is written."""
+    return run_dir / ROLLOUT_DIR / f"{kind}-{index:05d}.pt"
 
 
 @dataclass
@@ -267,6 +273,27 @@ def answer_pairs(tokenizer, cfg: RolloutConfig) -> list[tuple[list[int], list[in
     return pairs
 
 
+def code_pairs(tokenizer, cfg: RolloutConfig) -> list[tuple[list[int], list[int]]]:
+    """The standard library's training functions as (prompt, body) ids: each file cut after a
+    function's signature (and docstring) as :func:`code_prompts` cuts it, and the code that
+    follows there, cut at ``cfg.new_tokens``; in a seeded order."""
+    from saguaro.bench.datasets import FUNCTION_HEAD, code_before
+    from saguaro.corpus import read_documents, split_files, stdlib_root
+
+    pairs = []
+    for text in read_documents(split_files(stdlib_root()).train):
+        for m in FUNCTION_HEAD.finditer(text):
+            prompt = tokenizer.encode(code_before(text, m.end()))
+            # Characters enough for new_tokens tokens (a token is at least one character).
+            body = tokenizer.encode(
+                text[m.end() : m.end() + 8 * cfg.new_tokens], add_special_tokens=False
+            )[: cfg.new_tokens]
+            if body and len(prompt) <= MAX_PROMPT_TOKENS:
+                pairs.append((prompt, body))
+    random.Random(cfg.rollout_seed).shuffle(pairs)
+    return pairs
+
+
 @torch.no_grad()
 def score_batch(model, pairs: list[tuple[list[int], list[int]]], rows: int = 16) -> Shard:
     """The target's top tokens at each reply position of ``pairs`` (prompt + reply, as
@@ -295,18 +322,23 @@ def score_batch(model, pairs: list[tuple[list[int], list[int]]], rows: int = 16)
 
 
 def score_answers(
-    model, pairs, run_dir: Path, cfg: RolloutConfig, minutes: float | None = None
+    model,
+    pairs,
+    run_dir: Path,
+    shards: int,
+    minutes: float | None = None,
+    kind: str = "answers",
 ) -> int:
-    """Write the missing answer shards ``0 .. cfg.answer_shards - 1`` (pairs cycled);
+    """Write the missing scored shards ``0 .. shards - 1`` of ``kind`` (pairs cycled);
     returns the number on disk."""
     deadline = None if minutes is None else time.monotonic() + 60 * minutes
-    todo = [i for i in range(cfg.answer_shards) if not answer_path(run_dir, i).is_file()]
-    for i in tqdm(todo, desc="answers", unit="shard"):
+    todo = [i for i in range(shards) if not answer_path(run_dir, i, kind).is_file()]
+    for i in tqdm(todo, desc=kind, unit="shard"):
         if deadline is not None and time.monotonic() > deadline:
             break
         batch = [pairs[k % len(pairs)] for k in range(i * SHARD, (i + 1) * SHARD)]
-        save_whole(dataclasses.asdict(score_batch(model, batch)), answer_path(run_dir, i))
-    return sum(answer_path(run_dir, i).is_file() for i in range(cfg.answer_shards))
+        save_whole(dataclasses.asdict(score_batch(model, batch)), answer_path(run_dir, i, kind))
+    return sum(answer_path(run_dir, i, kind).is_file() for i in range(shards))
 
 
 def load_rollouts(run_dir: Path) -> Shard:

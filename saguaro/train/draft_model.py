@@ -87,6 +87,25 @@ def cut_draft(target: nn.Module, layers: tuple[int, ...], ids: list[int]) -> Dra
     return Draft(decoder, index, head)
 
 
+def load_draft(target: nn.Module, draft_dir: Path) -> Draft:
+    """The draft written to ``draft_dir`` (by :func:`write_draft`), trainable again over the
+    target's embedding: the input embedding it was trained with, checked by its digest."""
+    from safetensors.torch import load_file
+
+    state = load_file(str(Path(draft_dir) / "model.safetensors"))
+    training = json.loads((Path(draft_dir) / TRAINING_FILE).read_text())
+    embed = target.get_input_embeddings().weight
+    if training.get("embedding_sha256") != embedding_digest(embed):
+        raise ValueError(f"{draft_dir}: trained over another embedding than the target's")
+    layers = json.loads((Path(draft_dir) / "config.json").read_text())["num_hidden_layers"]
+    draft = cut_draft(target, tuple(range(layers)), state.pop(HEAD_IDS).tolist())
+    state = {k: v.float() for k, v in state.items()}
+    missing, unexpected = draft.load_state_dict(state, strict=False)
+    if unexpected or {k for k in missing if "rotary_emb" not in k} - {EMBED, "head_ids"}:
+        raise ValueError(f"{draft_dir}: not a draft of this shape ({missing + unexpected})")
+    return draft
+
+
 def draft_config(target_dir: Path, num_layers: int, head_tokens: int) -> dict[str, Any]:
     cfg = json.loads((Path(target_dir) / "config.json").read_text())
     cfg.update(

@@ -18,11 +18,12 @@ from saguaro.train.distill import DistillConfig, Distiller, batches, distill_los
 from saguaro.train.draft_cli import main as train_draft
 from saguaro.train.draft_data import (
     RolloutConfig,
+    code_pairs,
     generate_rollouts,
     rollout_batch,
     score_batch,
 )
-from saguaro.train.draft_model import cut_draft, head_ids, write_draft
+from saguaro.train.draft_model import cut_draft, head_ids, load_draft, write_draft
 from tests.conftest import transformers_greedy, write_tiny_model
 from tests.speculation.test_reduced_head import prefill_logits
 
@@ -205,3 +206,55 @@ def test_train_draft_refuses_a_directory_that_is_not_a_model(tmp_path, capsys):
     assert train_draft(args) == 2
     assert "not a model directory" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_written_draft_trains_on_from_where_it_was_written(target, target_dir, tmp_path):
+    """``--init``: the draft read back is the one written (its layers, norm, head and head
+    ids), over the target's embedding; a draft of another target's embedding is refused."""
+    cfg = RolloutConfig(shards=1, new_tokens=16)
+    generate_rollouts(target, [[i, i + 1] for i in range(5, 100, 9)], set(), tmp_path, cfg)
+    draft = cut_draft(target, (2, 0), [3, 7, 11, 50, 90])
+    with torch.no_grad():
+        for p in draft.parameters():
+            if p.requires_grad:
+                p.add_(0.01 * torch.randn_like(p))  # not the target's layers any more
+    written = write_draft(draft, target_dir, tmp_path / "written", {}, embeddings=False)
+    back = load_draft(target, written)
+    assert torch.equal(back.head_ids, draft.head_ids)
+    for (name, x), y in zip(draft.state_dict().items(), back.state_dict().values(), strict=True):
+        assert torch.equal(x, y), name
+    run = Distiller(target_dir, tmp_path, DistillConfig(init=str(written), lr=1e-3), "cpu")
+    assert torch.equal(run.draft.head_ids, draft.head_ids)
+    first = run.train_step()
+    ids, mask, at, p_head = run.batch(run.plan[0])
+    with torch.no_grad():
+        want = distill_loss(p_head, draft.lm_head(draft(ids, mask)[at]))[0].item()
+    assert first["loss"] == pytest.approx(want, rel=1e-5)
+    other = transformers.AutoModelForCausalLM.from_pretrained(
+        write_tiny_model(tmp_path / "other", "llama", seed=7, num_hidden_layers=3)
+    )
+    with pytest.raises(ValueError, match="another embedding"):
+        load_draft(other, written)
+
+
+def test_code_pairs_are_each_function_cut_after_its_head_and_the_code_that_follows(
+    monkeypatch,
+):
+    """A scored code pair is a code prompt (the file up to a function's signature) and the
+    file's own next tokens, at most ``new_tokens`` of them."""
+    import saguaro.corpus as corpus
+
+    text = 'import os\n\ndef f(x):\n    return x + 1\n\n\ndef g():\n    """Doc."""\n    pass\n'
+    monkeypatch.setattr(corpus, "read_documents", lambda files: iter([text]))
+    monkeypatch.setattr(corpus, "split_files", lambda root: type("S", (), {"train": []}))
+
+    class Chars:
+        def encode(self, s: str, add_special_tokens: bool = True) -> list[int]:
+            return [0] * add_special_tokens + [ord(c) for c in s]
+
+    pairs = code_pairs(Chars(), RolloutConfig(new_tokens=12))
+    decoded = sorted(("".join(map(chr, p[1:])), "".join(map(chr, a))) for p, a in pairs)
+    assert decoded == [
+        ("import os\n\ndef f(x):\n", "    return x"),
+        ('import os\n\ndef f(x):\n    return x + 1\n\n\ndef g():\n    """Doc."""\n', "    pass\n"),
+    ]
