@@ -40,6 +40,7 @@ from saguaro.errors import (
 )
 from saguaro.kernels.transfer import upload
 from saguaro.models.config import ModelConfig
+from saguaro.models.llama import CausalLM
 from saguaro.models.loader import load_model
 from saguaro.models.tokenizer import Tokenizer
 from saguaro.sampling import SamplingParams, SamplingTensors, SparseQ, VerifyResult, seed_tensor
@@ -130,38 +131,8 @@ class LLMEngine:
 
     def _build(self, cfg: EngineConfig) -> None:
         """Load and check the models, size the KV cache, start the proposer."""
-        target_dir, draft_dir = resolve_model_dirs(cfg)
-        self.target_dir, self.draft_dir = target_dir, draft_dir
-        if not target_dir.is_dir():
-            raise ModelLoadError(f"model directory {str(target_dir)!r} does not exist")
-        self.tokenizer = Tokenizer(target_dir)
-        if draft_dir is not None:
-            if not draft_dir.is_dir():
-                raise ModelLoadError(f"draft directory {str(draft_dir)!r} does not exist")
-            check_compatible(target_dir, draft_dir, self.tokenizer)
-        if cfg.mode != "ar" and cfg.dtype != "float32" and cfg.kernels == "torch":
-            # On torch's operators a token's logits depend, in their last bits, on how many
-            # positions share its forward (1 in AR, K + 1 in verification): within one rounding
-            # unit of the logits, which in 16-bit floats is wide enough for near-ties to go the
-            # other way. saguaro's kernels compute each token alone, whatever shares its forward.
-            log.warning(
-                "saguaro: %s weights on torch's operators: speculative decoding samples from the "
-                "target's K+1-position forwards, whose logits differ from AR's one-position "
-                "forwards by rounding; its greedy output can part from AR's at near-ties "
-                "(--kernels saguaro keeps them equal)",
-                cfg.dtype,
-            )
-        if cfg.tensor_parallel_size > 1:
-            self.tensor_parallel = TensorParallelTarget(cfg, target_dir)
-            target = self.tensor_parallel.load()
-        else:
-            target = load_model(
-                target_dir,
-                cfg.dtype,
-                cfg.device,
-                quantization=cfg.quantization,
-                kernels=cfg.kernels == "saguaro",
-            )
+        target_dir, draft_dir = self._checked_dirs(cfg)
+        target = self._load_target(cfg, target_dir)
         self.model_config = target.config
         self.max_model_len = min(
             cfg.max_model_len or target.config.max_position_embeddings,
@@ -170,36 +141,9 @@ class LLMEngine:
         self.eos_token_ids = frozenset(target.config.eos_token_ids) | frozenset(
             t for t in [self.tokenizer.eos_token_id] if t is not None
         )
-        blocks_per_seq = -(-self.max_model_len // cfg.block_size)
-        num_blocks = cfg.num_kv_blocks or max(
-            blocks_per_seq,
-            min(
-                blocks_per_seq * cfg.max_num_seqs,
-                int(cfg.kv_cache_gb * 2**30)
-                // ModelRunner.kv_bytes_per_block(target, cfg.block_size),
-            ),
-        )
-        if num_blocks < blocks_per_seq:
-            raise ValueError(
-                f"num_kv_blocks={num_blocks} cannot hold one sequence of max_model_len="
-                f"{self.max_model_len} ({blocks_per_seq} blocks of {cfg.block_size} tokens)"
-            )
+        num_blocks = self._kv_blocks(cfg, target)
         self.block_manager = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching)
-        if self.tensor_parallel is not None:
-            self.runner = self.tensor_parallel.runner(target, num_blocks, cfg.block_size)
-        else:
-            buckets = graph_buckets(
-                cfg.graphs,
-                cfg.max_num_seqs,
-                self.max_model_len + cfg.lookahead,
-                cfg.num_speculative_tokens,
-            )
-            self.runner = ModelRunner(
-                target, num_blocks, cfg.block_size, cfg.device, cfg.compile, buckets=buckets
-            )
-        if cfg.compile:
-            self.runner.warm_up()
-        self.runner.capture_graphs((1, cfg.lookahead + 1))
+        self.runner = self._target_runner(cfg, target, num_blocks)
         self.scheduler = Scheduler(
             self.block_manager,
             cfg.max_num_seqs,
@@ -218,6 +162,83 @@ class LLMEngine:
             )
             self.proposer = self._make_proposer(cfg, self._draft_setup)
             self.proposer.calibrate(self._time_target)
+
+    def _checked_dirs(self, cfg: EngineConfig) -> tuple[Path, Path | None]:
+        """The target's and the draft's directories, both present and compatible; the
+        target's tokenizer."""
+        target_dir, draft_dir = resolve_model_dirs(cfg)
+        self.target_dir, self.draft_dir = target_dir, draft_dir
+        if not target_dir.is_dir():
+            raise ModelLoadError(f"model directory {str(target_dir)!r} does not exist")
+        self.tokenizer = Tokenizer(target_dir)
+        if draft_dir is not None:
+            if not draft_dir.is_dir():
+                raise ModelLoadError(f"draft directory {str(draft_dir)!r} does not exist")
+            check_compatible(target_dir, draft_dir, self.tokenizer)
+        return target_dir, draft_dir
+
+    def _load_target(self, cfg: EngineConfig, target_dir: Path) -> CausalLM:
+        """The target (rank 0's slices of it under tensor parallelism)."""
+        if cfg.mode != "ar" and cfg.dtype != "float32" and cfg.kernels == "torch":
+            # On torch's operators a token's logits depend, in their last bits, on how many
+            # positions share its forward (1 in AR, K + 1 in verification): within one rounding
+            # unit of the logits, which in 16-bit floats is wide enough for near-ties to go the
+            # other way. saguaro's kernels compute each token alone, whatever shares its forward.
+            log.warning(
+                "saguaro: %s weights on torch's operators: speculative decoding samples from the "
+                "target's K+1-position forwards, whose logits differ from AR's one-position "
+                "forwards by rounding; its greedy output can part from AR's at near-ties "
+                "(--kernels saguaro keeps them equal)",
+                cfg.dtype,
+            )
+        if cfg.tensor_parallel_size > 1:
+            self.tensor_parallel = TensorParallelTarget(cfg, target_dir)
+            return self.tensor_parallel.load()
+        return load_model(
+            target_dir,
+            cfg.dtype,
+            cfg.device,
+            quantization=cfg.quantization,
+            kernels=cfg.kernels == "saguaro",
+        )
+
+    def _kv_blocks(self, cfg: EngineConfig, target: CausalLM) -> int:
+        """KV-cache blocks: ``num_kv_blocks``, else what ``kv_cache_gb`` holds, at most what
+        ``max_num_seqs`` full sequences need and at least one."""
+        blocks_per_seq = -(-self.max_model_len // cfg.block_size)
+        num_blocks = cfg.num_kv_blocks or max(
+            blocks_per_seq,
+            min(
+                blocks_per_seq * cfg.max_num_seqs,
+                int(cfg.kv_cache_gb * 2**30)
+                // ModelRunner.kv_bytes_per_block(target, cfg.block_size),
+            ),
+        )
+        if num_blocks < blocks_per_seq:
+            raise ValueError(
+                f"num_kv_blocks={num_blocks} cannot hold one sequence of max_model_len="
+                f"{self.max_model_len} ({blocks_per_seq} blocks of {cfg.block_size} tokens)"
+            )
+        return num_blocks
+
+    def _target_runner(self, cfg: EngineConfig, target: CausalLM, num_blocks: int) -> ModelRunner:
+        """The target's runner, warmed up (``compile``) and its graphs captured."""
+        if self.tensor_parallel is not None:
+            runner = self.tensor_parallel.runner(target, num_blocks, cfg.block_size)
+        else:
+            buckets = graph_buckets(
+                cfg.graphs,
+                cfg.max_num_seqs,
+                self.max_model_len + cfg.lookahead,
+                cfg.num_speculative_tokens,
+            )
+            runner = ModelRunner(
+                target, num_blocks, cfg.block_size, cfg.device, cfg.compile, buckets=buckets
+            )
+        if cfg.compile:
+            runner.warm_up()
+        runner.capture_graphs((1, cfg.lookahead + 1))
+        return runner
 
     def _time_target(self, num_seqs: int, positions: int) -> float:
         """A proposer's probe of the target's cost (before serving: see time_forward)."""
