@@ -128,8 +128,8 @@ class Distiller:
         device: str,
         rollouts: Path | None = None,
     ) -> None:
-        """The checkpoint in ``run_dir`` (which wins over ``cfg``) or a new draft; the rollouts
-        of ``rollouts`` (default ``run_dir``)."""
+        """The checkpoint in ``run_dir`` (which wins over ``cfg``) or a new draft (cut from the
+        target, or ``cfg.init`` read back); the rollouts of ``rollouts`` (default ``run_dir``)."""
         import transformers
 
         self.run_dir, self.device = run_dir, torch.device(device)
@@ -141,7 +141,7 @@ class Distiller:
         self.data = load_rollouts(rollouts or run_dir)
         target = transformers.AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
         vocab = target.config.vocab_size
-        if state is None and cfg.init:
+        if cfg.init:  # a resumed run rebuilds the same shape, then loads its checkpoint over it
             self.draft = load_draft(target, Path(cfg.init)).to(self.device)
         else:
             ids = (

@@ -230,6 +230,11 @@ def test_a_written_draft_trains_on_from_where_it_was_written(target, target_dir,
     with torch.no_grad():
         want = distill_loss(p_head, draft.lm_head(draft(ids, mask)[at]))[0].item()
     assert first["loss"] == pytest.approx(want, rel=1e-5)
+    run.save()
+    resumed = Distiller(target_dir, tmp_path, DistillConfig(), "cpu")  # the checkpoint's init
+    assert resumed.cfg.init == str(written) and resumed.step == 1
+    for x, y in zip(run.draft.parameters(), resumed.draft.parameters(), strict=True):
+        assert torch.equal(x, y)
     other = transformers.AutoModelForCausalLM.from_pretrained(
         write_tiny_model(tmp_path / "other", "llama", seed=7, num_hidden_layers=3)
     )
