@@ -40,6 +40,9 @@ ROLLOUT_DIR = "rollouts"
 # The target's likeliest tokens kept per output position: the draft's loss reads p there only
 # (the rest of a served distribution's mass is negligible to what a draft can match).
 TOP_K = 64
+# Characters of code read to cut ``new_tokens`` tokens from (code runs 3-4 characters a token in
+# SmolLM2's tokenizer; tokenizing the rest of a file would cost more than scoring it).
+CODE_CHARS_PER_TOKEN = 8
 
 
 def floats(text: str) -> tuple[float, ...]:
@@ -284,10 +287,9 @@ def code_pairs(tokenizer, cfg: RolloutConfig) -> list[tuple[list[int], list[int]
     for text in read_documents(split_files(stdlib_root()).train):
         for m in FUNCTION_HEAD.finditer(text):
             prompt = tokenizer.encode(code_before(text, m.end()))
-            # Characters enough for new_tokens tokens (a token is at least one character).
-            body = tokenizer.encode(
-                text[m.end() : m.end() + 8 * cfg.new_tokens], add_special_tokens=False
-            )[: cfg.new_tokens]
+            end = m.end() + CODE_CHARS_PER_TOKEN * cfg.new_tokens
+            body = tokenizer.encode(text[m.end() : end], add_special_tokens=False)
+            body = body[: cfg.new_tokens]
             if body and len(prompt) <= MAX_PROMPT_TOKENS:
                 pairs.append((prompt, body))
     random.Random(cfg.rollout_seed).shuffle(pairs)
