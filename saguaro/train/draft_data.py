@@ -40,8 +40,8 @@ ROLLOUT_DIR = "rollouts"
 # The target's likeliest tokens kept per output position: the draft's loss reads p there only
 # (the rest of a served distribution's mass is negligible to what a draft can match).
 TOP_K = 64
-# Characters of code read to cut ``new_tokens`` tokens from (code runs 3-4 characters a token in
-# SmolLM2's tokenizer; tokenizing the rest of a file would cost more than scoring it).
+# Characters of code read to cut ``new_tokens`` tokens from: code runs about 4.4 characters a
+# token in SmolLM2's tokenizer, and tokenizing the rest of a file would cost more than scoring.
 CODE_CHARS_PER_TOKEN = 8
 
 
