@@ -109,8 +109,11 @@ class Drafted:
         )
         self.last: tuple[list[int], torch.Tensor] | None = None  # (chains, their tokens)
 
-    def record(self, active: list[int], depth: int, drawn: torch.Tensor, idx: torch.Tensor) -> None:
-        """Depth ``depth``'s tokens ``drawn`` of chains ``active`` (``idx`` on their device)."""
+    def record(
+        self, active: list[int], depth: int, drawn: torch.Tensor, idx: torch.Tensor | None
+    ) -> None:
+        """Depth ``depth``'s tokens ``drawn`` of chains ``active`` (``idx`` on their device
+        where they stay there)."""
         if self.on_device is None:
             for i, t in zip(active, drawn.tolist(), strict=True):
                 self.lists[i][depth] = t
@@ -128,15 +131,18 @@ class Drafted:
             return runner.forward(queries)
         before, drawn = self.last
         at = {c: r for r, c in enumerate(before)}
-        (rows,) = transfer.upload(
-            [torch.tensor([at[c] for c in active], dtype=torch.int64)], drawn.device
-        )
+        rows = _on([at[c] for c in active], drawn.device)
         return runner.run(replace(runner.prepare(queries), input_ids=drawn[rows]))
 
     def tokens(self) -> torch.Tensor:
         if self.on_device is None:
             return torch.tensor(self.lists, dtype=torch.int64)
         return self.on_device.cpu()
+
+
+def _on(ints: list[int], device: torch.device) -> torch.Tensor:
+    """``ints`` as an int64 tensor on ``device`` (a non-blocking copy to a GPU)."""
+    return transfer.upload([torch.tensor(ints, dtype=torch.int64)], device)[0]
 
 
 def decode_chains(
@@ -170,7 +176,8 @@ def decode_chains(
         ]
         if jobs:
             logits = process_rows(logits.float().clone(), jobs)
-        (idx,) = transfer.upload([torch.tensor(active, dtype=torch.int64)], logits.device)
+        # the chains' rows on the logits' device, where tokens or q are written there
+        idx = _on(active, logits.device) if stays else None
         if greedy:
             drawn = argmax_rows(logits)
         else:
@@ -180,6 +187,7 @@ def decode_chains(
                 if q is None:
                     blank = torch.zeros(n, k_max, dtype=torch.int64, device=logits.device)
                     q = SparseQ.point_mass(blank, q_rows.width)
+                idx = _on(active, logits.device) if idx is None else idx
                 q.ids[idx, depth], q.probs[idx, depth] = q_rows.ids, q_rows.probs
         drafted.record(active, depth, drawn, idx)
         active = [i for i in active if chains[i].k > depth + 1]
