@@ -26,7 +26,9 @@ drafts only for the ``TRY_SEQS`` sequences whose draft has missed the fewest tok
 for acceptance, which a few sequences show, and a catch-up over a whole batch's context is
 what makes a try dear), the others verifying no proposals meanwhile. And tries keep to a budget
 of time: one starts only if the tries so far and this one, at its predicted cost, stay within
-``EXPLORE_BUDGET`` of the time the engine has run. What auto can lose to a fixed choice by
+``EXPLORE_BUDGET`` of the time the engine has run, and each later step of a try is priced
+again (sequences that joined the batch meanwhile are context the draft has not seen) and the
+try stops if it no longer fits. What auto can lose to a fixed choice by
 exploring is thereby bounded by that share, and a short run whose first try would cost more
 never explores.
 """
@@ -209,12 +211,16 @@ class AutoProposer(Proposer):
         rates = self.last_rates = self.rates(seqs)
         self.in_try = self.exploring > 0
         if self.exploring:
-            self.exploring -= 1
-            return self.trying
+            # Re-priced each step: sequences that joined the batch since the try began would
+            # make the worker catch up on their whole context, a cost the try was not priced at.
+            if self.affords_try(self.trying, self.tried(seqs), self.exploring):
+                self.exploring -= 1
+                return self.trying
+            self.exploring, self.in_try = 0, False
         stale = [c for c in rates if self.since[c.mode] >= self.interval[c.mode]]
         trying = max(stale, key=rates.__getitem__) if stale else None
         tried = self.try_seqs(trying, seqs) if trying is not None else []
-        if trying is not None and self.affords_try(tried):
+        if trying is not None and self.affords_try(trying, tried, EXPLORE_STEPS):
             self.in_try, self.trying = True, trying
             self.try_ids = {s.seq_id for s in tried} if trying.mode == "sd" else None
             self.exploring = EXPLORE_STEPS - 1
@@ -233,8 +239,11 @@ class AutoProposer(Proposer):
             self.interval[best.mode] = EXPLORE_EVERY
         return self.settled
 
-    def missed(self, seq: Sequence) -> int:
-        """Tokens of ``seq`` the in-process draft has no KV for."""
+    def missed(self, seq: Sequence, mode: str = "sd") -> int:
+        """Tokens of ``seq`` the draft of ``mode`` has not seen: that SD's in-process draft has
+        no KV for, or that SSD's worker has not been sent."""
+        if mode == "ssd" and self.ssd is not None:
+            return self.ssd.unsent(seq)
         return len(seq) - 1 - self.sd.draft_ready(seq)
 
     def try_seqs(self, choice: Choice, seqs: list[Sequence]) -> list[Sequence]:
@@ -244,14 +253,32 @@ class AutoProposer(Proposer):
             return seqs
         return sorted(seqs, key=self.missed)[:TRY_SEQS]
 
-    def affords_try(self, seqs: list[Sequence]) -> bool:
-        """Whether a try drafting for ``seqs`` keeps the tries' share of the run within
-        ``EXPLORE_BUDGET``. Its cost is predicted as EXPLORE_STEPS steps at the last step's
-        time, plus the draft catching up on every token of ``seqs`` it has not seen, in one
-        forward, at the calibrated cost per token."""
-        missed = sum(self.missed(s) for s in seqs) if self.catch_up_s else 0
-        cost = EXPLORE_STEPS * self.step_s + missed * self.catch_up_s
+    def tried(self, seqs: list[Sequence]) -> list[Sequence]:
+        """The sequences of ``seqs`` the running try drafts for."""
+        if self.try_ids is None:
+            return seqs
+        return [s for s in seqs if s.seq_id in self.try_ids]
+
+    def affords_try(self, choice: Choice, seqs: list[Sequence], steps: int) -> bool:
+        """Whether ``steps`` more steps of a try of ``choice`` drafting for ``seqs`` keep the
+        tries' share of the run within ``EXPLORE_BUDGET`` (:meth:`try_cost`)."""
+        cost = self.try_cost(choice, seqs, steps)
         return self.try_s + cost <= EXPLORE_BUDGET * (self.run_s + cost)
+
+    def try_cost(self, choice: Choice, seqs: list[Sequence], steps: int) -> float:
+        """Predicted seconds of ``steps`` steps of a try: each at the last step's time, plus
+        the draft catching up on every token of ``seqs`` it has not seen, in one forward, at
+        the calibrated cost per token. Where SSD shares the cores, its step's target runs on
+        the cores the worker leaves (its measured curve, if dearer than the last step) and
+        the worker catches up on the rest, so at the calibrated cost times the threads it
+        was calibrated on over the worker's."""
+        step, per_token = self.step_s, self.catch_up_s
+        if choice.mode == "ssd" and self.threads is not None:
+            m = len(seqs) * (self.k_max + 1)
+            step = max(step, (self.ssd_target(m) or 0.0) + (self.other(m) or 0.0))
+            per_token *= self.threads.other / max(1, self.threads.other - self.threads.ssd)
+        missed = sum(self.missed(s, choice.mode) for s in seqs) if per_token else 0
+        return steps * step + missed * per_token
 
     def book(self, step_s: float) -> None:
         """A step of ``step_s`` seconds has run (part of a try or not)."""

@@ -212,6 +212,10 @@ class SSDProposer(Proposer):
         if self.last_reply is not None:
             self.policy.observe_times(target_s, primary_s=self.last_reply.build_s)
 
+    def unsent(self, seq: Sequence) -> int:
+        """Tokens of ``seq`` the worker has not been sent: what it catches up on next."""
+        return len(seq) - self.known.get(seq.seq_id, 0)
+
     def release(self, seq: Sequence) -> None:
         if self.known.pop(seq.seq_id, None) is not None:
             self.dropped.append(seq.seq_id)

@@ -92,6 +92,10 @@ class Supervised(Proposer):
     def draft_ready(self, seq: Sequence) -> int | None:
         return self.worker.draft_ready(seq) if self.worker is not None else None
 
+    def unsent(self, seq: Sequence) -> int:
+        """Tokens of ``seq`` the worker has not been sent (all of them while it is down)."""
+        return self.worker.unsent(seq) if self.worker is not None else len(seq)
+
     def observe(self, seqs: list[Sequence], target_s: float, positions: int) -> None:
         if self.worker is not None:
             self.worker.observe(seqs, target_s, positions)

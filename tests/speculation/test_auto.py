@@ -21,6 +21,7 @@ from saguaro.speculation.auto import (
     TRY_SEQS,
     Acceptance,
     AutoProposer,
+    Threads,
 )
 from saguaro.speculation.planner import Choice, Curve, SSDEstimates, plan_mode
 from saguaro.speculation.policy import PRIOR_ACCEPT
@@ -304,6 +305,32 @@ def test_an_sd_try_drafts_only_for_the_sequences_whose_draft_missed_least():
     records = [SimpleNamespace(num_drafted=k, draft_s=0.001 * k, step_s=0.01) for k in want]
     auto._observe_costs(records, 0.06, 0.03, sum(k + 1 for k in want), ssd_step=False)
     assert auto.draft.knots and set(auto.draft.knots) == {TRY_SEQS}
+
+
+def test_an_ssd_try_is_priced_at_the_workers_catch_up_and_stops_when_the_batch_grows():
+    """SSD's worker catches up on the tokens it has not been sent, on the core the target
+    leaves it (1 of 2: twice the calibrated cost a token), whatever SD's draft has seen. A try
+    begun on one sequence the worker knows runs its EXPLORE_STEPS steps while the batch stays;
+    one whose batch gains 8 sequences the worker has never seen stops at its next step."""
+    ar, ssd = Choice("ar", 0), Choice("ssd", K)
+    auto = chooser({ar: 200.0, ssd: 100.0})
+    auto.threads = Threads(other=2, ssd=1)
+    auto.catch_up_s, auto.step_s = 1 * MS, 10 * MS
+    auto.sd = SimpleNamespace(draft_ready=lambda s: len(s) - 1)  # SD's draft has seen all
+    auto.ssd = SimpleNamespace(unsent=lambda s: 0 if s.seq_id == 0 else len(s), pause=dict)
+    seqs = [type("Seq", (), {"seq_id": i, "__len__": lambda self: 100})() for i in range(9)]
+    assert auto.try_cost(ssd, seqs[:1], 3) == pytest.approx(30 * MS)
+    assert auto.try_cost(ssd, seqs, 2) == pytest.approx(20 * MS + 8 * 100 * 2 * MS)
+    modes, batch = [], seqs[:1]
+    for _ in range(3000):
+        choice = auto.choose(batch)
+        auto.advance(choice)
+        auto.book(10 * MS)
+        modes.append(choice.mode)
+        if choice.mode == "ssd" and modes.count("ssd") > EXPLORE_STEPS:
+            batch = seqs  # the second try's batch grows after its first step
+    runs = "".join(m[0] for m in modes).replace("a", " ").split()
+    assert runs[:2] == ["s" * EXPLORE_STEPS, "s"]
 
 
 # ---- exact across switches ---------------------------------------------------------------------
