@@ -12,7 +12,9 @@ target's noise's and so the same in every mode.
 The SSD worker stays up while SD or AR runs (it idles, its cache for a round that never came
 unused): switching back costs one miss, not a start. Hysteresis keeps the choice from flapping:
 a new choice must beat the current one's predicted rate by ``HYSTERESIS``, and a choice runs at
-least ``MIN_DWELL`` steps. SD and SSD may settle only once ``MIN_ROUNDS`` speculative rounds have
+least ``MIN_DWELL`` steps. Rates are compared net of the catch-up a choice's draft needs first
+(the tokens of the batch it has not seen), spread over ``SWITCH_HORIZON`` steps: a switch that
+would not repay it within them is not made. SD and SSD may settle only once ``MIN_ROUNDS`` speculative rounds have
 been observed: before, their rates rest on a prior acceptance, and a switch made on a prior pays
 the draft's catch-up for nothing when the draft is weak.
 
@@ -69,6 +71,8 @@ PRIOR_WEIGHT = 2.0
 MIN_ROUNDS = 8  # speculative rounds observed before SD or SSD may be the settled choice
 CALIBRATION_REPEATS = 2  # forwards timed per shape at start (the faster is kept)
 CALIBRATION_SEQS = (1, 2, 4, 8, 16, 32, 64)  # batch sizes timed at start, up to max_num_seqs
+# steps within which a switch must repay its draft's catch-up (AutoProposer.worth)
+SWITCH_HORIZON = EXPLORE_EVERY
 CATCH_UP_PROBE = 64  # tokens of the draft forward timed at start to price a catch-up per token
 
 
@@ -229,15 +233,40 @@ class AutoProposer(Proposer):
         # Until speculation has been seen (by a try), its rates rest on the prior acceptance
         # alone: only measured choices may settle.
         known = [c for c in rates if c.mode == "ar" or self.acceptance.rounds >= MIN_ROUNDS]
-        best, settled = max(known, key=rates.__getitem__), self.settled
+        worth = {c: self.worth(c, rates[c], seqs) for c in known}
+        best, settled = max(known, key=worth.__getitem__), self.settled
         if (
             settled is None
-            or settled not in rates
-            or (self.dwell >= MIN_DWELL and rates[best] > rates[settled] * (1.0 + HYSTERESIS))
+            or settled not in worth
+            or (self.dwell >= MIN_DWELL and worth[best] > worth[settled] * (1.0 + HYSTERESIS))
         ):
             self.settled, self.dwell = best, 0
             self.interval[best.mode] = EXPLORE_EVERY
         return self.settled
+
+    def worth(self, choice: Choice, rate: float, seqs: list[Sequence]) -> float:
+        """``rate`` (tokens/s) net of the catch-up its draft needs first (C, seconds), over a
+        horizon of T = SWITCH_HORIZON steps at the last step's time: the N = rate T tokens of
+        the horizon take N / rate + C = T + C, so rate T / (T + C). A choice whose draft has
+        missed the batch's context (SD after AR ran, new sequences) must repay that within the
+        horizon; one whose draft is current is worth its rate."""
+        cost = self.catch_up_cost(choice.mode, seqs)
+        if not cost:
+            return rate
+        horizon = SWITCH_HORIZON * self.step_s
+        return rate * horizon / (horizon + cost)
+
+    def catch_up_cost(self, mode: str, seqs: list[Sequence]) -> float:
+        """Seconds the draft of ``mode`` takes to catch up on every token of ``seqs`` it has
+        not seen, in one forward at the calibrated cost per token: where SSD shares the cores,
+        its worker runs on the threads the target leaves it, so at that cost times the threads
+        it was calibrated on over the worker's. Zero for AR."""
+        if mode == "ar" or not self.catch_up_s:
+            return 0.0
+        per_token = self.catch_up_s
+        if mode == "ssd" and self.threads is not None:
+            per_token *= self.threads.other / max(1, self.threads.other - self.threads.ssd)
+        return per_token * sum(self.missed(s, mode) for s in seqs)
 
     def missed(self, seq: Sequence, mode: str = "sd") -> int:
         """Tokens of ``seq`` the draft of ``mode`` has not seen: that SD's in-process draft has
@@ -266,19 +295,14 @@ class AutoProposer(Proposer):
         return self.try_s + cost <= EXPLORE_BUDGET * (self.run_s + cost)
 
     def try_cost(self, choice: Choice, seqs: list[Sequence], steps: int) -> float:
-        """Predicted seconds of ``steps`` steps of a try: each at the last step's time, plus
-        the draft catching up on every token of ``seqs`` it has not seen, in one forward, at
-        the calibrated cost per token. Where SSD shares the cores, its step's target runs on
-        the cores the worker leaves (its measured curve, if dearer than the last step) and
-        the worker catches up on the rest, so at the calibrated cost times the threads it
-        was calibrated on over the worker's."""
-        step, per_token = self.step_s, self.catch_up_s
+        """Predicted seconds of ``steps`` steps of a try drafting for ``seqs``: each at the
+        last step's time (an SSD step where the cores are shared: at least its target's
+        measured cost on the cores the worker leaves), plus the draft's catch-up on them."""
+        step = self.step_s
         if choice.mode == "ssd" and self.threads is not None:
             m = len(seqs) * (self.k_max + 1)
             step = max(step, (self.ssd_target(m) or 0.0) + (self.other(m) or 0.0))
-            per_token *= self.threads.other / max(1, self.threads.other - self.threads.ssd)
-        missed = sum(self.missed(s, choice.mode) for s in seqs) if per_token else 0
-        return steps * step + missed * per_token
+        return steps * step + self.catch_up_cost(choice.mode, seqs)
 
     def book(self, step_s: float) -> None:
         """A step of ``step_s`` seconds has run (part of a try or not)."""

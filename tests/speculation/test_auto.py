@@ -18,6 +18,7 @@ from saguaro.speculation.auto import (
     MIN_DWELL,
     MIN_ROUNDS,
     PRIOR_WEIGHT,
+    SWITCH_HORIZON,
     TRY_SEQS,
     Acceptance,
     AutoProposer,
@@ -305,6 +306,26 @@ def test_an_sd_try_drafts_only_for_the_sequences_whose_draft_missed_least():
     records = [SimpleNamespace(num_drafted=k, draft_s=0.001 * k, step_s=0.01) for k in want]
     auto._observe_costs(records, 0.06, 0.03, sum(k + 1 for k in want), ssd_step=False)
     assert auto.draft.knots and set(auto.draft.knots) == {TRY_SEQS}
+
+
+def test_a_switch_must_repay_its_drafts_catch_up_within_the_horizon():
+    """SD predicted 10% faster than AR, steps of 10 ms, and 100 tokens of each of 4 sequences
+    its draft has not seen at 1 ms a token: the 400 ms catch-up is not repaid within
+    SWITCH_HORIZON steps (rate T / (T + C) = 0.62 of its rate), so AR stays; once the draft is
+    current SD is chosen."""
+    ar, sd = Choice("ar", 0), Choice("sd", 1)
+    auto = chooser({ar: 100.0, sd: 110.0})
+    auto.catch_up_s, auto.step_s = 1 * MS, 10 * MS
+    missed = {"n": 100}
+    auto.sd = SimpleNamespace(draft_ready=lambda s: len(s) - 1 - missed["n"])
+    seqs = [type("Seq", (), {"seq_id": i, "__len__": lambda self: 200})() for i in range(4)]
+    horizon = SWITCH_HORIZON * 10 * MS
+    assert auto.worth(sd, 110.0, seqs) == pytest.approx(110.0 * horizon / (horizon + 0.4))
+    assert auto.worth(ar, 100.0, seqs) == 100.0
+    auto.settled, auto.dwell = ar, MIN_DWELL
+    assert auto.choose(seqs) == ar
+    missed["n"] = 0
+    assert auto.choose(seqs) == sd
 
 
 def test_an_ssd_try_is_priced_at_the_workers_catch_up_and_stops_when_the_batch_grows():
