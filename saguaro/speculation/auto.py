@@ -14,9 +14,9 @@ unused): switching back costs one miss, not a start. Hysteresis keeps the choice
 a new choice must beat the current one's predicted rate by ``HYSTERESIS``, and a choice runs at
 least ``MIN_DWELL`` steps. Rates are compared net of the catch-up a choice's draft needs first
 (the tokens of the batch it has not seen), spread over ``SWITCH_HORIZON`` steps: a switch that
-would not repay it within them is not made. SD and SSD may settle only once ``MIN_ROUNDS`` speculative rounds have
-been observed: before, their rates rest on a prior acceptance, and a switch made on a prior pays
-the draft's catch-up for nothing when the draft is weak.
+would not repay it within them is not made. SD and SSD may settle only once ``MIN_ROUNDS``
+speculative rounds have been observed: before, their rates rest on a prior acceptance, and a
+switch made on a prior pays the draft's catch-up for nothing when the draft is weak.
 
 Estimates of a mode not chosen go stale, so a mode that has not run for ``EXPLORE_EVERY`` steps
 runs for ``EXPLORE_STEPS``, and its costs restart from what the try measures (a cost is a moving
@@ -28,11 +28,10 @@ drafts only for the ``TRY_SEQS`` sequences whose draft has missed the fewest tok
 for acceptance, which a few sequences show, and a catch-up over a whole batch's context is
 what makes a try dear), the others verifying no proposals meanwhile. And tries keep to a budget
 of time: one starts only if the tries so far and this one, at its predicted cost, stay within
-``EXPLORE_BUDGET`` of the time the engine has run, and each later step of a try is priced
-again (sequences that joined the batch meanwhile are context the draft has not seen) and the
-try stops if it no longer fits. What auto can lose to a fixed choice by
-exploring is thereby bounded by that share, and a short run whose first try would cost more
-never explores.
+``EXPLORE_BUDGET`` of the time the engine has run; each later step of a try is priced again
+(sequences that joined the batch meanwhile are context the draft has not seen), and the try
+stops once it no longer fits. What auto can lose to a fixed choice by exploring is thereby
+bounded by that share, and a short run whose first try would cost more never explores.
 """
 
 from __future__ import annotations
