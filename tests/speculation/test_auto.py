@@ -338,7 +338,7 @@ def test_an_ssd_try_is_priced_at_the_workers_catch_up_and_stops_when_the_batch_g
     auto.threads = Threads(other=2, ssd=1)
     auto.catch_up_s, auto.step_s = 1 * MS, 10 * MS
     auto.sd = SimpleNamespace(draft_ready=lambda s: len(s) - 1)  # SD's draft has seen all
-    auto.ssd = SimpleNamespace(unsent=lambda s: 0 if s.seq_id == 0 else len(s), pause=dict)
+    auto.ssd = SimpleNamespace(unsent=lambda s: 0 if s.seq_id == 0 else len(s), pause=lambda: None)
     seqs = [type("Seq", (), {"seq_id": i, "__len__": lambda self: 100})() for i in range(9)]
     assert auto.try_cost(ssd, seqs[:1], 3) == pytest.approx(30 * MS)
     assert auto.try_cost(ssd, seqs, 2) == pytest.approx(20 * MS + 8 * 100 * 2 * MS)
