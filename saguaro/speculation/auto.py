@@ -232,7 +232,9 @@ class AutoProposer(Proposer):
         # Until speculation has been seen (by a try), its rates rest on the prior acceptance
         # alone: only measured choices may settle.
         known = [c for c in rates if c.mode == "ar" or self.acceptance.rounds >= MIN_ROUNDS]
-        worth = {c: self.worth(c, rates[c], seqs) for c in known}
+        # a catch-up depends on the mode's draft, not on k: once per mode
+        cost = {m: self.catch_up_cost(m, seqs) for m in {c.mode for c in known}}
+        worth = {c: self.worth(rates[c], cost[c.mode]) for c in known}
         best, settled = max(known, key=worth.__getitem__), self.settled
         if (
             settled is None
@@ -243,13 +245,12 @@ class AutoProposer(Proposer):
             self.interval[best.mode] = EXPLORE_EVERY
         return self.settled
 
-    def worth(self, choice: Choice, rate: float, seqs: list[Sequence]) -> float:
-        """``rate`` (tokens/s) net of the catch-up its draft needs first (C, seconds), over a
-        horizon of T = SWITCH_HORIZON steps at the last step's time: the N = rate T tokens of
-        the horizon take N / rate + C = T + C, so rate T / (T + C). A choice whose draft has
-        missed the batch's context (SD after AR ran, new sequences) must repay that within the
-        horizon; one whose draft is current is worth its rate."""
-        cost = self.catch_up_cost(choice.mode, seqs)
+    def worth(self, rate: float, cost: float) -> float:
+        """``rate`` (tokens/s) net of the catch-up its draft needs first (``cost`` = C,
+        seconds), over a horizon of T = SWITCH_HORIZON steps at the last step's time: the
+        N = rate T tokens of the horizon take N / rate + C = T + C, so rate T / (T + C). A
+        choice whose draft has missed the batch's context (SD after AR ran, new sequences) must
+        repay that within the horizon; one whose draft is current is worth its rate."""
         if not cost:
             return rate
         horizon = SWITCH_HORIZON * self.step_s

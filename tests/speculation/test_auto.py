@@ -320,8 +320,10 @@ def test_a_switch_must_repay_its_drafts_catch_up_within_the_horizon():
     auto.sd = SimpleNamespace(draft_ready=lambda s: len(s) - 1 - missed["n"])
     seqs = [type("Seq", (), {"seq_id": i, "__len__": lambda self: 200})() for i in range(4)]
     horizon = SWITCH_HORIZON * 10 * MS
-    assert auto.worth(sd, 110.0, seqs) == pytest.approx(110.0 * horizon / (horizon + 0.4))
-    assert auto.worth(ar, 100.0, seqs) == 100.0
+    assert auto.catch_up_cost("sd", seqs) == pytest.approx(0.4)
+    assert auto.catch_up_cost("ar", seqs) == 0.0
+    assert auto.worth(110.0, 0.4) == pytest.approx(110.0 * horizon / (horizon + 0.4))
+    assert auto.worth(100.0, 0.0) == 100.0
     auto.settled, auto.dwell = ar, MIN_DWELL
     assert auto.choose(seqs) == ar
     missed["n"] = 0
