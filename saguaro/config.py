@@ -155,6 +155,11 @@ class EngineConfig:
         120.0, "tensor parallel: a rank silent this long inside a forward ends the engine"
     )
     draft_top_m: int = opt(DEFAULT_TOP_M, "sd/ssd: the draft samples from its top-M tokens")
+    draft_lookup: int = opt(
+        2,
+        "sd/ssd: where the context's last N or more tokens occurred before in it, the draft's "
+        "chain copies the token that followed (a point mass, no draft forward); 0: never",
+    )
     # coupled where an SSD worker runs, whose cache it serves better and whose text it keeps
     # across auto's switches; rejection for AR and SD, where it accepts more (docs/sampling.md).
     sampling: SamplingMethod = opt(
@@ -237,6 +242,8 @@ class EngineConfig:
             raise ValueError("draft_restarts and draft_restart_backoff_s must be >= 0")
         if self.draft_top_m < 1:
             raise ValueError(f"draft_top_m must be >= 1, got {self.draft_top_m}")
+        if self.draft_lookup < 0:
+            raise ValueError(f"draft_lookup must be >= 0 (0: no lookup), got {self.draft_lookup}")
         if self.cache_budget is not None and self.cache_budget < 0:
             raise ValueError(f"cache_budget must be >= 0, got {self.cache_budget}")
         if isinstance(self.fanout, str):

@@ -2,16 +2,18 @@
 bench's held-out prompts: the draft's acceptance, side by side, in one process.
 
     python scripts/draft_acceptance.py DRAFT_DIR [DRAFT_DIR ...] [--k 4] [--prompts 12] \\
-        [--max-tokens 64] [--temperatures 0,0.7] [--datasets humaneval,sharegpt]
+        [--max-tokens 64] [--temperatures 0,0.7] [--datasets humaneval,sharegpt] [--lookups 2]
 
 A draft written without its embedding (``train-draft --no-embeddings``, as the repository
 ships one) is made whole from the target first. One request at a time; greedy requests are
-checked against AR's tokens (any draft must leave them unchanged).
+checked against AR's tokens (any draft must leave them unchanged). ``--lookups`` runs each
+draft with each ``draft_lookup`` setting (0: the draft alone, no copies from the context).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import tempfile
 from pathlib import Path
@@ -19,6 +21,7 @@ from pathlib import Path
 from saguaro import LLM, SamplingParams
 from saguaro.bench.config import BenchConfig
 from saguaro.bench.prompts import prepare_prompts
+from saguaro.config import EngineConfig
 from saguaro.models.catalog import resolve_model
 from saguaro.models.draft_dir import EMBED, assemble_draft
 from saguaro.models.loader import iter_tensors, safetensors_files
@@ -52,6 +55,7 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--temperatures", default="0,0.7")
     p.add_argument("--datasets", default="humaneval,sharegpt")
+    p.add_argument("--lookups", default=str(EngineConfig.draft_lookup))
     a = p.parse_args()
     target = resolve_model("smollm2-135m-instruct")
     cfg = BenchConfig(datasets=tuple(a.datasets.split(",")))
@@ -61,19 +65,17 @@ def main() -> None:
     with LLM(model=str(target), mode="ar") as ar:
         want = {ps.name: run(ar, ps.token_ids, params[0.0])[0] for ps in sets if 0.0 in params}
     with tempfile.TemporaryDirectory() as scratch:
-        for draft in a.drafts:
+        for draft, lookup in itertools.product(a.drafts, map(int, a.lookups.split(","))):
             path = whole(draft, target, Path(scratch))
-            with LLM(
-                model=str(target), draft=str(path), mode="sd", num_speculative_tokens=a.k
-            ) as sd:
-                for ps in sets:
-                    for t in temps:
-                        ids, per_round = run(sd, ps.token_ids, params[t])
-                        row = {"draft": str(draft), "dataset": ps.name, "temperature": t}
-                        row["tokens_per_round"] = round(per_round, 3)
-                        if t == 0.0:
-                            row["equal_to_ar"] = ids == want[ps.name]
-                        print(json.dumps(row), flush=True)
+            spec = dict(mode="sd", num_speculative_tokens=a.k, draft_lookup=lookup)
+            with LLM(model=str(target), draft=str(path), **spec) as sd:
+                for ps, t in itertools.product(sets, temps):
+                    ids, per_round = run(sd, ps.token_ids, params[t])
+                    row = {"draft": str(draft), "lookup": lookup, "dataset": ps.name}
+                    row |= {"temperature": t, "tokens_per_round": round(per_round, 3)}
+                    if t == 0.0:
+                        row["equal_to_ar"] = ids == want[ps.name]
+                    print(json.dumps(row), flush=True)
 
 
 if __name__ == "__main__":

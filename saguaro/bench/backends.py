@@ -118,6 +118,7 @@ class SaguaroBackend:
             enforce_eager=variant.forwards != "graphs",
             dtype=variant.dtype,
             draft_dtype=variant.draft_dtype,
+            **({} if variant.draft_lookup is None else {"draft_lookup": variant.draft_lookup}),
             tensor_parallel_size=variant.tensor_parallel_size,
             # Equal hardware by default: the engine's placement (AR/SD: every core; SSD: target
             # and worker on their own; auto: AR and SD on every core, SSD's target on the

@@ -44,6 +44,14 @@ def positive_ints(text: str) -> tuple[int, ...]:
     return values
 
 
+def non_negative_ints(text: str) -> tuple[int, ...]:
+    """``"0,2"`` -> (0, 2); each value >= 0."""
+    values = tuple(int(v) for v in text.split(",") if v.strip())
+    if not values or min(values) < 0:
+        raise argparse.ArgumentTypeError(f"expected non-negative integers, got {text!r}")
+    return values
+
+
 def non_negative_floats(text: str) -> tuple[float, ...]:
     """``"0,0.7,1"`` -> (0.0, 0.7, 1.0); each value >= 0."""
     values = tuple(float(v) for v in text.split(",") if v.strip())
@@ -192,6 +200,13 @@ class BenchConfig:
         "are checked against AR of the target's dtype",
         parse=names_of(DTYPES),
         metavar="D,..",
+    )
+    draft_lookups: tuple[int, ...] = opt(
+        (),
+        "the draft chains' context lookup in sd, ssd and auto, side by side (EngineConfig."
+        "draft_lookup: the shortest n-gram copied, 0 none; default: the engine's)",
+        parse=non_negative_ints,
+        metavar="N,..",
     )
     tensor_parallel_sizes: tuple[int, ...] = opt(
         (1,),

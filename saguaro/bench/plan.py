@@ -45,6 +45,7 @@ class Variant:
     tensor_parallel_size: int = 1  # ranks of saguaro's target
     dtype: str = "float32"  # saguaro's weights and activations (EngineConfig.dtype)
     draft_dtype: str | None = None  # the draft's (EngineConfig.draft_dtype); None: dtype
+    draft_lookup: int | None = None  # EngineConfig.draft_lookup; None: the engine's default
 
     @property
     def setup(self) -> tuple[str, str, int, bool]:
@@ -127,6 +128,12 @@ def build_variants(cfg: BenchConfig) -> list[Variant]:
                         replace(v, draft_dtype=d, label=f"{v.label} draft {d}")
                         for v in found
                         for d in cfg.draft_dtypes
+                    ]
+                if cfg.draft_lookups and mode in DRAFT_MODES:
+                    found = [
+                        replace(v, draft_lookup=n, label=f"{v.label} lookup {n}")
+                        for v in found
+                        for n in cfg.draft_lookups
                     ]
                 if cfg.one_core_baselines and mode in ONE_CORE_MODES:
                     found += [replace(v, one_core=True, label=f"{v.label} 1 core") for v in found]

@@ -51,12 +51,13 @@ def neural_backup(
         )
         for s, k in zip(seqs, ks, strict=True)
     ]
-    tokens, q = decode_chains(runner, chains, _propose_fn(seqs, cfg, fanout))
+    drafts = decode_chains(runner, chains, _propose_fn(seqs, cfg, fanout), cfg.lookup)
+    q = drafts.q
     qs: list[SparseQ | None] = []
     for i, (seq, k) in enumerate(zip(seqs, ks, strict=True)):
-        seq.spec = tokens[i, :k].tolist()
-        if k:  # KV written up to the last proposal, which is never fed
-            seq.written = len(seq.token_ids) + k - 1
+        seq.spec = drafts.tokens[i, :k].tolist()
+        if k:  # KV written at most up to the last proposal, which is never fed
+            seq.written = drafts.fed[i]
             seq.computed = min(seq.written, len(seq.token_ids) - 1)
         qs.append(None if q is None or seq.params.greedy else q[i, :k].clone())
     return qs

@@ -389,6 +389,7 @@ class CacheBuilder:
                 )
             logits = self._processed(seqs, branches, out_tokens, self.runner.forward(queries))
             drawn = self._draw(seqs, branches, forks, logits, depth, fanout[depth], out_q)
+            self._copy(seqs, branches, out_tokens, drawn, depth, out_q)
             for i in live:
                 for row, token in zip(out_tokens[i], drawn[i], strict=True):
                     row.append(token)
@@ -405,6 +406,34 @@ class CacheBuilder:
                     None if q is None else q[j, :done].clone(),
                 )
         return depths_s
+
+    def _copy(
+        self,
+        seqs: list[DraftSeq],
+        branches: list[list[tuple[int, int]]],
+        out_tokens: dict[int, list[list[int]]],
+        drawn: dict[int, list[int]],
+        depth: int,
+        out_q: dict[int, SparseQ],
+    ) -> None:
+        """Where a branch's context (the committed tokens, the speculation up to its fork, its
+        outcome token and its own tokens so far) ends in an n-gram that occurred before, the
+        token that followed it replaces the drawn one, a point mass in its q: the rule of the
+        draft's chains in a backup (saguaro.speculation.sd.decode_chains), so that a hit proposes
+        what a backup would have."""
+        lookup = self.cfg.lookup
+        if lookup is None:
+            return
+        for i, tokens in drawn.items():
+            seq, q = seqs[i], out_q.get(i)
+            for j, ((k, t), so_far) in enumerate(zip(branches[i], out_tokens[i], strict=True)):
+                copy = lookup.next_token(seq.token_ids + seq.spec[:k] + [t] + so_far)
+                if copy is None:
+                    continue
+                tokens[j] = copy
+                if q is not None:
+                    q.ids[j, depth], q.probs[j, depth] = 0, 0.0
+                    q.ids[j, depth, 0], q.probs[j, depth, 0] = copy, 1.0
 
     @staticmethod
     def _processed(

@@ -8,6 +8,7 @@ from saguaro.engine.graphs import graph_buckets
 from saguaro.engine.model_runner import ModelRunner
 from saguaro.models.loader import load_model
 from saguaro.speculation.auto import AutoProposer, Threads
+from saguaro.speculation.ngram import Lookup
 from saguaro.speculation.sd import DraftProposer
 from saguaro.speculation.ssd import SSDProposer
 from saguaro.speculation.supervisor import Supervised
@@ -60,7 +61,7 @@ def _in_process(cfg: EngineConfig, setup: DraftSetup) -> DraftProposer:
     if cfg.compile:
         runner.warm_up()
     runner.capture_graphs((1,))  # the proposing forwards, at start rather than inside a request
-    return DraftProposer(runner, cfg.draft_top_m, cfg.sampling)
+    return DraftProposer(runner, cfg.draft_top_m, cfg.sampling, Lookup.of(cfg.draft_lookup))
 
 
 def _worker(cfg: EngineConfig, setup: DraftSetup) -> Supervised:

@@ -7,6 +7,11 @@ context's last few tokens. It is deterministic, so verification uses the point-m
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+
+# The longest context suffix a draft chain's lookup matches: longer matches are rarer and, on the
+# held-out text of docs/bench-draft, no more often right.
+LOOKUP_MAX_NGRAM = 4
 
 
 def prompt_lookup(
@@ -42,3 +47,30 @@ def prompt_lookup(
     if best_len < min_ngram:
         return []
     return list(tokens[best_end + 1 : best_end + 1 + k])
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """Context lookup inside a draft's chain (docs/design.md §3, "Copies"): where the chain's
+    context, committed and drafted tokens, ends in an n-gram of ``min_ngram`` or more tokens that
+    occurred earlier in it, the next proposal is the token that followed its most recent
+    occurrence, a point mass, and the draft runs only where there is none."""
+
+    min_ngram: int
+    max_ngram: int = LOOKUP_MAX_NGRAM
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_ngram <= self.max_ngram:
+            raise ValueError(
+                f"lookup needs 1 <= min_ngram <= max_ngram, got {self.min_ngram}, {self.max_ngram}"
+            )
+
+    def next_token(self, tokens: Sequence[int]) -> int | None:
+        """The token this rule copies after ``tokens``; None where no suffix recurs."""
+        got = prompt_lookup(tokens, 1, self.max_ngram, self.min_ngram)
+        return got[0] if got else None
+
+    @classmethod
+    def of(cls, min_ngram: int) -> Lookup | None:
+        """The rule for a ``--draft-lookup`` setting: None for 0 (no lookup)."""
+        return cls(min_ngram, max(min_ngram, LOOKUP_MAX_NGRAM)) if min_ngram else None

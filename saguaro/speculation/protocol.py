@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from saguaro.sampling import SamplingParams, SparseQ
+from saguaro.speculation.ngram import Lookup
 
 if TYPE_CHECKING:
     from saguaro.config import EngineConfig
@@ -72,6 +73,7 @@ class WorkerConfig:
     # The replies' tensors go GPU to GPU over the channel's device lane (both ends on GPUs, not
     # the same one); otherwise the worker sends them from its host memory.
     lane: bool = False
+    lookup: Lookup | None = None  # copies from the context in the draft's chains (§3)
 
     @classmethod
     def from_engine(
@@ -99,6 +101,7 @@ class WorkerConfig:
             compile=cfg.compile,
             graphs=cfg.graphs_on(cfg.draft_device or cfg.device),
             lane=lane_between(cfg.device, cfg.draft_device or cfg.device),
+            lookup=Lookup.of(cfg.draft_lookup),
         )
 
 

@@ -25,6 +25,7 @@ from saguaro.sampling import SamplingParams, SamplingTensors, SparseQ, propose, 
 from saguaro.sampling.coupled import propose_coupled
 from saguaro.sampling.processors import Processors, RowsOf, process_rows
 from saguaro.sampling.reduce import argmax_rows
+from saguaro.speculation.ngram import Lookup
 
 # (draft logits [m, V], chain indices of the m rows, depth, positions [m]) -> tokens, q (None:
 # the proposals need no q, as under coupled sampling)
@@ -46,6 +47,10 @@ class Chain:
     coupled: bool = False  # coupled sampling: propose q's perturbed argmax, no q needed
     processors: Processors | None = None  # the request's, applied to the draft's rows too
     num_prompt: int = 0  # token_ids[num_prompt:] are generated (what the processors count)
+
+    def tail(self, start: int, drafted: list[int]) -> list[int]:
+        """The chain's context, its committed tokens then ``drafted``, from index ``start``."""
+        return self.token_ids[start:] + drafted[max(0, start - len(self.token_ids)) :]
 
     def rows_of(self, row: int, drafted: list[int]) -> RowsOf:
         """The draft's ``row`` after ``drafted``, to be processed as the target will process
@@ -145,71 +150,124 @@ def _on(ints: list[int], device: torch.device) -> torch.Tensor:
     return transfer.upload([torch.tensor(ints, dtype=torch.int64)], device)[0]
 
 
-def decode_chains(
-    runner: ModelRunner, chains: list[Chain], propose_fn: ProposeFn
-) -> tuple[torch.Tensor, SparseQ | None]:
-    """Autoregressively draft ``chain.k`` tokens for every chain, batched: K forwards in all.
+@dataclass
+class Drafts:
+    """What :func:`decode_chains` drafted: tokens [n, K]; the q they were sampled from
+    [n, K, M] (None: every proposal is a point mass); per chain, the first index of its context
+    without draft KV."""
 
-    Returns tokens [n, K] and the q they were sampled from [n, K, M]; None when every chain
-    is greedy (each q is then a point mass at the argmax, which is all verification needs) or
-    the proposals need no q (coupled sampling).
-    Draft KV is written for indices ``[start, len + k - 1)``: the last proposal is never fed.
+    tokens: torch.Tensor
+    q: SparseQ | None
+    fed: list[int]
+
+
+def decode_chains(
+    runner: ModelRunner, chains: list[Chain], propose_fn: ProposeFn, lookup: Lookup | None = None
+) -> Drafts:
+    """Autoregressively draft ``chain.k`` tokens for every chain, batched: at most K forwards.
+
+    q is None when every chain is greedy (each q is then a point mass at the argmax, which is
+    all verification needs) or the proposals need no q (coupled sampling). Where ``lookup``
+    copies a depth's proposal from the chain's context (a point mass, docs/design.md §3), the
+    chain skips that depth's forward; its next forward feeds the copied tokens with its own.
+    The lookup reads the context on the host, so each depth's tokens come back there even where
+    that waits for the device.
+    Draft KV is written for indices ``[start, fed)``, ``fed <= len + k - 1``: the last proposal
+    is never fed.
     """
     n, k_max = len(chains), max(c.k for c in chains)
-    stays = transfer.reads_wait(runner.device) and all(c.processors is None for c in chains)
+    stays = (
+        lookup is None
+        and transfer.reads_wait(runner.device)
+        and all(c.processors is None for c in chains)
+    )
     drafted = Drafted(n, k_max, runner.device, stays)
-    greedy = all(c.params.greedy for c in chains)
     q: SparseQ | None = None
+    fed = [c.start for c in chains]
+    copied: list[tuple[int, int, int]] = []  # (chain, depth, token)
     active = [i for i, c in enumerate(chains) if c.k > 0]
+    for depth in range(k_max):
+        copies = _copies(chains, drafted, active, depth, lookup)
+        run = [i for i in active if i not in copies]
+        if run:
+            q = _draft_depth(runner, chains, drafted, run, depth, fed, propose_fn, q)
+        for i, t in copies.items():
+            drafted.lists[i][depth] = t
+            copied.append((i, depth, t))
+        active = [i for i in active if chains[i].k > depth + 1]
+    if q is not None and copied:  # point masses at the copies, in q's blank rows
+        at = torch.tensor(copied, dtype=torch.int64, device=q.device).T
+        q.ids[at[0], at[1], 0] = at[2]
+    return Drafts(drafted.tokens(), q, fed)
+
+
+def _copies(
+    chains: list[Chain], drafted: Drafted, active: list[int], depth: int, lookup: Lookup | None
+) -> dict[int, int]:
+    """The chains whose proposal at ``depth`` ``lookup`` copies from their context, and it."""
+    if lookup is None:
+        return {}
+    found = {i: lookup.next_token(chains[i].token_ids + drafted.lists[i][:depth]) for i in active}
+    return {i: t for i, t in found.items() if t is not None}
+
+
+def _draft_depth(
+    runner: ModelRunner,
+    chains: list[Chain],
+    drafted: Drafted,
+    run: list[int],
+    depth: int,
+    fed: list[int],
+    propose_fn: ProposeFn,
+    q: SparseQ | None,
+) -> SparseQ | None:
+    """One draft forward for chains ``run`` at ``depth``: feeds each its context from
+    ``fed[i]``, records the tokens it proposes and their q rows (returned, allocated on the
+    first rows that need one)."""
     queries = [
         runner.sequence_query(
-            chains[i].block_table, chains[i].start, chains[i].token_ids[chains[i].start :], 1
+            chains[i].block_table, fed[i], chains[i].tail(fed[i], drafted.lists[i][:depth]), 1
         )
-        for i in active
+        for i in run
     ]
-    for depth in range(k_max):
-        logits = drafted.forward(runner, queries, active)
-        jobs = [
-            chains[i].rows_of(r, drafted.lists[i][:depth])
-            for r, i in enumerate(active)
-            if chains[i].processors is not None
-        ]
-        if jobs:
-            logits = process_rows(logits.float().clone(), jobs)
-        # the chains' rows on the logits' device, where tokens or q are written there
-        idx = _on(active, logits.device) if stays else None
-        if greedy:
-            drawn = argmax_rows(logits)
-        else:
-            positions = torch.tensor([len(chains[i].token_ids) + depth for i in active])
-            drawn, q_rows = propose_fn(logits, active, depth, positions)
-            if q_rows is not None:  # kept on the logits' device: the verifier reads it there
-                if q is None:
-                    blank = torch.zeros(n, k_max, dtype=torch.int64, device=logits.device)
-                    q = SparseQ.point_mass(blank, q_rows.width)
-                idx = _on(active, logits.device) if idx is None else idx
-                q.ids[idx, depth], q.probs[idx, depth] = q_rows.ids, q_rows.probs
-        drafted.record(active, depth, drawn, idx)
-        active = [i for i in active if chains[i].k > depth + 1]
-        queries = [
-            runner.sequence_query(
-                chains[i].block_table,
-                len(chains[i].token_ids) + depth,
-                [drafted.token(i, depth)],
-                1,
-            )
-            for i in active
-        ]
-    return drafted.tokens(), q
+    logits = drafted.forward(runner, queries, run)
+    jobs = [
+        chains[i].rows_of(r, drafted.lists[i][:depth])
+        for r, i in enumerate(run)
+        if chains[i].processors is not None
+    ]
+    if jobs:
+        logits = process_rows(logits.float().clone(), jobs)
+    # the chains' rows on the logits' device, where tokens or q are written there
+    idx = _on(run, logits.device) if drafted.on_device is not None else None
+    if all(c.params.greedy for c in chains):
+        drawn = argmax_rows(logits)
+    else:
+        positions = torch.tensor([len(chains[i].token_ids) + depth for i in run])
+        drawn, q_rows = propose_fn(logits, run, depth, positions)
+        if q_rows is not None:  # kept on the logits' device: the verifier reads it there
+            if q is None:
+                k_max = len(drafted.lists[0])
+                blank = torch.zeros(len(chains), k_max, dtype=torch.int64, device=logits.device)
+                q = SparseQ.point_mass(blank, q_rows.width)
+            idx = _on(run, logits.device) if idx is None else idx
+            q.ids[idx, depth], q.probs[idx, depth] = q_rows.ids, q_rows.probs
+    drafted.record(run, depth, drawn, idx)
+    for i in run:
+        fed[i] = len(chains[i].token_ids) + depth
+    return q
 
 
 class DraftProposer(Proposer):
     """SD: an in-process draft whose KV pool is indexed by the engine's block tables."""
 
-    def __init__(self, runner: ModelRunner, top_m: int, sampling: str) -> None:
+    def __init__(
+        self, runner: ModelRunner, top_m: int, sampling: str, lookup: Lookup | None = None
+    ) -> None:
         self.runner = runner
         self.top_m = top_m
         self.sampling = sampling  # the engine's method; a request may name its own
+        self.lookup = lookup
         self.computed: dict[int, int] = {}  # seq_id -> tokens with draft KV (committed + proposed)
 
     def draft_ready(self, seq: Sequence) -> int:
@@ -234,11 +292,13 @@ class DraftProposer(Proposer):
             )
             for s, k in zip(seqs, ks, strict=True)
         ]
-        tokens, q = decode_chains(self.runner, chains, plain_proposals(chains, self.top_m))
-        for s, k in zip(seqs, ks, strict=True):
+        drafts = decode_chains(
+            self.runner, chains, plain_proposals(chains, self.top_m), self.lookup
+        )
+        for s, k, fed in zip(seqs, ks, drafts.fed, strict=True):
             if k > 0:  # a sequence drafted for nothing keeps the KV it had
-                self.computed[s.seq_id] = len(s) + k - 1
-        return Proposal(tokens, torch.tensor(ks), q=q)
+                self.computed[s.seq_id] = fed
+        return Proposal(drafts.tokens, torch.tensor(ks), q=drafts.q)
 
     def preempted(self, seq: Sequence) -> None:
         self.computed.pop(seq.seq_id, None)

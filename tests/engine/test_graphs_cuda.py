@@ -163,8 +163,15 @@ def test_an_sd_step_waits_for_the_gpu_twice(tiny_llama, close_draft, params, sam
     """SD's draft keeps each depth's tokens on the GPU for the next depth's forward and reads
     them once, after the last (the engine builds the round from them); the verifier tests
     every position at once on the GPU; then the round's outcome is read. Two waits a step
-    (prefill steps draft nothing: at most two)."""
-    spec = dict(draft=str(close_draft), mode="sd", num_speculative_tokens=3, sampling=sampling)
+    (prefill steps draft nothing: at most two). Without the chain's context lookup, which reads
+    each depth's tokens on the host."""
+    spec = dict(
+        draft=str(close_draft),
+        mode="sd",
+        num_speculative_tokens=3,
+        sampling=sampling,
+        draft_lookup=0,
+    )
     with LLM(model=str(tiny_llama), **spec, **ENGINE) as llm:
         per_step, lines = _syncs_per_step(llm, params)
     assert per_step <= 2, lines

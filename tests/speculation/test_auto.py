@@ -450,10 +450,11 @@ def test_coupled_sampling_keeps_its_seeded_text_across_switches(tiny_llama, clos
 def test_prompts_cached_while_ar_runs_serve_sd_after_the_draft_catches_up(tiny_llama):
     """Auto running AR computes no draft KV, yet its prompts' blocks are cached; a request that
     reuses them under SD has its draft compute those blocks itself. With the target as its own
-    draft every proposal is then accepted: a draft reading blocks without its KV would not."""
+    draft every proposal is then accepted: a draft reading blocks without its KV would not.
+    (No copies from the context: the repeated prompt's would be proposals of their own.)"""
     prompt = PROMPTS[0] * 3  # several full blocks
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-    llm = auto(tiny_llama, tiny_llama, auto_ssd=False, draft_quantization="none")
+    llm = auto(tiny_llama, tiny_llama, auto_ssd=False, draft_quantization="none", draft_lookup=0)
     llm.engine.proposer.force = lambda step: Choice("ar", 0)
     first = llm.generate([prompt], params)[0]
     llm.engine.proposer.force = lambda step: Choice("sd", K)

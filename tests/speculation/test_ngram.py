@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from saguaro.speculation.ngram import prompt_lookup
+from saguaro.speculation.ngram import LOOKUP_MAX_NGRAM, Lookup, prompt_lookup
 
 
 def test_longest_suffix_most_recent_occurrence():
@@ -52,3 +52,19 @@ def test_fast_on_long_context():
         prompt_lookup(tokens, 5)
     # < 1 ms each when the machine is idle; generous bound for a shared CI core.
     assert (time.perf_counter() - start) / 20 < 5e-3
+
+
+def test_a_chains_lookup_copies_after_recurring_ngrams_of_its_minimum_length():
+    two = Lookup.of(2)
+    assert two == Lookup(2, LOOKUP_MAX_NGRAM)
+    # "1 2" recurs: what followed its most recent earlier occurrence
+    assert two.next_token([1, 2, 3, 9, 1, 2, 4, 1, 2]) == 4
+    # only "2" recurs: too short for two, enough for one
+    assert two.next_token([1, 2, 3, 5, 2]) is None
+    assert Lookup.of(1).next_token([1, 2, 3, 5, 2]) == 3
+    # the longest recurring suffix wins over a more recent shorter one
+    assert two.next_token([7, 1, 2, 3, 8, 1, 2, 5, 7, 1, 2]) == 3
+    assert Lookup.of(0) is None
+    assert Lookup.of(6) == Lookup(6, 6)
+    with pytest.raises(ValueError, match="min_ngram"):
+        Lookup(3, 2)

@@ -27,6 +27,7 @@ def test_worker_config_from_engine_maps_every_field():
         seed=7,
         pin_cpus=False,
         compile=True,
+        draft_lookup=3,
     )
     cfg = P.WorkerConfig.from_engine(engine, "/models/draft", max_model_len=300)
     assert dataclasses.asdict(cfg) == dict(
@@ -49,9 +50,12 @@ def test_worker_config_from_engine_maps_every_field():
         compile=True,
         graphs=True,  # its own GPU, enforce_eager off
         lane=False,  # the target is on the CPU
+        lookup=dict(min_ngram=3, max_ngram=4),
     )
     eager = dataclasses.replace(engine, enforce_eager=True)
     assert not P.WorkerConfig.from_engine(eager, "d", max_model_len=300).graphs
+    never = dataclasses.replace(engine, draft_lookup=0)
+    assert P.WorkerConfig.from_engine(never, "d", max_model_len=300).lookup is None
 
 
 def test_the_worker_runs_on_the_engines_device_unless_told_otherwise():

@@ -10,7 +10,7 @@ import torch
 
 from saguaro import LLM, SamplingParams
 from saguaro.kernels import transfer
-from saguaro.speculation import sd
+from saguaro.speculation import ngram, sd
 from tests.conftest import PROMPTS, SMALL_VOCAB, exact_first_two
 from tests.stats import tv_noise_floor
 
@@ -131,6 +131,71 @@ def test_sd_under_preemption_recomputes_draft_kv_from_the_prefix_hit(tiny_llama,
     assert proposer.computed == {} and tight.snapshot().kv_blocks_free == 8
 
 
+def count_lookups(monkeypatch) -> dict[bool, int]:
+    """Counts, from now on, the chains' lookups that found a token to copy (True) or none."""
+    found = {True: 0, False: 0}
+    real = ngram.Lookup.next_token
+
+    def spy(self, tokens):
+        t = real(self, tokens)
+        found[t is not None] += 1
+        return t
+
+    monkeypatch.setattr(ngram.Lookup, "next_token", spy)
+    return found
+
+
+def test_greedy_sd_with_context_copies_equals_ar(
+    tiny_llama, close_draft, ar_reference, monkeypatch
+):
+    """One-token n-grams recur often: most depths copy from the context, the draft runs only at
+    the others (one forward a depth for a lone sequence), and the text is AR's."""
+    found = count_lookups(monkeypatch)
+    forwards = []
+    forward = sd.Drafted.forward
+    monkeypatch.setattr(sd.Drafted, "forward", lambda *a: (forwards.append(1), forward(*a))[1])
+    llm = sd_engine(tiny_llama, close_draft, 4, draft_lookup=1)
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    for prompt in PROMPTS[:4]:
+        assert llm.generate([prompt], params)[0].token_ids == ar_reference[prompt].token_ids
+    assert found[True] > 0 and found[False] > 0
+    assert len(forwards) == found[False]
+
+
+def test_a_chain_fed_past_its_copies_proposes_what_its_draft_says(
+    tiny_llama, close_draft, monkeypatch
+):
+    """After depths the lookup copied, the draft's next forward feeds the copies with its own
+    token: each token the draft proposed is its greedy token after the whole context, as a
+    fresh run of the draft gives it (the kernels' logits do not depend on what shares a
+    forward), so no draft KV was skipped or written twice."""
+    rounds = []
+    decode = sd.decode_chains
+
+    def spy(runner, chains, propose_fn, lookup=None):
+        drafts = decode(runner, chains, propose_fn, lookup)
+        rounds.extend(
+            (list(c.token_ids), row[: c.k])
+            for c, row in zip(chains, drafts.tokens.tolist(), strict=True)
+        )
+        return drafts
+
+    monkeypatch.setattr(sd, "decode_chains", spy)
+    llm = sd_engine(tiny_llama, close_draft, 4, draft_lookup=1, draft_quantization="none")
+    llm.generate(PROMPTS[:3], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))
+    lookup = ngram.Lookup.of(1)
+    drafted = [
+        (ctx + row[:d], row[d])
+        for ctx, row in rounds
+        for d in range(len(row))
+        if lookup.next_token(ctx + row[:d]) is None
+    ]
+    assert len(drafted) > 10 and len(drafted) < sum(len(row) for _, row in rounds)
+    ref = LLM(model=str(close_draft), max_model_len=256, quantization="none")
+    want = ref.generate([c for c, _ in drafted], SamplingParams(temperature=0, max_tokens=1))
+    assert [t for _, t in drafted] == [o.token_ids[0] for o in want]
+
+
 def test_seeded_sd_reproducible(tiny_llama, close_draft):
     llm = LLM(model=str(tiny_llama), draft=str(close_draft), mode="sd", max_model_len=256)
     params = SamplingParams(temperature=0.9, top_p=0.95, seed=7, max_tokens=30, ignore_eos=True)
@@ -163,11 +228,11 @@ SAMPLES = 12_000
 
 
 def first_two_tv(
-    target, draft, temperature: float, top_p: float, **engine
+    target, draft, temperature: float, top_p: float, prompt: list[int] | None = None, **engine
 ) -> tuple[float, float, LLM]:
-    """TV distance between SD's first two tokens and the exact law, and its noise floor.
-    ``engine``: more EngineConfig fields."""
-    prompt = [1, 4, 2]
+    """TV distance between SD's first two tokens after ``prompt`` (default [1, 4, 2]) and the
+    exact law, and its noise floor. ``engine``: more EngineConfig fields."""
+    prompt = prompt or [1, 4, 2]
     base = SamplingParams(temperature=temperature, top_p=top_p, max_tokens=4, ignore_eos=True)
     expected = exact_first_two(target, prompt, base)
     llm = LLM(
@@ -223,6 +288,25 @@ def test_sd_with_a_bfloat16_draft_first_two_tokens_follow_target(small_vocab_pai
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("temperature, top_p", [(0.7, 1.0), (1.0, 0.8)])
+def test_sd_with_context_copies_first_two_tokens_follow_target(
+    small_vocab_pair, monkeypatch, temperature, top_p
+):
+    """After the prompt 0, 1, .., V - 1 its last token has not occurred before: the draft
+    samples the first proposal s_1. Every token has occurred, so with one-token n-grams every
+    later depth copies (s_2 = s_1 + 1, and so on): each round's q mixes the draft's rows with
+    point masses, the second token's acceptance is the target's p(s_1 + 1), and the law is
+    still the target's."""
+    found = count_lookups(monkeypatch)
+    target, close, _ = small_vocab_pair
+    prompt = list(range(V))
+    tv, floor, llm = first_two_tv(target, close, temperature, top_p, prompt, draft_lookup=1)
+    assert tv < floor, f"TV {tv:.4f} >= noise floor {floor:.4f}"
+    assert found[True] > 0 and found[False] > 0
+    assert 0 < llm.last_run["accepted"] < llm.last_run["drafted"]
+
+
+@pytest.mark.slow
 def test_sd_first_two_tokens_follow_confident_target(confident_pair):
     """Rows that round to one-hot at T = 0.5, a draft that proposes their improbable tokens."""
     tv, floor, llm = first_two_tv(*confident_pair, 0.5, 1.0)
@@ -244,8 +328,9 @@ def test_sd_on_the_paths_a_gpu_takes_writes_the_hosts_tokens(
     """Where a read waits for the device (a GPU), the draft's tokens stay there between depths
     (each depth's forward takes its input ids from the last depth's tokens) and the verifier
     tests every position at once. Forced here on the CPU, SD must write the same tokens as on
-    the host's paths, and the tokens must really have been fed from the device."""
-    llm = sd_engine(tiny_llama, close_draft, 3)
+    the host's paths, and the tokens must really have been fed from the device. (The chain's
+    context lookup reads each depth's tokens on the host: it is off here.)"""
+    llm = sd_engine(tiny_llama, close_draft, 3, draft_lookup=0)
     want = [o.token_ids for o in llm.generate(PROMPTS[:5], params)]
     fed = []
     forward = sd.Drafted.forward

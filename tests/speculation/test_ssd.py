@@ -139,6 +139,7 @@ def test_metrics(tiny_llama, close_draft):
 # ---- exactness at temperature > 0 (vocabulary of 8: exact enumeration) ------------------------
 
 V = SMALL_VOCAB
+PROMPT_V = list(range(V))
 SAMPLES = 8_000
 BATCH = 1_000
 
@@ -159,6 +160,16 @@ BATCH = 1_000
             1.0,
             dict(fanout=[1, 1, 1, 1], backup="neural", draft_dtype="bfloat16"),
         ),
+        # After 0, 1, .., V - 1 every token has occurred: with one-token n-grams each chain and
+        # branch copies from the context after its first drawn token (or at once after an
+        # outcome token): q mixes the draft's rows with point masses.
+        ("hit path, copies", 1.0, 1.0, dict(fanout=[3, 2, 2, 3], draft_lookup=1, prompt=PROMPT_V)),
+        (
+            "miss + neural backup, copies",
+            0.7,
+            1.0,
+            dict(fanout="0", backup="neural", draft_lookup=1, prompt=PROMPT_V),
+        ),
     ],
 )
 def test_ssd_first_two_tokens_follow_target(small_vocab_pair, name, temperature, top_p, overrides):
@@ -177,7 +188,9 @@ def test_ssd_first_two_tokens_follow_confident_target(confident_pair, name, over
 
 
 def check_first_two(target, draft, name, temperature, top_p, overrides):
-    prompt = [1, 4, 2]
+    """``overrides``: EngineConfig fields, and ``prompt`` (default [1, 4, 2])."""
+    overrides = dict(overrides)
+    prompt = overrides.pop("prompt", [1, 4, 2])
     base = SamplingParams(temperature=temperature, top_p=top_p, max_tokens=4, ignore_eos=True)
     expected = exact_first_two(target, prompt, base)
     counts = torch.zeros(V, V)
