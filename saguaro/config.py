@@ -18,6 +18,10 @@ from saguaro.sampling.sampler import DEFAULT_TOP_M
 log = logging.getLogger("saguaro")
 
 FANOUT_MODES = ("auto", "geometric", "empirical")
+# SD's confidence stop on CPU: a verification position there costs about a quarter of a decode,
+# so a proposal its draft is less than even odds on costs more than it is expected to commit
+# (docs/bench-draft, "Copies and the confidence stop": 0.5 to 0.9 measured alike).
+CPU_STOP_BELOW = 0.5
 
 
 def parse_fanout(spec: str, K: int) -> list[int] | str:
@@ -160,6 +164,13 @@ class EngineConfig:
         "sd/ssd: where the context's last N or more tokens occurred before in it, the draft's "
         "chain copies the token that followed (a point mass, no draft forward); 0: never",
     )
+    draft_stop_below: float | None = opt(
+        None,
+        "sd: a chain stops before a drafted proposal (after its first) whose draft row gives "
+        "its likeliest token less than this probability, saving its draft forward and its "
+        f"verification position; 0: never (default: {CPU_STOP_BELOW} on CPU, where a "
+        "verification position costs a sizeable part of a decode; 0 on a GPU)",
+    )
     # coupled where an SSD worker runs, whose cache it serves better and whose text it keeps
     # across auto's switches; rejection for AR and SD, where it accepts more (docs/sampling.md).
     sampling: SamplingMethod = opt(
@@ -242,6 +253,10 @@ class EngineConfig:
             raise ValueError("draft_restarts and draft_restart_backoff_s must be >= 0")
         if self.draft_top_m < 1:
             raise ValueError(f"draft_top_m must be >= 1, got {self.draft_top_m}")
+        if self.draft_stop_below is None:
+            self.draft_stop_below = CPU_STOP_BELOW if self.device == "cpu" else 0.0
+        if not 0 <= self.draft_stop_below <= 1:
+            raise ValueError(f"draft_stop_below must be in [0, 1], got {self.draft_stop_below}")
         if self.draft_lookup < 0:
             raise ValueError(f"draft_lookup must be >= 0 (0: no lookup), got {self.draft_lookup}")
         if self.cache_budget is not None and self.cache_budget < 0:

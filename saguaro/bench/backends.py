@@ -118,7 +118,9 @@ class SaguaroBackend:
             enforce_eager=variant.forwards != "graphs",
             dtype=variant.dtype,
             draft_dtype=variant.draft_dtype,
-            **({} if variant.draft_lookup is None else {"draft_lookup": variant.draft_lookup}),
+            **_set_only(
+                draft_lookup=variant.draft_lookup, draft_stop_below=variant.draft_stop_below
+            ),
             tensor_parallel_size=variant.tensor_parallel_size,
             # Equal hardware by default: the engine's placement (AR/SD: every core; SSD: target
             # and worker on their own; auto: AR and SD on every core, SSD's target on the
@@ -525,3 +527,8 @@ def peer_backend(
             raise ValueError("mode llama.cpp-sd needs a draft model")
         return LlamaCppSpecBackend(variant, cfg, target_dir, draft_dir, max_model_len)
     raise ValueError(f"{variant.mode!r} is not a llama.cpp peer mode")
+
+
+def _set_only(**fields: object) -> dict[str, object]:
+    """The engine fields a variant sets (None: the engine's default)."""
+    return {name: value for name, value in fields.items() if value is not None}

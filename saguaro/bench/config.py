@@ -208,6 +208,13 @@ class BenchConfig:
         parse=non_negative_ints,
         metavar="N,..",
     )
+    draft_stop_belows: tuple[float, ...] = opt(
+        (),
+        "sd's confidence stop, side by side (EngineConfig.draft_stop_below; 0: none; default: "
+        "the engine's)",
+        parse=non_negative_floats,
+        metavar="P,..",
+    )
     tensor_parallel_sizes: tuple[int, ...] = opt(
         (1,),
         "tensor-parallel sizes of saguaro's target, side by side (EngineConfig."

@@ -46,6 +46,7 @@ class Variant:
     dtype: str = "float32"  # saguaro's weights and activations (EngineConfig.dtype)
     draft_dtype: str | None = None  # the draft's (EngineConfig.draft_dtype); None: dtype
     draft_lookup: int | None = None  # EngineConfig.draft_lookup; None: the engine's default
+    draft_stop_below: float | None = None  # EngineConfig.draft_stop_below; None: the default
 
     @property
     def setup(self) -> tuple[str, str, int, bool]:
@@ -134,6 +135,12 @@ def build_variants(cfg: BenchConfig) -> list[Variant]:
                         replace(v, draft_lookup=n, label=f"{v.label} lookup {n}")
                         for v in found
                         for n in cfg.draft_lookups
+                    ]
+                if cfg.draft_stop_belows and mode in DRAFT_MODES:
+                    found = [
+                        replace(v, draft_stop_below=p, label=f"{v.label} stop {p:g}")
+                        for v in found
+                        for p in cfg.draft_stop_belows
                     ]
                 if cfg.one_core_baselines and mode in ONE_CORE_MODES:
                     found += [replace(v, one_core=True, label=f"{v.label} 1 core") for v in found]

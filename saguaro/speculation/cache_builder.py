@@ -312,7 +312,7 @@ class CacheBuilder:
         seq.ranked, branches = [], []
         for k in range(m):
             excluded = seq.spec[k] if k < len(seq.spec) else None
-            ranking = [t for t in top[k] if t != excluded][:MAX_RANK]
+            ranking = [t for t in self._copy_first(seq, k, top[k]) if t != excluded][:MAX_RANK]
             seq.ranked.append(ranking)
             branches.extend((k, t) for t in ranking[: fanout[k]])
         # A branch forked after the whole speculation decodes up to position
@@ -321,6 +321,14 @@ class CacheBuilder:
         if len(seq.token_ids) + len(seq.spec) + self.depth > self.cfg.max_model_len:
             return []
         return branches
+
+    def _copy_first(self, seq: DraftSeq, k: int, top: list[int]) -> list[int]:
+        """``top`` with the token the chains' lookup would copy after ``s_1..s_k`` first: where
+        the context recurs, the target's own next token is that copy more often than it is
+        the draft's favourite (docs/bench-draft)."""
+        lookup = self.cfg.lookup
+        copy = None if lookup is None else lookup.next_token(seq.token_ids + seq.spec[:k])
+        return top if copy is None else [copy, *(t for t in top if t != copy)]
 
     def _decode_branches(
         self,

@@ -61,7 +61,8 @@ def _in_process(cfg: EngineConfig, setup: DraftSetup) -> DraftProposer:
     if cfg.compile:
         runner.warm_up()
     runner.capture_graphs((1,))  # the proposing forwards, at start rather than inside a request
-    return DraftProposer(runner, cfg.draft_top_m, cfg.sampling, Lookup.of(cfg.draft_lookup))
+    lookup = Lookup.of(cfg.draft_lookup)
+    return DraftProposer(runner, cfg.draft_top_m, cfg.sampling, lookup, cfg.draft_stop_below)
 
 
 def _worker(cfg: EngineConfig, setup: DraftSetup) -> Supervised:

@@ -1,12 +1,14 @@
 """Synchronous speculative decoding: an in-process draft proposes, then the target verifies.
 
-The draft runs K single-position forwards per round (the first also catches up on tokens
-committed since its last round), sampling each s_j from q_j = the draft's distribution under the
-request's own temperature / top-k / top-p, restricted to its top-M tokens and renormalised, with
-the request's draft noise at s_j's position. q_j is handed to the verifier exactly as sampled
-from, as M (id, probability) pairs. Under coupled sampling s_j is q_j's perturbed argmax under
-the target's noise at that position instead, and no q is needed.
-The draft's KV lives in its own pool, indexed by the engine's block tables.
+The draft runs up to K single-position forwards per round (the first also catches up on tokens
+committed since its last round, or copied in the last), sampling each s_j from q_j = the
+draft's distribution under the request's own temperature / top-k / top-p, restricted to its
+top-M tokens and renormalised, with the request's draft noise at s_j's position. q_j is handed
+to the verifier exactly as sampled from, as M (id, probability) pairs. Under coupled sampling
+s_j is q_j's perturbed argmax under the target's noise at that position instead, and no q is
+needed. Where the context recurs, s_j is copied from it instead (docs/design.md §3, "Copies"):
+a point mass, and no forward. The draft's KV lives in its own pool, indexed by the engine's
+block tables.
 """
 
 from __future__ import annotations
@@ -153,18 +155,27 @@ def _on(ints: list[int], device: torch.device) -> torch.Tensor:
 @dataclass
 class Drafts:
     """What :func:`decode_chains` drafted: tokens [n, K]; the q they were sampled from
-    [n, K, M] (None: every proposal is a point mass); per chain, the first index of its context
-    without draft KV."""
+    [n, K, M] (None: every proposal is a point mass); per chain, the proposals made (the first
+    ``counts[i]`` of its row) and the first index of its context without draft KV."""
 
     tokens: torch.Tensor
     q: SparseQ | None
+    counts: list[int]
     fed: list[int]
 
 
 def decode_chains(
-    runner: ModelRunner, chains: list[Chain], propose_fn: ProposeFn, lookup: Lookup | None = None
+    runner: ModelRunner,
+    chains: list[Chain],
+    propose_fn: ProposeFn,
+    lookup: Lookup | None = None,
+    stop_below: float = 0.0,
 ) -> Drafts:
-    """Autoregressively draft ``chain.k`` tokens for every chain, batched: at most K forwards.
+    """Autoregressively draft up to ``chain.k`` tokens for every chain, batched: at most K
+    forwards. A chain stops before a drafted proposal j > 1 whose draft row puts less than
+    ``stop_below`` on its likeliest token (softmax of the processed logits): that proposal would
+    likely be rejected and would cost its verification position. The stop depends on the draft's
+    rows only, never on the target, so every rule of verification still holds.
 
     q is None when every chain is greedy (each q is then a point mass at the argmax, which is
     all verification needs) or the proposals need no q (coupled sampling). Where ``lookup``
@@ -180,25 +191,32 @@ def decode_chains(
         lookup is None
         and transfer.reads_wait(runner.device)
         and all(c.processors is None for c in chains)
+        and not stop_below
     )
     drafted = Drafted(n, k_max, runner.device, stays)
     q: SparseQ | None = None
     fed = [c.start for c in chains]
+    counts = [c.k for c in chains]
     copied: list[tuple[int, int, int]] = []  # (chain, depth, token)
     active = [i for i, c in enumerate(chains) if c.k > 0]
     for depth in range(k_max):
         copies = _copies(chains, drafted, active, depth, lookup)
         run = [i for i in active if i not in copies]
         if run:
-            q = _draft_depth(runner, chains, drafted, run, depth, fed, propose_fn, q)
+            q, logits = _draft_depth(runner, chains, drafted, run, depth, fed, propose_fn, q)
+            if stop_below and depth:
+                sure = logits.float().softmax(-1).amax(-1).tolist()
+                for i, p in zip(run, sure, strict=True):
+                    if p < stop_below:
+                        counts[i] = depth
         for i, t in copies.items():
             drafted.lists[i][depth] = t
             copied.append((i, depth, t))
-        active = [i for i in active if chains[i].k > depth + 1]
+        active = [i for i in active if counts[i] > depth + 1]
     if q is not None and copied:  # point masses at the copies, in q's blank rows
         at = torch.tensor(copied, dtype=torch.int64, device=q.device).T
         q.ids[at[0], at[1], 0] = at[2]
-    return Drafts(drafted.tokens(), q, fed)
+    return Drafts(drafted.tokens(), q, counts, fed)
 
 
 def _copies(
@@ -220,10 +238,10 @@ def _draft_depth(
     fed: list[int],
     propose_fn: ProposeFn,
     q: SparseQ | None,
-) -> SparseQ | None:
+) -> tuple[SparseQ | None, torch.Tensor]:
     """One draft forward for chains ``run`` at ``depth``: feeds each its context from
-    ``fed[i]``, records the tokens it proposes and their q rows (returned, allocated on the
-    first rows that need one)."""
+    ``fed[i]``, records the tokens it proposes and their q rows (allocated on the first rows
+    that need one). Returns q and the processed logits."""
     queries = [
         runner.sequence_query(
             chains[i].block_table, fed[i], chains[i].tail(fed[i], drafted.lists[i][:depth]), 1
@@ -255,19 +273,25 @@ def _draft_depth(
     drafted.record(run, depth, drawn, idx)
     for i in run:
         fed[i] = len(chains[i].token_ids) + depth
-    return q
+    return q, logits
 
 
 class DraftProposer(Proposer):
     """SD: an in-process draft whose KV pool is indexed by the engine's block tables."""
 
     def __init__(
-        self, runner: ModelRunner, top_m: int, sampling: str, lookup: Lookup | None = None
+        self,
+        runner: ModelRunner,
+        top_m: int,
+        sampling: str,
+        lookup: Lookup | None = None,
+        stop_below: float = 0.0,
     ) -> None:
         self.runner = runner
         self.top_m = top_m
         self.sampling = sampling  # the engine's method; a request may name its own
         self.lookup = lookup
+        self.stop_below = stop_below  # decode_chains' confidence stop
         self.computed: dict[int, int] = {}  # seq_id -> tokens with draft KV (committed + proposed)
 
     def draft_ready(self, seq: Sequence) -> int:
@@ -292,13 +316,12 @@ class DraftProposer(Proposer):
             )
             for s, k in zip(seqs, ks, strict=True)
         ]
-        drafts = decode_chains(
-            self.runner, chains, plain_proposals(chains, self.top_m), self.lookup
-        )
+        propose_fn = plain_proposals(chains, self.top_m)
+        drafts = decode_chains(self.runner, chains, propose_fn, self.lookup, self.stop_below)
         for s, k, fed in zip(seqs, ks, drafts.fed, strict=True):
             if k > 0:  # a sequence drafted for nothing keeps the KV it had
                 self.computed[s.seq_id] = fed
-        return Proposal(drafts.tokens, torch.tensor(ks), q=drafts.q)
+        return Proposal(drafts.tokens, torch.tensor(drafts.counts), q=drafts.q)
 
     def preempted(self, seq: Sequence) -> None:
         self.computed.pop(seq.seq_id, None)

@@ -172,11 +172,11 @@ def test_a_chain_fed_past_its_copies_proposes_what_its_draft_says(
     rounds = []
     decode = sd.decode_chains
 
-    def spy(runner, chains, propose_fn, lookup=None):
-        drafts = decode(runner, chains, propose_fn, lookup)
+    def spy(*args):
+        drafts, chains = decode(*args), args[1]
         rounds.extend(
-            (list(c.token_ids), row[: c.k])
-            for c, row in zip(chains, drafts.tokens.tolist(), strict=True)
+            (list(c.token_ids), row[:n])
+            for c, row, n in zip(chains, drafts.tokens.tolist(), drafts.counts, strict=True)
         )
         return drafts
 
@@ -194,6 +194,17 @@ def test_a_chain_fed_past_its_copies_proposes_what_its_draft_says(
     ref = LLM(model=str(close_draft), max_model_len=256, quantization="none")
     want = ref.generate([c for c, _ in drafted], SamplingParams(temperature=0, max_tokens=1))
     assert [t for _, t in drafted] == [o.token_ids[0] for o in want]
+
+
+def test_greedy_sd_that_stops_on_unsure_drafts_equals_ar(tiny_llama, close_draft, ar_reference):
+    """Chains that stop before an unsure draft row propose fewer than K tokens in some rounds,
+    and the text is AR's."""
+    llm = sd_engine(tiny_llama, close_draft, 6, draft_stop_below=0.6, draft_lookup=0)
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    outs = llm.generate(PROMPTS, params)
+    assert [o.token_ids for o in outs] == [ar_reference[p].token_ids for p in PROMPTS]
+    rounds = [r for o in outs for r in o.records if r.num_drafted]
+    assert any(r.num_drafted < 6 for r in rounds) and any(r.num_drafted > 1 for r in rounds)
 
 
 def test_seeded_sd_reproducible(tiny_llama, close_draft):
@@ -307,6 +318,18 @@ def test_sd_with_context_copies_first_two_tokens_follow_target(
 
 
 @pytest.mark.slow
+def test_sd_that_stops_on_unsure_drafts_first_two_tokens_follow_target(small_vocab_pair):
+    """How many tokens a chain proposes depends on its draft rows (here often one, sometimes
+    three): the law is still the target's."""
+    target, close, _ = small_vocab_pair
+    tv, floor, llm = first_two_tv(target, close, 1.0, 1.0, draft_stop_below=0.35)
+    assert tv < floor, f"TV {tv:.4f} >= noise floor {floor:.4f}"
+    hist = llm.last_run["accepted_histogram"]
+    assert 0 < llm.last_run["accepted"] < llm.last_run["drafted"] < 3 * llm.last_run["rounds"]
+    assert len(hist) > 1
+
+
+@pytest.mark.slow
 def test_sd_first_two_tokens_follow_confident_target(confident_pair):
     """Rows that round to one-hot at T = 0.5, a draft that proposes their improbable tokens."""
     tv, floor, llm = first_two_tv(*confident_pair, 0.5, 1.0)
@@ -329,8 +352,8 @@ def test_sd_on_the_paths_a_gpu_takes_writes_the_hosts_tokens(
     (each depth's forward takes its input ids from the last depth's tokens) and the verifier
     tests every position at once. Forced here on the CPU, SD must write the same tokens as on
     the host's paths, and the tokens must really have been fed from the device. (The chain's
-    context lookup reads each depth's tokens on the host: it is off here.)"""
-    llm = sd_engine(tiny_llama, close_draft, 3, draft_lookup=0)
+    context lookup and confidence stop read each depth on the host: they are off here.)"""
+    llm = sd_engine(tiny_llama, close_draft, 3, draft_lookup=0, draft_stop_below=0)
     want = [o.token_ids for o in llm.generate(PROMPTS[:5], params)]
     fed = []
     forward = sd.Drafted.forward
