@@ -166,7 +166,7 @@ class EngineConfig:
     )
     draft_stop_below: float | None = opt(
         None,
-        "sd: a chain stops before a drafted proposal (after its first) whose draft row gives "
+        "sd/ssd: a chain stops before a drafted proposal (after its first) whose draft row gives "
         "its likeliest token less than this probability, saving its draft forward and its "
         f"verification position; 0: never (default: {CPU_STOP_BELOW} on CPU, where a "
         "verification position costs a sizeable part of a decode; 0 on a GPU)",

@@ -51,12 +51,13 @@ def neural_backup(
         )
         for s, k in zip(seqs, ks, strict=True)
     ]
-    drafts = decode_chains(runner, chains, _propose_fn(seqs, cfg, fanout), cfg.lookup)
+    propose_fn = _propose_fn(seqs, cfg, fanout)
+    drafts = decode_chains(runner, chains, propose_fn, cfg.lookup, cfg.stop_below)
     q = drafts.q
     qs: list[SparseQ | None] = []
-    for i, (seq, k) in enumerate(zip(seqs, ks, strict=True)):
+    for i, (seq, k) in enumerate(zip(seqs, drafts.counts, strict=True)):
         seq.spec = drafts.tokens[i, :k].tolist()
-        if k:  # KV written at most up to the last proposal, which is never fed
+        if k:  # draft KV written for indices before fed (never past the last proposal)
             seq.written = drafts.fed[i]
             seq.computed = min(seq.written, len(seq.token_ids) - 1)
         qs.append(None if q is None or seq.params.greedy else q[i, :k].clone())

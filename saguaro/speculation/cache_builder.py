@@ -374,6 +374,7 @@ class CacheBuilder:
         num_branches = sum(len(branches[i]) for i in live)
         forks = {i: layout[i][3] for i in live}
         depths_s, done = 0.0, k
+        stops = {i: [k] * len(branches[i]) for i in live}  # a branch's tokens end there
         for depth in range(k):
             if depth and stop is not None and stop():
                 self.cut, done = True, depth
@@ -397,7 +398,9 @@ class CacheBuilder:
                 )
             logits = self._processed(seqs, branches, out_tokens, self.runner.forward(queries))
             drawn = self._draw(seqs, branches, forks, logits, depth, fanout[depth], out_q)
-            self._copy(seqs, branches, out_tokens, drawn, depth, out_q)
+            copied = self._copy(seqs, branches, out_tokens, drawn, depth, out_q)
+            if self.cfg.stop_below and depth:
+                self._stop(branches, logits, copied, depth, stops)
             for i in live:
                 for row, token in zip(out_tokens[i], drawn[i], strict=True):
                     row.append(token)
@@ -409,9 +412,10 @@ class CacheBuilder:
         for i in live:
             seq, q = seqs[i], out_q.get(i)
             for j, key in enumerate(branches[i]):
+                end = min(done, stops[i][j])
                 seq.cache[key] = (
-                    out_tokens[i][j],
-                    None if q is None else q[j, :done].clone(),
+                    out_tokens[i][j][:end],
+                    None if q is None else q[j, :end].clone(),
                 )
         return depths_s
 
@@ -423,15 +427,15 @@ class CacheBuilder:
         drawn: dict[int, list[int]],
         depth: int,
         out_q: dict[int, SparseQ],
-    ) -> None:
+    ) -> set[tuple[int, int]]:
         """Where a branch's context (the committed tokens, the speculation up to its fork, its
         outcome token and its own tokens so far) ends in an n-gram that occurred before, the
         token that followed it replaces the drawn one, a point mass in its q: the rule of the
         draft's chains in a backup (saguaro.speculation.sd.decode_chains), so that a hit proposes
-        what a backup would have."""
-        lookup = self.cfg.lookup
+        what a backup would have. Returns the (sequence, branch) pairs copied."""
+        lookup, copied = self.cfg.lookup, set()
         if lookup is None:
-            return
+            return copied
         for i, tokens in drawn.items():
             seq, q = seqs[i], out_q.get(i)
             for j, ((k, t), so_far) in enumerate(zip(branches[i], out_tokens[i], strict=True)):
@@ -439,9 +443,30 @@ class CacheBuilder:
                 if copy is None:
                     continue
                 tokens[j] = copy
+                copied.add((i, j))
                 if q is not None:
                     q.ids[j, depth], q.probs[j, depth] = 0, 0.0
                     q.ids[j, depth, 0], q.probs[j, depth, 0] = copy, 1.0
+        return copied
+
+    def _stop(
+        self,
+        branches: list[list[tuple[int, int]]],
+        logits: torch.Tensor,
+        copied: set[tuple[int, int]],
+        depth: int,
+        stops: dict[int, list[int]],
+    ) -> None:
+        """Branches whose drawn token at ``depth`` (not a copy) comes from a draft row giving its
+        likeliest token less than ``stop_below`` end before it: the rule of SD's chains and of
+        backups (saguaro.speculation.sd.decode_chains), so that a hit proposes what they would."""
+        sure = logits.float().softmax(-1).amax(-1).tolist()
+        r = 0
+        for i, ends in stops.items():
+            for j in range(len(branches[i])):
+                if sure[r + j] < self.cfg.stop_below and (i, j) not in copied:
+                    ends[j] = min(ends[j], depth)
+            r += len(branches[i])
 
     @staticmethod
     def _processed(

@@ -74,6 +74,7 @@ class WorkerConfig:
     # the same one); otherwise the worker sends them from its host memory.
     lane: bool = False
     lookup: Lookup | None = None  # copies from the context in the draft's chains (§3)
+    stop_below: float = 0.0  # chains and branches stop before an unsure draft row (§3, "Stops")
 
     @classmethod
     def from_engine(
@@ -102,6 +103,7 @@ class WorkerConfig:
             graphs=cfg.graphs_on(cfg.draft_device or cfg.device),
             lane=lane_between(cfg.device, cfg.draft_device or cfg.device),
             lookup=Lookup.of(cfg.draft_lookup),
+            stop_below=cfg.draft_stop_below or 0.0,
         )
 
 

@@ -30,6 +30,7 @@ from tests.conftest import PROMPTS, SMALL_VOCAB, exact_first_two, sample_first_t
 from tests.stats import tv_noise_floor
 
 K = 3
+EXACT_DRAFT = dict(draft_lookup=0, draft_stop_below=0)  # every proposal the draft's own argmax
 MS = 1e-3
 
 
@@ -451,10 +452,11 @@ def test_prompts_cached_while_ar_runs_serve_sd_after_the_draft_catches_up(tiny_l
     """Auto running AR computes no draft KV, yet its prompts' blocks are cached; a request that
     reuses them under SD has its draft compute those blocks itself. With the target as its own
     draft every proposal is then accepted: a draft reading blocks without its KV would not.
-    (No copies from the context: the repeated prompt's would be proposals of their own.)"""
+    (No copies from the context and no confidence stop: the repeated prompt's copies would be
+    proposals of their own, and a stop would end chains the target itself is unsure of.)"""
     prompt = PROMPTS[0] * 3  # several full blocks
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-    llm = auto(tiny_llama, tiny_llama, auto_ssd=False, draft_quantization="none", draft_lookup=0)
+    llm = auto(tiny_llama, tiny_llama, auto_ssd=False, draft_quantization="none", **EXACT_DRAFT)
     llm.engine.proposer.force = lambda step: Choice("ar", 0)
     first = llm.generate([prompt], params)[0]
     llm.engine.proposer.force = lambda step: Choice("sd", K)

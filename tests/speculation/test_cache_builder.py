@@ -25,6 +25,7 @@ from saguaro.speculation.cache_builder import (
     kv_blocks,
     room,
 )
+from saguaro.speculation.ngram import Lookup
 from saguaro.speculation.planner import Plan
 from tests.speculation.workers import make_worker
 
@@ -313,3 +314,36 @@ def test_a_graph_captured_on_first_use_is_not_booked_as_drafting(tiny_draft, mon
     assert worker.builder.build_s > 3 * CAPTURE_S  # glue and two depths, each captured
     assert costs.depth_s(1) < CAPTURE_S / 10
     assert costs.fixed.value < CAPTURE_S / 10 and costs.backup.value < CAPTURE_S / 10
+
+
+@pytest.mark.parametrize("stop_below", [0.0, 0.5])
+def test_a_branch_is_what_a_backup_proposes_with_copies_and_stops(tiny_draft, stop_below):
+    """Copies from the context and the confidence stop shape a cached branch as they shape a
+    backup's chain: each branch's tokens are what a neural backup drafts for its outcome's
+    prefix (a fresh worker's first speculation), some of them copies, some branches cut short."""
+    k, fanout = 3, [2, 1, 1, 2]
+    rules = dict(lookup=Lookup.of(1), stop_below=stop_below, max_num_seqs=8)
+    worker = make_worker(tiny_draft, k, fanout, **rules)
+    prompt = [5, 17, 99, 3, 42, 8, 61, 17, 99]
+    worker.handle(P.RoundRequest([P.SeqUpdate(0, prompt, new=True)], backup="neural"))
+    worker.build_pending()
+    seq = worker.seqs[0]
+    keys = list(seq.cache)
+    fresh = make_worker(tiny_draft, k, fanout, **rules)
+    updates = [
+        P.SeqUpdate(i, prompt + seq.spec[:kk] + [t], new=True) for i, (kk, t) in enumerate(keys)
+    ]
+    fresh.handle(P.RoundRequest(updates, backup="neural"))
+    branches = [seq.cache[key][0] for key in keys]
+    assert branches == [fresh.seqs[i].spec for i in range(len(keys))]
+    lookup = Lookup.of(1)
+    copies = [
+        tokens[d] == lookup.next_token(prompt + seq.spec[:kk] + [t] + tokens[:d])
+        for (kk, t), tokens in zip(keys, branches, strict=True)
+        for d in range(len(tokens))
+    ]
+    assert any(copies) and not all(copies)
+    if stop_below:
+        assert any(len(tokens) < k for tokens in branches)
+    else:
+        assert all(len(tokens) == k for tokens in branches)

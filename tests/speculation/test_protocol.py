@@ -28,6 +28,7 @@ def test_worker_config_from_engine_maps_every_field():
         pin_cpus=False,
         compile=True,
         draft_lookup=3,
+        draft_stop_below=0.25,
     )
     cfg = P.WorkerConfig.from_engine(engine, "/models/draft", max_model_len=300)
     assert dataclasses.asdict(cfg) == dict(
@@ -51,6 +52,7 @@ def test_worker_config_from_engine_maps_every_field():
         graphs=True,  # its own GPU, enforce_eager off
         lane=False,  # the target is on the CPU
         lookup=dict(min_ngram=3, max_ngram=4),
+        stop_below=0.25,
     )
     eager = dataclasses.replace(engine, enforce_eager=True)
     assert not P.WorkerConfig.from_engine(eager, "d", max_model_len=300).graphs

@@ -50,11 +50,18 @@ def check_greedy(llm, ar_reference, sizes=range(1, 9)):
     "name, k, overrides",
     [
         # A fixed fan-out: for a draft as costly as its target the planner builds no cache. The
-        # draft is the target only in the target's precision (auto would quantize it to int8).
+        # draft is the target only in the target's precision (auto would quantize it to int8),
+        # proposing its own argmax (no copies from the context, no confidence stop).
         (
             "hits (draft = target)",
             2,
-            dict(draft="target", fanout=[2, 2, 2], draft_quantization="none"),
+            dict(
+                draft="target",
+                fanout=[2, 2, 2],
+                draft_quantization="none",
+                draft_lookup=0,
+                draft_stop_below=0,
+            ),
         ),
         ("auto fan-out, close draft", 5, dict(draft="close")),
         ("misses + neural backup", 5, dict(draft="close", fanout="0", backup="neural")),

@@ -8,7 +8,9 @@ from saguaro.speculation.worker import DraftWorker
 
 
 def make_worker(draft_dir, k, fanout, **kw) -> DraftWorker:
-    """A worker on CPU, context 256, up to 4 sequences; ``kw`` overrides WorkerConfig fields."""
+    """A worker on CPU, context 256, up to 4 sequences; ``kw`` overrides WorkerConfig fields.
+    Its chains are the draft's own (no copies from the context, no confidence stop) unless
+    ``kw`` sets ``lookup`` or ``stop_below``."""
     engine = EngineConfig(
         num_speculative_tokens=k,
         fanout=fanout,
@@ -22,6 +24,8 @@ def make_worker(draft_dir, k, fanout, **kw) -> DraftWorker:
         device="cpu",
         seed=0,
         pin_cpus=False,
+        draft_lookup=0,
+        draft_stop_below=0,
     )
     cfg = P.WorkerConfig.from_engine(engine, draft_dir, max_model_len=256)
     for key, value in kw.items():
