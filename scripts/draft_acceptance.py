@@ -2,12 +2,15 @@
 bench's held-out prompts: the draft's acceptance, side by side, in one process.
 
     python scripts/draft_acceptance.py DRAFT_DIR [DRAFT_DIR ...] [--k 4] [--prompts 12] \\
-        [--max-tokens 64] [--temperatures 0,0.7] [--datasets humaneval,sharegpt] [--lookups 2]
+        [--max-tokens 64] [--temperatures 0,0.7] [--datasets humaneval,sharegpt] [--lookups 2] \\
+        [--stop-below 0]
 
 A draft written without its embedding (``train-draft --no-embeddings``, as the repository
 ships one) is made whole from the target first. One request at a time; greedy requests are
 checked against AR's tokens (any draft must leave them unchanged). ``--lookups`` runs each
-draft with each ``draft_lookup`` setting (0: the draft alone, no copies from the context).
+draft with each ``draft_lookup`` setting (0: the draft alone, no copies from the context);
+``--stop-below`` is SD's confidence stop (default 0: every chain drafts K, so that tokens per
+round measure the proposals, not where they stopped).
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ def main() -> None:
     p.add_argument("--temperatures", default="0,0.7")
     p.add_argument("--datasets", default="humaneval,sharegpt")
     p.add_argument("--lookups", default=str(EngineConfig.draft_lookup))
+    p.add_argument("--stop-below", type=float, default=0.0)
     a = p.parse_args()
     target = resolve_model("smollm2-135m-instruct")
     cfg = BenchConfig(datasets=tuple(a.datasets.split(",")))
@@ -68,6 +72,7 @@ def main() -> None:
         for draft, lookup in itertools.product(a.drafts, map(int, a.lookups.split(","))):
             path = whole(draft, target, Path(scratch))
             spec = dict(mode="sd", num_speculative_tokens=a.k, draft_lookup=lookup)
+            spec["draft_stop_below"] = a.stop_below
             with LLM(model=str(target), draft=str(path), **spec) as sd:
                 for ps, t in itertools.product(sets, temps):
                     ids, per_round = run(sd, ps.token_ids, params[t])
