@@ -20,7 +20,8 @@ log = logging.getLogger("saguaro")
 FANOUT_MODES = ("auto", "geometric", "empirical")
 # SD's confidence stop on CPU: a verification position there costs about a quarter of a decode,
 # so a proposal its draft is less than even odds on costs more than it is expected to commit
-# (docs/bench-draft, "Copies and the confidence stop": 0.5 to 0.9 measured alike).
+# (docs/bench-draft, "Copies from the context, and a confidence stop": 0.5 to 0.9 measured
+# alike).
 CPU_STOP_BELOW = 0.5
 
 

@@ -210,8 +210,8 @@ class BenchConfig:
     )
     draft_stop_belows: tuple[float, ...] = opt(
         (),
-        "sd's confidence stop, side by side (EngineConfig.draft_stop_below; 0: none; default: "
-        "the engine's)",
+        "the draft chains' confidence stop in sd, ssd and auto, side by side (EngineConfig."
+        "draft_stop_below; 0: none; default: the engine's)",
         parse=non_negative_floats,
         metavar="P,..",
     )

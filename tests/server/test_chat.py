@@ -58,6 +58,7 @@ def test_chat_streams_each_turn_with_history_and_reports_metrics(tiny_llama, mon
 def test_chat_sd_shows_accepted_length(tiny_llama, monkeypatch, capsys):
     argv = ["--model", str(tiny_llama), "--draft", str(tiny_llama), "--mode", "sd"]
     argv += ["--max-model-len", "256", "--max-tokens", "10", "--ignore-eos"]
+    argv += ["--draft-lookup", "0", "--draft-stop-below", "0"]  # the draft's own argmax chains
     code, out, err = run(monkeypatch, capsys, argv, "hi\n")
     assert code == 0 and out.count("assistant> ") == 1
     assert "accepted length 5.00" in err  # draft = target: every proposal accepted (k = 4)

@@ -189,6 +189,8 @@ def test_sd_streams_every_round_as_one_chunk(tiny_llama, offline):
         mode="sd",
         max_model_len=256,
         draft_quantization="none",  # the target's own weights: auto would quantize the draft
+        draft_lookup=0,  # its own argmax at every depth: no copies from the context,
+        draft_stop_below=0,  # and no stop where the target itself is unsure
     )
     with serve(llm) as served:
         chunks = list(
