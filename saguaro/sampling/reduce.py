@@ -70,6 +70,13 @@ def max_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.from_numpy(top), torch.from_numpy(idx)
 
 
+def top_probability_rows(x: torch.Tensor) -> list[float]:
+    """The probability each row's softmax puts on its likeliest entry, for logits ``x`` [R, V]:
+    softmax(x)_max = exp(max x - logsumexp x), without building the [R, V] softmax."""
+    x = x.float()
+    return (x.amax(dim=-1) - torch.logsumexp(x, dim=-1)).exp().tolist()
+
+
 def topk_rows(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``(values, indices)`` [R, k] of each row's k largest values of ``x`` [R, V], descending:
     ``torch.topk(x, k, dim=-1, sorted=True)`` (see the module docstring for ties)."""

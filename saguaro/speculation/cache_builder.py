@@ -52,7 +52,7 @@ from saguaro.engine.model_runner import ForwardClock, ModelRunner
 from saguaro.sampling import SamplingParams, SamplingTensors, SparseQ, propose, seed_tensor
 from saguaro.sampling.coupled import propose_coupled, ranked_proposals
 from saguaro.sampling.processors import Processors, RowsOf, process_draft_rows, process_rows
-from saguaro.sampling.reduce import argmax_rows, topk_rows
+from saguaro.sampling.reduce import argmax_rows, top_probability_rows, topk_rows
 from saguaro.speculation import protocol as P
 from saguaro.speculation.fanout import FanoutEstimator
 from saguaro.speculation.planner import BuildCosts, plan_build
@@ -460,8 +460,7 @@ class CacheBuilder:
         """Branches whose drawn token at ``depth`` (not a copy) comes from a draft row giving its
         likeliest token less than ``stop_below`` end before it: the rule of SD's chains and of
         backups (saguaro.speculation.sd.decode_chains), so that a hit proposes what they would."""
-        sure = logits.float().softmax(-1).amax(-1).tolist()
-        r = 0
+        sure, r = top_probability_rows(logits), 0
         for i, ends in stops.items():
             for j in range(len(branches[i])):
                 if sure[r + j] < self.cfg.stop_below and (i, j) not in copied:

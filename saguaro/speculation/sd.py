@@ -26,7 +26,7 @@ from saguaro.kernels import transfer
 from saguaro.sampling import SamplingParams, SamplingTensors, SparseQ, propose, seed_tensor
 from saguaro.sampling.coupled import propose_coupled
 from saguaro.sampling.processors import Processors, RowsOf, process_rows
-from saguaro.sampling.reduce import argmax_rows
+from saguaro.sampling.reduce import argmax_rows, top_probability_rows
 from saguaro.speculation.ngram import Lookup
 
 # (draft logits [m, V], chain indices of the m rows, depth, positions [m]) -> tokens, q (None:
@@ -106,8 +106,9 @@ class Drafted:
     """The tokens drafted so far, [n, K]. On the host each depth's are read back at once, as
     ints: the next depth's queries and the requests' processors take them so, and a few list
     writes cost less than the tensor operators they replace. Where a read waits for the device
-    (a GPU) and no processor reads them, they stay there: the next depth's forward takes its
-    input ids from the last depth's tokens, and all are read once, after the last depth."""
+    (a GPU) and nothing on the host reads them (processors, the lookup, the stop), they stay
+    there: the next depth's forward takes its input ids from the last depth's tokens (the
+    queries' host ids are placeholders), and all are read once, after the last depth."""
 
     def __init__(self, n: int, k_max: int, device: torch.device, on_device: bool) -> None:
         self.lists = [[0] * k_max for _ in range(n)]
@@ -127,10 +128,6 @@ class Drafted:
         else:
             self.on_device[idx, depth] = drawn
             self.last = (active, drawn)
-
-    def token(self, chain: int, depth: int) -> int:
-        """A query's token as an int: a placeholder where the tokens stay on the device."""
-        return self.lists[chain][depth]
 
     def forward(self, runner: ModelRunner, queries: list[Query], active: list[int]) -> torch.Tensor:
         """The draft's logits for the next depth's ``queries`` (of chains ``active``)."""
@@ -173,9 +170,10 @@ def decode_chains(
 ) -> Drafts:
     """Autoregressively draft up to ``chain.k`` tokens for every chain, batched: at most K
     forwards. A chain stops before a drafted proposal j > 1 whose draft row puts less than
-    ``stop_below`` on its likeliest token (softmax of the processed logits): that proposal would
-    likely be rejected and would cost its verification position. The stop depends on the draft's
-    rows only, never on the target, so every rule of verification still holds.
+    ``stop_below`` on its likeliest token (``top_probability_rows`` of the processed logits, as
+    SSD's branches read them): that proposal would likely be rejected and would cost its
+    verification position. The stop depends on the draft's rows only, never on the target, so
+    every rule of verification still holds.
 
     q is None when every chain is greedy (each q is then a point mass at the argmax, which is
     all verification needs) or the proposals need no q (coupled sampling). Where ``lookup``
@@ -205,8 +203,7 @@ def decode_chains(
         if run:
             q, logits = _draft_depth(runner, chains, drafted, run, depth, fed, propose_fn, q)
             if stop_below and depth:
-                sure = logits.float().softmax(-1).amax(-1).tolist()
-                for i, p in zip(run, sure, strict=True):
+                for i, p in zip(run, top_probability_rows(logits), strict=True):
                     if p < stop_below:
                         counts[i] = depth
         for i, t in copies.items():

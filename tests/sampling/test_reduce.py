@@ -12,6 +12,7 @@ from saguaro.sampling.reduce import (
     TOPK_MIN_BLOCKS_PER_K,
     argmax_rows,
     max_rows,
+    top_probability_rows,
     topk_rows,
 )
 
@@ -133,3 +134,10 @@ def test_topk_small_or_unaligned_vocabularies_take_torch(vocab):
     values, indices = topk_rows(x, k)
     ref_values, ref_indices = x.topk(k, dim=-1, sorted=True)
     assert torch.equal(values, ref_values) and torch.equal(indices, ref_indices)
+
+
+def test_top_probability_rows_is_the_softmax_maximum():
+    x = torch.randn(6, 300) * 4
+    x[2, 100:] = float("-inf")  # a reduced head: no mass outside it
+    want = torch.softmax(x, dim=-1).amax(dim=-1)
+    assert torch.allclose(torch.tensor(top_probability_rows(x)), want, rtol=1e-5, atol=0)
