@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from saguaro import placement
-from saguaro.config import EngineConfig
+from saguaro.config import CPU_STOP_BELOW, EngineConfig
 
 
 def test_sampling_auto_is_coupled_for_ssd_and_rejection_otherwise():
@@ -66,3 +66,21 @@ def test_kernels_auto_is_saguaros_on_cpu_and_torchs_where_they_cannot_run():
     assert EngineConfig(device="cpu", draft_dtype="float16").kernels == "torch"
     with pytest.raises(ValueError, match="--kernels torch"):
         EngineConfig(device="cpu", compile=True, kernels="saguaro")
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (dict(draft_lookup=-1), r"draft_lookup must be >= 0"),
+        (dict(draft_stop_below=1.5), r"draft_stop_below must be in \[0, 1\]"),
+        (dict(draft_stop_below=-0.1), r"draft_stop_below must be in \[0, 1\]"),
+    ],
+)
+def test_bad_draft_chain_settings_are_refused(fields, message):
+    with pytest.raises(ValueError, match=message):
+        EngineConfig(**fields)
+
+
+def test_the_confidence_stop_defaults_to_the_cpus_threshold():
+    assert EngineConfig(device="cpu").draft_stop_below == CPU_STOP_BELOW
+    assert EngineConfig(device="cpu", draft_stop_below=0).draft_stop_below == 0
