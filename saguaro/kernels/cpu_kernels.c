@@ -231,8 +231,10 @@ INLINE float lane_sum(v16 a) {
     return tree_sum(t);
 }
 
-/* Block `b` (weights 32b .. 32b + 31) of row `n` as floats: lo = weights 0..15, hi = 16..31. */
-INLINE void weight_block(const Weight *w, const int fmt, int64_t n, int64_t b, v16 *lo, v16 *hi) {
+/* Block `b` (weights 32b .. 32b + 31) of row `n` as floats: lo = weights 0..15, hi = 16..31;
+ * d and m are its group's scale and minimum (unused for float32 and bfloat16). */
+INLINE void weight_block(const Weight *w, const int fmt, int64_t n, int64_t b, float d, float m,
+                         v16 *lo, v16 *hi) {
     const int64_t k = w->k;
     if (fmt == FMT_F32) {
         const float *p = (const float *)w->codes + n * k + b * BLOCK;
@@ -246,18 +248,25 @@ INLINE void weight_block(const Weight *w, const int fmt, int64_t n, int64_t b, v
         *hi = load_bf16(p + LANES);
         return;
     }
-    const int64_t g = n * (k / w->group) + b * BLOCK / w->group;
-    const float d = w->scales[g], m = w->mins[g];
     v16 qlo, qhi;
     if (fmt == FMT_Q8) {
+        const uint8_t *p = (const uint8_t *)w->codes + n * k + b * BLOCK;
+#ifdef __AVX512F__
+        /* One sign extension and one conversion per 16 codes. */
+        const __m512 a = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const void *)p)));
+        const __m512 c =
+            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const void *)(p + LANES))));
+        memcpy(&qlo, &a, sizeof qlo);
+        memcpy(&qhi, &c, sizeof qhi);
+#else
         /* Signed bytes widen through unsigned ones (q + 128, then - 128, both exact): GCC
          * vectorizes the unsigned conversion but not the signed one. */
-        const uint8_t *p = (const uint8_t *)w->codes + n * k + b * BLOCK;
         v16b a, c;
         memcpy(&a, p, sizeof a);
         memcpy(&c, p + LANES, sizeof c);
         qlo = __builtin_convertvector(__builtin_convertvector(a ^ 0x80, v16i), v16) - 128.0f;
         qhi = __builtin_convertvector(__builtin_convertvector(c ^ 0x80, v16i), v16) - 128.0f;
+#endif
     } else {
         const uint8_t *p = (const uint8_t *)w->codes + n * (k / 2) + b * (BLOCK / 2);
         v16b bytes;
@@ -269,6 +278,30 @@ INLINE void weight_block(const Weight *w, const int fmt, int64_t n, int64_t b, v
     *hi = qhi * d + m;
 }
 
+#define QUANTIZED(fmt) ((fmt) == FMT_Q8 || (fmt) == FMT_Q4)
+
+/* Group g's scale and minimum (1 and 0 for float formats, which have none). */
+INLINE void group_scale(const Weight *w, const int fmt, int64_t g, float *d, float *m) {
+    *d = QUANTIZED(fmt) ? w->scales[g] : 1.0f;
+    *m = QUANTIZED(fmt) ? w->mins[g] : 0.0f;
+}
+
+/* Block b of the tile's nc columns (their scales and minima d, m) into the rows' chains. */
+INLINE void tile_block(const float *x, const Weight *w, const int fmt, int64_t r0, int nr,
+                       int64_t wn0, int nc, int64_t b, const float d[COLS], const float m[COLS],
+                       v16 acc[COLS][SMALL_ROWS]) {
+    v16 lo[COLS], hi[COLS];
+    for (int c = 0; c < nc; c++) weight_block(w, fmt, wn0 + c, b, d[c], m[c], &lo[c], &hi[c]);
+    for (int r = 0; r < nr; r++) {
+        const float *xr = x + (r0 + r) * w->k + b * BLOCK;
+        const v16 xlo = load_f32(xr), xhi = load_f32(xr + LANES);
+        for (int c = 0; c < nc; c++) {
+            acc[c][r] = xlo * lo[c] + acc[c][r];
+            acc[c][r] = xhi * hi[c] + acc[c][r];
+        }
+    }
+}
+
 /* out[r, n] for rows r0 .. r0 + nr - 1 and columns n0 .. n0 + nc - 1 (nr <= ROWS, nc <= COLS),
  * from weight rows wn0 .. wn0 + nc - 1: each (r, n) is the same chain whatever nr and nc are. */
 INLINE void linear_tile(const float *x, const Weight *w, const int fmt, float *out, int64_t n_out,
@@ -276,27 +309,31 @@ INLINE void linear_tile(const float *x, const Weight *w, const int fmt, float *o
     v16 acc[COLS][SMALL_ROWS];
     for (int c = 0; c < nc; c++)
         for (int r = 0; r < nr; r++) acc[c][r] = (v16){0};
-    const int64_t blocks = w->k / BLOCK;
-    for (int64_t b = 0; b < blocks; b++) {
-        v16 lo[COLS], hi[COLS];
-        for (int c = 0; c < nc; c++) weight_block(w, fmt, wn0 + c, b, &lo[c], &hi[c]);
-        for (int r = 0; r < nr; r++) {
-            const float *xr = x + (r0 + r) * w->k + b * BLOCK;
-            const v16 xlo = load_f32(xr), xhi = load_f32(xr + LANES);
-            for (int c = 0; c < nc; c++) {
-                acc[c][r] = xlo * lo[c] + acc[c][r];
-                acc[c][r] = xhi * hi[c] + acc[c][r];
-            }
+    const int64_t groups = w->k / w->group, per_group = w->group / BLOCK;
+    float d[COLS], m[COLS];
+    /* Scales are read by index, with no division per block: GGUF's one per block beside its
+     * block, a longer group's once for all its blocks. */
+    if (per_group == 1 || !QUANTIZED(fmt))
+        for (int64_t b = 0; b < w->k / BLOCK; b++) {
+            for (int c = 0; c < nc; c++) group_scale(w, fmt, (wn0 + c) * groups + b, &d[c], &m[c]);
+            tile_block(x, w, fmt, r0, nr, wn0, nc, b, d, m, acc);
         }
-    }
+    else
+        for (int64_t gi = 0; gi < groups; gi++) {
+            for (int c = 0; c < nc; c++) group_scale(w, fmt, (wn0 + c) * groups + gi, &d[c], &m[c]);
+            for (int64_t b = gi * per_group; b < (gi + 1) * per_group; b++)
+                tile_block(x, w, fmt, r0, nr, wn0, nc, b, d, m, acc);
+        }
     for (int r = 0; r < nr; r++)
         for (int c = 0; c < nc; c++) out[(r0 + r) * n_out + n0 + c] = lane_sum(acc[c][r]);
 }
 
 /* Block `b` of row `n` as 32 floats at dst. */
 INLINE void block_floats(const Weight *w, const int fmt, int64_t n, int64_t b, float *dst) {
+    float d, m;
+    group_scale(w, fmt, n * (w->k / w->group) + b * BLOCK / w->group, &d, &m);
     v16 lo, hi;
-    weight_block(w, fmt, n, b, &lo, &hi);
+    weight_block(w, fmt, n, b, d, m, &lo, &hi);
     store_f32(dst, lo);
     store_f32(dst + LANES, hi);
 }
