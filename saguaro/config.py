@@ -23,6 +23,8 @@ FANOUT_MODES = ("auto", "geometric", "empirical")
 # (docs/bench-draft, "Copies from the context, and a confidence stop": 0.5 to 0.9 measured
 # alike).
 CPU_STOP_BELOW = 0.5
+# The draft that is no model: SD proposes copies from the context alone (draft_lookup's rule).
+LOOKUP_DRAFT = "lookup"
 
 
 def parse_fanout(spec: str, K: int) -> list[int] | str:
@@ -79,7 +81,8 @@ class EngineConfig:
     draft: str | None = opt(
         None,
         "draft model directory or name (default with sd/ssd and the default model: "
-        "smollm2-135m-instruct-draft, trained for it)",
+        f"smollm2-135m-instruct-draft, trained for it); {LOOKUP_DRAFT}: no draft model, sd "
+        "proposes copies from the context alone (--draft-lookup's rule)",
     )
     mode: Mode | None = opt(
         None,
@@ -215,7 +218,13 @@ class EngineConfig:
     def __post_init__(self) -> None:
         check_choices(self)
         if self.mode is None:
-            self.mode = "auto" if self.draft else "ar"
+            self.mode = ("sd" if self.draft == LOOKUP_DRAFT else "auto") if self.draft else "ar"
+        if self.draft == LOOKUP_DRAFT and self.mode not in ("ar", "sd"):
+            raise ValueError(
+                f"draft={LOOKUP_DRAFT!r} runs no draft model: mode sd only, got {self.mode!r}"
+            )
+        if self.draft == LOOKUP_DRAFT and self.draft_lookup < 1:
+            raise ValueError(f"draft={LOOKUP_DRAFT!r} copies by draft_lookup's rule: need it >= 1")
         if self.num_speculative_tokens < 1:
             raise ValueError(
                 f"num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}"
@@ -349,10 +358,12 @@ class EngineConfig:
 
 def resolve_model_dirs(cfg: EngineConfig) -> tuple[Path, Path | None]:
     """Directories or names in the models directory (saguaro.models.catalog) to paths; the
-    default pair where no model is given."""
+    default pair where no model is given; no draft directory for ``draft="lookup"``."""
     from saguaro.models.catalog import DEFAULT_DRAFT, DEFAULT_MODEL, resolve_model
 
     target = resolve_model(cfg.model or DEFAULT_MODEL)
+    if cfg.draft == LOOKUP_DRAFT:
+        return target, None
     if cfg.mode == "ar":
         return target, resolve_model(cfg.draft) if cfg.draft else None
     if cfg.draft:

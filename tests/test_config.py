@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from saguaro import placement
-from saguaro.config import CPU_STOP_BELOW, EngineConfig
+from saguaro.config import CPU_STOP_BELOW, LOOKUP_DRAFT, EngineConfig, resolve_model_dirs
 
 
 def test_sampling_auto_is_coupled_for_ssd_and_rejection_otherwise():
@@ -79,6 +79,25 @@ def test_kernels_auto_is_saguaros_on_cpu_and_torchs_where_they_cannot_run():
 def test_bad_draft_chain_settings_are_refused(fields, message):
     with pytest.raises(ValueError, match=message):
         EngineConfig(**fields)
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (dict(mode="ssd"), r"runs no draft model: mode sd only, got 'ssd'"),
+        (dict(mode="auto"), r"runs no draft model: mode sd only, got 'auto'"),
+        (dict(draft_lookup=0), r"copies by draft_lookup's rule: need it >= 1"),
+    ],
+)
+def test_the_lookup_draft_is_for_sd_with_copies(fields, message):
+    with pytest.raises(ValueError, match=message):
+        EngineConfig(draft=LOOKUP_DRAFT, **fields)
+
+
+def test_the_lookup_draft_means_sd_and_no_draft_directory(tmp_path):
+    cfg = EngineConfig(model=str(tmp_path), draft=LOOKUP_DRAFT)
+    assert cfg.mode == "sd"
+    assert resolve_model_dirs(cfg) == (tmp_path, None)
 
 
 def test_the_confidence_stop_defaults_to_the_cpus_threshold():

@@ -20,10 +20,11 @@ from typing import Any, Protocol
 import torch
 
 from saguaro import LLM, placement
-from saguaro.bench.config import BenchConfig
+from saguaro.bench.config import LOOKUP_MODE, BenchConfig
 from saguaro.bench.gguf_export import EXPORT_VERSION
 from saguaro.bench.plan import Variant
 from saguaro.bench.synthetic import synthetic_verifier
+from saguaro.config import LOOKUP_DRAFT
 from saguaro.core.records import RoundRecord
 from saguaro.models.gguf_import import GGUF_NAME
 from saguaro.models.loader import safetensors_files
@@ -98,10 +99,11 @@ class SaguaroBackend:
     def __init__(self, variant: Variant, cfg: BenchConfig, max_model_len: int, max_seqs: int):
         self.variant = variant
         spec = variant.mode != "ar"
+        lookup = variant.mode == LOOKUP_MODE
         self.llm = LLM(
             model=cfg.model,
-            draft=cfg.draft if spec else None,
-            mode=variant.mode,
+            draft=LOOKUP_DRAFT if lookup else cfg.draft if spec else None,
+            mode="sd" if lookup else variant.mode,
             num_speculative_tokens=variant.k or _AR_K,
             fanout=variant.fanout or "auto",
             sampling=variant.sampling,

@@ -24,11 +24,15 @@ SAGUARO_C_MAX = 1.0
 # extra (llama-cpp-python, gguf) and read the models as GGUF files written by
 # saguaro.bench.gguf_export.
 PEER_MODES: tuple[str, ...] = ("llama.cpp", "llama.cpp-sd")
+# SD with no draft model (draft="lookup": copies from the context alone), run only when named.
+LOOKUP_MODE = "lookup"
 # Every engine mode, then transformers' assisted generation on the same checkpoints, then peers.
 DEFAULT_MODES: tuple[str, ...] = (*MODES, "hf-assisted")
-BENCH_MODES: tuple[str, ...] = (*DEFAULT_MODES, *PEER_MODES)
-# Modes that read the draft model.
+BENCH_MODES: tuple[str, ...] = (*DEFAULT_MODES, LOOKUP_MODE, *PEER_MODES)
+# Modes that speculate (their rounds have tokens per round, acceptance, ...).
 SPEC_MODES: tuple[str, ...] = tuple(m for m in BENCH_MODES if m not in ("ar", "llama.cpp"))
+# Modes that read the draft model.
+DRAFT_MODEL_MODES: tuple[str, ...] = tuple(m for m in SPEC_MODES if m != LOOKUP_MODE)
 # Weights of the GGUF files: f32 reproduces saguaro's f32 greedy tokens (up to near-ties).
 LLAMA_CPP_DTYPES: tuple[str, ...] = ("f32", "f16")
 # eager: every forward eagerly; compiled: torch.compile (EngineConfig.compile); graphs: on a GPU,
@@ -107,8 +111,9 @@ class BenchConfig:
     )
     modes: tuple[str, ...] = opt(
         DEFAULT_MODES,
-        f"modes run side by side, of {','.join(BENCH_MODES)} (peers {','.join(PEER_MODES)} "
-        "only when named)",
+        f"modes run side by side, of {','.join(BENCH_MODES)} ({LOOKUP_MODE}: sd with no draft "
+        f"model, copies from the context alone; it and the peers {','.join(PEER_MODES)} only "
+        "when named)",
         parse=names_of(BENCH_MODES),
         metavar="M,..",
     )

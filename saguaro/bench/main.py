@@ -21,7 +21,7 @@ from saguaro.bench import prompts, provenance, report
 from saguaro.bench.aggregate import aggregate
 from saguaro.bench.backends import Backend, HFAssistedBackend, SaguaroBackend, peer_backend
 from saguaro.bench.check import check_greedy
-from saguaro.bench.config import PEER_MODES, SPEC_MODES, BenchConfig, parse_config
+from saguaro.bench.config import DRAFT_MODEL_MODES, PEER_MODES, BenchConfig, parse_config
 from saguaro.bench.measure import measure
 from saguaro.bench.plan import Plan, batch_count, build_variants
 from saguaro.bench.tables import correctness_banner, markdown_table
@@ -39,7 +39,7 @@ TIMESTAMP = "%Y-%m-%dT%H:%M:%S%z"  # ISO 8601 with the UTC offset
 def model_dirs(cfg: BenchConfig) -> tuple[Path, Path | None]:
     """The target's and (if any mode speculates) the draft's directory, the default pair's
     where not given."""
-    spec = any(m in SPEC_MODES for m in cfg.modes)
+    spec = any(m in DRAFT_MODEL_MODES for m in cfg.modes)
     return resolve_model_dirs(
         EngineConfig(model=cfg.model, draft=cfg.draft, mode="sd" if spec else "ar", device="cpu")
     )

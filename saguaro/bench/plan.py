@@ -7,7 +7,7 @@ import math
 import random
 from dataclasses import dataclass, replace
 
-from saguaro.bench.config import PEER_MODES, BenchConfig
+from saguaro.bench.config import LOOKUP_MODE, PEER_MODES, BenchConfig
 from saguaro.bench.prompts import PromptSet
 from saguaro.config import parse_fanout
 from saguaro.sampling import SamplingParams
@@ -22,7 +22,7 @@ SEED_STRIDE = 1_000_003
 # Modes that also run with their target held to one core with --one-core-baselines: the paper's
 # layout, where the target has the same cores in every mode and SSD's draft one more (auto's
 # SSD worker has the next core; its AR and SD steps stay on the first).
-ONE_CORE_MODES = ("ar", "sd", "auto")
+ONE_CORE_MODES = ("ar", "sd", "auto", LOOKUP_MODE)
 # saguaro's modes with a draft model, whose precision --draft-dtypes varies
 DRAFT_MODES = ("sd", "ssd", "auto")
 
@@ -130,7 +130,7 @@ def build_variants(cfg: BenchConfig) -> list[Variant]:
                         for v in found
                         for d in cfg.draft_dtypes
                     ]
-                if cfg.draft_lookups and mode in DRAFT_MODES:
+                if cfg.draft_lookups and mode in (*DRAFT_MODES, LOOKUP_MODE):
                     found = [
                         replace(v, draft_lookup=n, label=f"{v.label} lookup {n}")
                         for v in found

@@ -36,7 +36,7 @@ class Proposal:
     hit: list[bool | None] | None = None  # SSD: per row, outcome found in the speculation cache
     backup: list[str | None] | None = None  # SSD: per row, backup used on a miss
     wait_s: float = 0.0  # SSD: time the target waited for these proposals
-    mode: str = "sd"  # the strategy that proposed: sd or ssd (ar when nothing was proposed)
+    mode: str = "sd"  # the strategy that proposed: sd, ssd or lookup (ar: nothing proposed)
 
     @classmethod
     def none(cls, n: int, width: int) -> Proposal:
@@ -110,7 +110,7 @@ class Proposer(ABC):
 class DraftSetup:
     """What the engine knows, after loading the target, that a proposer needs to start."""
 
-    draft_dir: Path
+    draft_dir: Path | None  # None: the proposer runs no model (draft="lookup")
     max_model_len: int
     vocab_size: int
     num_kv_blocks: int  # the target's pool: an in-process draft indexes the same block tables

@@ -15,7 +15,7 @@ class RoundRecord:
     token: int  # t: recovery or bonus token
     committed: int  # tokens appended (k + 1, fewer if a stop condition cut the round)
     step: int = 0  # engine step the round ran in (rounds of one batch share it)
-    mode: str = "ar"  # the strategy that proposed: ar (nothing), sd or ssd
+    mode: str = "ar"  # the strategy that proposed: ar (nothing), sd, ssd or lookup (copies)
     hit: bool | None = None  # SSD: outcome was prepared in the speculation cache
     backup: str | None = None  # SSD: backup used on a miss
     target_s: float = 0.0

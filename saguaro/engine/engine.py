@@ -156,7 +156,7 @@ class LLMEngine:
         self.grammars = GrammarCompiler(
             self.tokenizer.to_json(), target.config.vocab_size, sorted(self.eos_token_ids)
         )
-        if draft_dir is not None and self._make_proposer is not None:
+        if cfg.mode != "ar" and self._make_proposer is not None:
             self._draft_setup = DraftSetup(
                 draft_dir, self.max_model_len, target.config.vocab_size, num_blocks
             )

@@ -1,6 +1,6 @@
 """mode="auto": before each step, the strategy that serves the running batch best (docs/design.md
-§12): AR, SD with k = 1..K proposals, or SSD, chosen by the planner's cost model
-(:func:`saguaro.speculation.planner.plan_mode`) from what the engine measures as it runs.
+§12): AR, SD with k = 1..K proposals, SD with copies alone, or SSD, chosen by the planner's cost
+model (:func:`saguaro.speculation.planner.plan_mode`) from what the engine measures as it runs.
 
 Exactness does not depend on the choice. Each round's proposals come with the distribution
 they were drawn from (point masses for greedy and coupled proposals), and verification is exact
@@ -45,7 +45,9 @@ from saguaro.core.proposal import DraftHealth, Proposal, Proposer, TargetProbe
 from saguaro.core.records import RoundRecord
 from saguaro.core.sequence import Sequence
 from saguaro.engine.model_runner import time_forward
-from saguaro.speculation.planner import EMA_ALPHA, Choice, Curve, plan_mode
+from saguaro.speculation.lookup import LookupProposer
+from saguaro.speculation.ngram import Lookup
+from saguaro.speculation.planner import EMA_ALPHA, Choice, CopyEstimates, Curve, plan_mode
 from saguaro.speculation.policy import PRIOR_ACCEPT
 from saguaro.speculation.sd import DraftProposer
 from saguaro.speculation.supervisor import Supervised
@@ -152,8 +154,12 @@ class AutoProposer(Proposer):
         k_max: int,
         max_num_seqs: int,
         threads: Threads | None = None,
+        lookup: Lookup | None = None,
     ) -> None:
         self.sd, self.ssd = sd, ssd
+        # SD with copies alone, where the draft's chains copy at all (its own acceptance)
+        self.copier = LookupProposer(lookup) if lookup is not None else None
+        self.copies = Acceptance(k_max)
         self.k_max, self.max_num_seqs = k_max, max_num_seqs
         self.threads = threads
         self.target, self.other, self.draft = (Curve(stale_after=STALE_STEPS) for _ in range(3))
@@ -166,7 +172,8 @@ class AutoProposer(Proposer):
         self.trying = Choice("ar", 0)  # a stale mode's, while ``exploring``
         self.try_ids: set[int] | None = None  # the sequences an SD try drafts for (None: all)
         self.steps = 0
-        self.since: dict[str, int] = {"ar": 0, "sd": 0, "ssd": 0}  # steps since each mode ran
+        modes = ["ar", "sd", "ssd"] + (["lookup"] if self.copier is not None else [])
+        self.since: dict[str, int] = dict.fromkeys(modes, 0)  # steps since each mode ran
         self.interval = dict.fromkeys(self.since, EXPLORE_EVERY)  # steps between tries
         self.dwell = 0  # steps since the settled choice was made
         self.exploring = 0  # steps left of a try
@@ -204,6 +211,20 @@ class AutoProposer(Proposer):
             draft_s=lambda rows: self.draft(rows) or 0.0,
             tokens=tokens,
             ssd=ssd,
+            copies=self.copy_estimates(seqs),
+        )
+
+    def copy_estimates(self, seqs: list[Sequence]) -> CopyEstimates | None:
+        """What SD with copies alone would verify and commit for ``seqs``: a sequence whose
+        context has a copy proposes k (a chain of copies runs to its end), the others none."""
+        if self.copier is None:
+            return None
+        copying = [s for s in seqs if self.copier.lookup.next_token(s.token_ids) is not None]
+        per_seq = [self.copies.expected(s.seq_id) for s in copying]
+        rest = len(seqs) - len(copying)
+        return CopyEstimates(
+            tokens=[rest + sum(e[k] for e in per_seq) for k in range(self.k_max + 1)],
+            positions=[len(seqs) + len(copying) * k for k in range(self.k_max + 1)],
         )
 
     def choose(self, seqs: list[Sequence]) -> Choice:
@@ -231,7 +252,7 @@ class AutoProposer(Proposer):
             return trying
         # Until speculation has been seen (by a try), its rates rest on the prior acceptance
         # alone: only measured choices may settle.
-        known = [c for c in rates if c.mode == "ar" or self.acceptance.rounds >= MIN_ROUNDS]
+        known = [c for c in rates if self.seen(c.mode)]
         # a catch-up depends on the mode's draft, not on k: once per mode
         cost = {m: self.catch_up_cost(m, seqs) for m in {c.mode for c in known}}
         worth = {c: self.worth(rates[c], cost[c.mode]) for c in known}
@@ -244,6 +265,12 @@ class AutoProposer(Proposer):
             self.settled, self.dwell = best, 0
             self.interval[best.mode] = EXPLORE_EVERY
         return self.settled
+
+    def seen(self, mode: str) -> bool:
+        """Whether ``mode`` may settle: SD and SSD once their rounds have been observed. AR
+        needs none, and copies alone may settle on their prior acceptance: with no draft there
+        is no catch-up to waste on a wrong prior, and their first rounds correct it."""
+        return mode in ("ar", "lookup") or self.acceptance.rounds >= MIN_ROUNDS
 
     def worth(self, rate: float, cost: float) -> float:
         """``rate`` (tokens/s) net of the catch-up its draft needs first (``cost`` = C,
@@ -260,8 +287,8 @@ class AutoProposer(Proposer):
         """Seconds the draft of ``mode`` takes to catch up on every token of ``seqs`` it has
         not seen, in one forward at the calibrated cost per token: where SSD shares the cores,
         its worker runs on the threads the target leaves it, so at that cost times the threads
-        it was calibrated on over the worker's. Zero for AR."""
-        if mode == "ar" or not self.catch_up_s:
+        it was calibrated on over the worker's. Zero for AR and copies alone (no draft)."""
+        if mode in ("ar", "lookup") or not self.catch_up_s:
             return 0.0
         per_token = self.catch_up_s
         if mode == "ssd" and self.threads is not None:
@@ -333,6 +360,8 @@ class AutoProposer(Proposer):
         self._use_threads(choice.mode)
         if choice.mode == "ssd" and self.ssd is not None:
             return self.ssd.propose(seqs, ks)
+        if choice.mode == "lookup" and self.copier is not None:
+            return self.copier.propose(seqs, [min(k, choice.k) for k in ks])
         if choice.mode == "sd" and choice.k > 0:
             ks = [min(k, choice.k) for k in ks]
             if self.in_try and self.try_ids is not None:
@@ -354,7 +383,8 @@ class AutoProposer(Proposer):
         for s, r in latest:
             if r.num_drafted and r.backup != "fast":
                 seq_id = None if s.is_finished else s.seq_id
-                self.acceptance.observe(seq_id, r.num_drafted, r.num_accepted)
+                observed = self.copies if r.mode == "lookup" else self.acceptance
+                observed.observe(seq_id, r.num_drafted, r.num_accepted)
         if ssd_step and self.ssd is not None:
             self.ssd.observe(seqs, target_s, positions)
 
@@ -420,6 +450,7 @@ class AutoProposer(Proposer):
     def release(self, seq: Sequence) -> None:
         self.sd.release(seq)
         self.acceptance.forget(seq.seq_id)
+        self.copies.forget(seq.seq_id)
         if self.ssd is not None:
             self.ssd.release(seq)
 

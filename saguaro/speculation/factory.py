@@ -8,6 +8,7 @@ from saguaro.engine.graphs import graph_buckets
 from saguaro.engine.model_runner import ModelRunner
 from saguaro.models.loader import load_model
 from saguaro.speculation.auto import AutoProposer, Threads
+from saguaro.speculation.lookup import LookupProposer
 from saguaro.speculation.ngram import Lookup
 from saguaro.speculation.sd import DraftProposer
 from saguaro.speculation.ssd import SSDProposer
@@ -17,7 +18,12 @@ from saguaro.speculation.supervisor import Supervised
 def make_proposer(cfg: EngineConfig, setup: DraftSetup) -> Proposer:
     """SD: the draft in this process, sharing the target's block tables. SSD: a supervised draft
     worker (spawned, or an external one joining), which raises DraftWorkerError if it does not
-    start. auto: both (SSD where ``auto_ssd``), chosen between step by step."""
+    start. auto: both (SSD where ``auto_ssd``), chosen between step by step. SD with no draft
+    model (``draft="lookup"``): copies from the context alone."""
+    if cfg.mode == "sd" and setup.draft_dir is None:
+        lookup = Lookup.of(cfg.draft_lookup)
+        assert lookup is not None  # EngineConfig refuses draft="lookup" with draft_lookup 0
+        return LookupProposer(lookup)
     if cfg.mode == "sd":
         return _in_process(cfg, setup)
     if cfg.mode == "ssd":
@@ -30,7 +36,12 @@ def make_proposer(cfg: EngineConfig, setup: DraftSetup) -> Proposer:
             sd.close()
             raise
         return AutoProposer(
-            sd, ssd, cfg.num_speculative_tokens, cfg.max_num_seqs, _shared_threads(cfg)
+            sd,
+            ssd,
+            cfg.num_speculative_tokens,
+            cfg.max_num_seqs,
+            _shared_threads(cfg),
+            Lookup.of(cfg.draft_lookup),
         )
     raise ValueError(f"mode {cfg.mode!r} has no proposer")
 

@@ -70,6 +70,14 @@ class Lookup:
         got = prompt_lookup(tokens, 1, self.max_ngram, self.min_ngram)
         return got[0] if got else None
 
+    def chain(self, tokens: Sequence[int], k: int) -> list[int]:
+        """Up to ``k`` copies in a row after ``tokens``, each made after the ones before it; the
+        chain ends at the first depth with none."""
+        out: list[int] = []
+        while len(out) < k and (t := self.next_token([*tokens, *out])) is not None:
+            out.append(t)
+        return out
+
     @classmethod
     def of(cls, min_ngram: int) -> Lookup | None:
         """The rule for a ``--draft-lookup`` setting: None for 0 (no lookup)."""

@@ -172,11 +172,22 @@ class Curve:
 
 @dataclass(frozen=True)
 class Choice:
-    """How one step's rounds run: ``mode`` ar, sd or ssd, with ``k`` proposals per sequence
-    (0 for AR; K for SSD, whose worker plans its own cache)."""
+    """How one step's rounds run: ``mode`` ar, sd, lookup (SD with copies alone) or ssd, with
+    ``k`` proposals per sequence (0 for AR; K for SSD, whose worker plans its own cache)."""
 
     mode: str
     k: int
+
+
+@dataclass(frozen=True)
+class CopyEstimates:
+    """SD with copies alone (docs/design.md §3, "Copies alone") for the batch at hand, for
+    k = 0..k_max: the tokens its round would commit (expected) and the positions it would score
+    (exact: whether a sequence's context has a copy is known before the round, and a chain of
+    copies, once started, runs to k)."""
+
+    tokens: Sequence[float]
+    positions: Sequence[int]
 
 
 @dataclass(frozen=True)
@@ -203,21 +214,24 @@ def plan_mode(
     draft_s: Callable[[int], float] | None,  # rows -> seconds of one SD draft step
     tokens: Sequence[float],  # expected tokens committed by the batch for k = 0..k_max
     ssd: SSDEstimates | None,
+    copies: CopyEstimates | None = None,
 ) -> dict[Choice, float]:
     """Predicted tokens per second of a batch of n sequences under each choice:
 
         AR:      n / (T(n) + O(n))
         SD, k:   E(k) / (T(n (k + 1)) + O(n (k + 1)) + k D(n))
+        lookup, k: E_c(k) / (T(n + c k) + O(n + c k))
         SSD:     n (p E_hit + (1 - p) E_miss)
                  / (p^n max(V, T_p F) + (1 - p^n) (V + T_b F)),  F = T(n (K + 1)),  V = F + O(...)
 
     T(m) is a target forward over m positions (in SSD's steps on the cores the worker leaves
     it: fewer where AR and SD borrow the worker's), O(m) the rest of a step that scores m
     positions (scheduling, processors, verification, commit), D(n) one draft forward over n
-    rows, E(k)
-    the batch's expected commits with k proposals each, sum_i (1 + sum_{j<=k} prod_{l<=j}
-    a_il) for per-position acceptance a_il. An SD round drafts k tokens, then verifies them;
-    nothing overlaps. An SSD round is the §7 round in seconds: the batch waits for its target
+    rows, E(k) the batch's expected commits with k proposals each, sum_i (1 + sum_{j<=k}
+    prod_{l<=j} a_il) for per-position acceptance a_il. An SD round drafts k tokens, then
+    verifies them; nothing overlaps. With copies alone the c sequences whose context has a copy
+    propose k each and no model drafts; E_c(k) is the batch's expected commits at the copies'
+    own acceptance. An SSD round is the §7 round in seconds: the batch waits for its target
     step V, or for the primary speculation if longer, when every sequence hit (p^n), and for a
     backup after V when any missed. Each is expected tokens per round over expected round time
     (renewal-reward), the long-run rate of repeating that choice.
@@ -227,6 +241,10 @@ def plan_mode(
         for k in range(1, k_max + 1):
             m = n * (k + 1)
             rates[Choice("sd", k)] = tokens[k] / (target_s(m) + other_s(m) + k * draft_s(n))
+    if copies is not None:
+        for k in range(1, k_max + 1):
+            m = copies.positions[k]
+            rates[Choice("lookup", k)] = copies.tokens[k] / (target_s(m) + other_s(m))
     if ssd is not None:
         m = n * (k_max + 1)
         forward = ssd_target_s(m)

@@ -149,5 +149,5 @@ def test_auto_reports_the_rounds_of_each_choice(tiny_llama, tiny_draft, prompt_f
     auto = next(r for r in res["results"] if r["mode"] == "auto")
     shares = auto["speculation"]["choices"]
     assert shares and sum(shares.values()) == pytest.approx(1.0)
-    assert all(c.split(":")[0] in ("ar", "sd", "ssd") for c in shares)
+    assert all(c.split(":")[0] in ("ar", "sd", "ssd", "lookup") for c in shares)
     assert "auto's rounds" in (out / "results.md").read_text()

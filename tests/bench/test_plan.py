@@ -67,6 +67,17 @@ def test_forwards_and_one_core_baselines_are_labelled_variants():
     assert all(v.forwards == "eager" and not v.one_core for v in plain)
 
 
+def test_lookup_is_sd_without_a_draft_model_run_only_when_named():
+    assert "lookup" not in {v.mode for v in build_variants(parse_config([]))}
+    cfg = parse_config(["--modes", "ar,lookup", "--draft-lookups", "1,2", "--one-core-baselines"])
+    got = [(v.label, v.draft_lookup, v.one_core) for v in build_variants(cfg)]
+    assert got == [
+        ("ar", None, False), ("ar 1 core", None, True),
+        ("lookup lookup 1", 1, False), ("lookup lookup 2", 2, False),
+        ("lookup lookup 1 1 core", 1, True), ("lookup lookup 2 1 core", 2, True),
+    ]  # fmt: skip
+
+
 def test_graphs_need_a_gpu():
     if torch.cuda.is_available():
         assert parse_config(["--forwards", "eager,graphs", "--device", "cuda"]).forwards

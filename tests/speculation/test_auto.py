@@ -24,6 +24,7 @@ from saguaro.speculation.auto import (
     AutoProposer,
     Threads,
 )
+from saguaro.speculation.ngram import Lookup
 from saguaro.speculation.planner import Choice, Curve, SSDEstimates, plan_mode
 from saguaro.speculation.policy import PRIOR_ACCEPT
 from tests.conftest import PROMPTS, SMALL_VOCAB, exact_first_two, sample_first_two
@@ -357,6 +358,73 @@ def test_an_ssd_try_is_priced_at_the_workers_catch_up_and_stops_when_the_batch_g
     assert runs[:2] == ["s" * EXPLORE_STEPS, "s"]
 
 
+def copying_auto(target=memory_bound) -> AutoProposer:
+    """Auto with copies alone among its choices: a target forward costing ``target`` (default
+    memory-bound), a draft step of 5 ms at acceptance 0.2 (SD loses to AR), copies accepted 0.9
+    a position."""
+    auto = AutoProposer(SimpleNamespace(), None, K, 8, lookup=Lookup(2))
+    auto.acceptance.pooled, auto.acceptance.rounds = [0.2] * K, MIN_ROUNDS
+    auto.copies.pooled = [0.9] * K
+    for m in range(1, 8 * (K + 1) + 1):
+        auto.target.observe(m, target(m))
+        auto.other.observe(m, 0.0)
+    auto.draft.observe(1, 5 * MS)
+    return auto
+
+
+def test_copies_alone_run_where_the_contexts_copy_and_ar_where_none_does():
+    copying = SimpleNamespace(seq_id=0, token_ids=[1, 2, 3, 1, 2])  # (1, 2) recurs: a copy
+    fresh = SimpleNamespace(seq_id=1, token_ids=[1, 2, 3, 4, 5])
+    auto = copying_auto()
+    rates = auto.rates([copying, fresh])
+    ar, lookup = rates[Choice("ar", 0)], rates[Choice("lookup", K)]
+    # one sequence verifies K copies beside the other's one position, in one 10 ms forward
+    assert lookup == pytest.approx((1 + 1 + 0.9 + 0.9**2 + 0.9**3) / (10 * MS))
+    assert ar == pytest.approx(2 / (10 * MS)) and best(rates) == Choice("lookup", K)
+    assert auto.choose([copying, fresh]) == Choice("lookup", K)
+    none = copying_auto()
+    assert none.rates([fresh])[Choice("lookup", K)] == none.rates([fresh])[Choice("ar", 0)]
+    assert none.choose([fresh]) == Choice("ar", 0)  # no copy: nothing to gain, AR stays
+
+
+def test_copies_alone_settle_on_their_prior_and_leave_once_their_rounds_fail():
+    """No draft, no catch-up: copies alone may be chosen before any of their rounds was seen
+    (SD may not), and rejected copies bring their acceptance down until AR is chosen again."""
+    copying = SimpleNamespace(seq_id=0, token_ids=[1, 2, 3, 1, 2])
+    auto = copying_auto(lambda m: (8 + 2 * m) * MS)  # each verified position costs 2 ms
+    auto.copies.pooled, auto.acceptance.rounds = [PRIOR_ACCEPT] * K, 0
+    assert auto.copies.rounds == 0 and auto.choose([copying]) == Choice("lookup", K)
+    auto.advance(auto.settled)
+    for _ in range(MIN_DWELL + 4):
+        auto.copies.observe(0, drafted=K, accepted=0)
+        auto.advance(auto.choose([copying]))
+    assert auto.settled == Choice("ar", 0)
+
+
+def test_forced_copies_alone_in_auto_keep_coupled_text_and_learn_their_own_acceptance(
+    small_vocab_pair,
+):
+    """Over 8 tokens two-token n-grams recur within a few dozen: copies are proposed, and at
+    T = 1 accepted now and then. Under coupled sampling the text is the one AR draws from the
+    same seeds, and the copies' acceptance goes to their own tracker, not the draft's."""
+    target, close, _ = small_vocab_pair
+    params = [
+        SamplingParams(temperature=1.0, max_tokens=48, ignore_eos=True, seed=s) for s in range(4)
+    ]
+    prompts = [[1, 4, 2], [3, 3, 5], [7, 0], [2, 6, 1, 2]]
+    with LLM(model=str(target), max_model_len=256, sampling="coupled") as ar:
+        want = [o.token_ids for o in ar.generate(prompts, params)]
+    with auto(target, close, auto_ssd=False, sampling="coupled") as llm:
+        llm.engine.proposer.force = lambda step: Choice("lookup", K)
+        outs = llm.generate(prompts, params)
+        proposer = llm.engine.proposer
+    assert [o.token_ids for o in outs] == want
+    records = [r for o in outs for r in o.records]
+    assert {r.mode for r in records} <= {"lookup", "ar"}
+    assert 0 < sum(r.num_accepted for r in records) < sum(r.num_drafted for r in records)
+    assert proposer.copies.rounds > 0 and proposer.acceptance.rounds == 0
+
+
 # ---- exact across switches ---------------------------------------------------------------------
 
 CYCLE = [
@@ -365,9 +433,14 @@ CYCLE = [
     Choice("ar", 0),
     Choice("sd", K),
     Choice("ssd", K),
+    Choice("ssd", K),  # a hit needs an SSD round after an SSD round
+    Choice("lookup", K),
     Choice("ssd", K),
+    Choice("ssd", K),
+    Choice("lookup", 1),
     Choice("sd", 2),
 ]
+CYCLE_MODES = {"ar", "sd", "ssd", "lookup"}
 
 
 def force_cycle(llm):
@@ -399,7 +472,7 @@ def test_greedy_output_equals_ar_across_forced_switches(tiny_llama, close_draft,
         outs = llm.generate(PROMPTS[:4], params)
     assert [o.token_ids for o in outs] == [o.token_ids for o in ar]
     records = [r for o in outs for r in o.records]
-    assert {r.mode for r in records} == {"ar", "sd", "ssd"}
+    assert {r.mode for r in records} == CYCLE_MODES
     assert {r.num_drafted for r in records if r.mode == "sd"} == {1, 2, K}
     assert any(r.hit for r in records), "no SSD round hit its cache"
 
@@ -445,7 +518,7 @@ def test_coupled_sampling_keeps_its_seeded_text_across_switches(tiny_llama, clos
         force_cycle(llm)
         outs = llm.generate(PROMPTS[:4], params)
     assert [o.token_ids for o in outs] == reference
-    assert {r.mode for o in outs for r in o.records} == {"ar", "sd", "ssd"}
+    assert {r.mode for o in outs for r in o.records} == CYCLE_MODES
 
 
 def test_prompts_cached_while_ar_runs_serve_sd_after_the_draft_catches_up(tiny_llama):
@@ -466,11 +539,11 @@ def test_prompts_cached_while_ar_runs_serve_sd_after_the_draft_catches_up(tiny_l
     assert second.metrics["mean_accepted_length"] == K + 1
 
 
-def test_auto_without_ssd_chooses_between_ar_and_sd_with_no_worker(tiny_llama, close_draft):
+def test_auto_without_ssd_chooses_between_ar_sd_and_copies_with_no_worker(tiny_llama, close_draft):
     with auto(tiny_llama, close_draft, auto_ssd=False) as llm:
         assert llm.engine.proposer.ssd is None and llm.config.sampling == "rejection"
         params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
         outs = llm.generate(PROMPTS[:2], params)
         ar = LLM(model=str(tiny_llama), max_model_len=256).generate(PROMPTS[:2], params)
     assert [o.token_ids for o in outs] == [o.token_ids for o in ar]
-    assert {r.mode for o in outs for r in o.records} <= {"ar", "sd"}
+    assert {r.mode for o in outs for r in o.records} <= {"ar", "sd", "lookup"}

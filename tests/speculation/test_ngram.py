@@ -68,3 +68,21 @@ def test_a_chains_lookup_copies_after_recurring_ngrams_of_its_minimum_length():
     assert Lookup.of(6) == Lookup(6, 6)
     with pytest.raises(ValueError, match="min_ngram"):
         Lookup(3, 2)
+
+
+def test_a_chain_of_copies_is_each_copy_after_the_ones_before():
+    lookup = Lookup(2)
+    tokens = [5, 1, 2, 3, 4, 9, 1, 2]
+    # (1, 2) -> 3, then (2, 3) -> 4, then (3, 4) -> 9, then (4, 9) -> 1
+    assert lookup.chain(tokens, 4) == [3, 4, 9, 1]
+    assert lookup.chain(tokens, 2) == [3, 4]
+    assert lookup.chain(tokens, 0) == []
+    # the chain ends at the first depth without a recurring suffix: (7, 8) has not occurred
+    assert lookup.chain([7, 8], 3) == []
+    rng = random.Random(0)
+    for _ in range(200):
+        ctx = [rng.randrange(4) for _ in range(rng.randrange(1, 30))]
+        got, want = lookup.chain(ctx, 5), []
+        while len(want) < 5 and (t := lookup.next_token(ctx + want)) is not None:
+            want.append(t)
+        assert got == want

@@ -11,6 +11,7 @@ import torch
 from saguaro import LLM, SamplingParams
 from saguaro.kernels import transfer
 from saguaro.speculation import ngram, sd
+from saguaro.speculation.lookup import LookupProposer
 from tests.conftest import PROMPTS, SMALL_VOCAB, exact_first_two
 from tests.stats import tv_noise_floor
 
@@ -160,6 +161,25 @@ def test_greedy_sd_with_context_copies_equals_ar(
         assert llm.generate([prompt], params)[0].token_ids == ar_reference[prompt].token_ids
     assert found[True] > 0 and found[False] > 0
     assert len(forwards) == found[False]
+
+
+def test_greedy_sd_with_copies_alone_equals_ar(tiny_llama, ar_reference, monkeypatch):
+    """draft="lookup": no draft model is loaded, every proposal is a copy from the context (a
+    chain of them, up to K), rounds without one verify no proposal, and the text is AR's."""
+    found = count_lookups(monkeypatch)
+    llm = LLM(
+        model=str(tiny_llama), draft="lookup", num_speculative_tokens=4, draft_lookup=1,
+        max_model_len=256, max_num_seqs=8,
+    )  # fmt: skip
+    assert isinstance(llm.engine.proposer, LookupProposer) and llm.engine.draft_dir is None
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    for batch in (1, 3, 8):
+        outs = llm.generate(PROMPTS[:batch], params)
+        assert [o.token_ids for o in outs] == [ar_reference[p].token_ids for p in PROMPTS[:batch]]
+    assert found[True] > 0 and found[False] > 0
+    assert 0 < llm.last_run["accepted"] < llm.last_run["drafted"]
+    assert llm.last_run["choices"].get("lookup:0", 0) > 0  # rounds with no copy to propose
+    assert {k.split(":")[0] for k in llm.last_run["choices"]} <= {"ar", "lookup"}
 
 
 def test_a_chain_fed_past_its_copies_proposes_what_its_draft_says(
@@ -314,6 +334,25 @@ def test_sd_with_context_copies_first_two_tokens_follow_target(
     tv, floor, llm = first_two_tv(target, close, temperature, top_p, prompt, draft_lookup=1)
     assert tv < floor, f"TV {tv:.4f} >= noise floor {floor:.4f}"
     assert found[True] > 0 and found[False] > 0
+    assert 0 < llm.last_run["accepted"] < llm.last_run["drafted"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "temperature, top_p, sampling", [(0.7, 1.0, "rejection"), (1.0, 0.8, "coupled")]
+)
+def test_sd_with_copies_alone_first_two_tokens_follow_target(
+    small_vocab_pair, temperature, top_p, sampling
+):
+    """draft="lookup" after the prompt 0, 1, .., V - 1, 0: the first round proposes the chain of
+    copies 1, 2, 3 (point masses, no model's q), the first token is 1 with probability p(1) and
+    otherwise drawn from p without 1; the law of the first two tokens is still the target's."""
+    target, _, _ = small_vocab_pair
+    prompt = [*range(V), 0]
+    tv, floor, llm = first_two_tv(
+        target, "lookup", temperature, top_p, prompt, draft_lookup=1, sampling=sampling
+    )
+    assert tv < floor, f"TV {tv:.4f} >= noise floor {floor:.4f}"
     assert 0 < llm.last_run["accepted"] < llm.last_run["drafted"]
 
 
