@@ -1,5 +1,5 @@
-"""SD without a draft model (``draft="lookup"``, docs/design.md §3, "Copies"): every proposal is
-a copy from the sequence's own context."""
+"""SD without a draft model (``draft="lookup"``, docs/design.md §3, "Copies alone"): every
+proposal is a copy from the sequence's own context."""
 
 from __future__ import annotations
 
