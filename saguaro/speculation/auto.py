@@ -219,7 +219,7 @@ class AutoProposer(Proposer):
         context has a copy proposes k (a chain of copies runs to its end), the others none."""
         if self.copier is None:
             return None
-        copying = [s for s in seqs if self.copier.lookup.next_token(s.token_ids) is not None]
+        copying = [s for s in seqs if self.copier.has_copy(s)]
         per_seq = [self.copies.expected(s.seq_id) for s in copying]
         rest = len(seqs) - len(copying)
         return CopyEstimates(
@@ -451,6 +451,8 @@ class AutoProposer(Proposer):
         self.sd.release(seq)
         self.acceptance.forget(seq.seq_id)
         self.copies.forget(seq.seq_id)
+        if self.copier is not None:
+            self.copier.release(seq)
         if self.ssd is not None:
             self.ssd.release(seq)
 

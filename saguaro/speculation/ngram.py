@@ -78,7 +78,38 @@ class Lookup:
             out.append(t)
         return out
 
+    def recurrence(self) -> Recurrence:
+        """An incremental index of whether this rule finds a copy after a sequence's tokens."""
+        return Recurrence(self.min_ngram)
+
     @classmethod
     def of(cls, min_ngram: int) -> Lookup | None:
         """The rule for a ``--draft-lookup`` setting: None for 0 (no lookup)."""
         return cls(min_ngram, max(min_ngram, LOOKUP_MAX_NGRAM)) if min_ngram else None
+
+
+class Recurrence:
+    """Whether a sequence's context ends in an n-gram of ``n`` tokens that occurred earlier in
+    it, kept per sequence as its tokens grow: each call indexes only the tokens added since the
+    last, where :meth:`Lookup.next_token` reads the whole context. A :class:`Lookup` whose
+    shortest n-gram is ``n`` copies exactly where this holds (a longer recurring suffix contains
+    a recurring one of ``n`` tokens). A sequence's tokens must only grow (committed tokens do);
+    ``forget`` it when it ends."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.seen: dict[int, tuple[int, set[tuple[int, ...]]]] = {}  # id -> (indexed, n-grams)
+
+    def recurs(self, seq_id: int, tokens: Sequence[int]) -> bool:
+        """Whether ``tokens`` (sequence ``seq_id``'s) end in an n-gram that occurred before."""
+        indexed, grams = self.seen.get(seq_id, (0, set()))
+        if indexed > len(tokens):  # not the tokens indexed before: start over
+            indexed, grams = 0, set()
+        # the n-grams ending before the last token: the suffix itself is no earlier occurrence
+        for end in range(max(indexed, self.n - 1), len(tokens) - 1):
+            grams.add(tuple(tokens[end - self.n + 1 : end + 1]))
+        self.seen[seq_id] = (max(indexed, len(tokens) - 1), grams)
+        return len(tokens) > self.n and tuple(tokens[-self.n :]) in grams
+
+    def forget(self, seq_id: int) -> None:
+        self.seen.pop(seq_id, None)

@@ -86,3 +86,21 @@ def test_a_chain_of_copies_is_each_copy_after_the_ones_before():
         while len(want) < 5 and (t := lookup.next_token(ctx + want)) is not None:
             want.append(t)
         assert got == want
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_the_incremental_recurrence_finds_a_copy_exactly_where_the_lookup_does(n):
+    """Sequences grown by 0-3 tokens a call over 5 token values: the index, reading only what
+    was added, answers as the lookup does reading the whole context."""
+    lookup = Lookup.of(n)
+    rng = random.Random(n)
+    for _ in range(100):
+        index, tokens = lookup.recurrence(), []
+        for _ in range(40):
+            tokens += [rng.randrange(5) for _ in range(rng.randrange(4))]
+            assert index.recurs(7, tokens) == (lookup.next_token(tokens) is not None), tokens
+    index.recurs(8, [1, 2, 1, 2])
+    index.forget(7)
+    assert set(index.seen) == {8}
+    # other tokens under a known id (shorter than those indexed): indexed afresh
+    assert index.recurs(8, [3, 4]) is False and index.recurs(8, [3, 4, 5, 3, 4, 5]) is True
