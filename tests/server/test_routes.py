@@ -21,6 +21,7 @@ from tests.server.conftest import (
     KEY,
     MODEL,
     PROMPTS,
+    USER,
     greedy,
     idle_free_blocks,
     num_aborted,
@@ -203,6 +204,27 @@ def test_sd_streams_every_round_as_one_chunk(tiny_llama, offline):
     assert len(chunks) <= 40 // 5 + 1
     assert metrics["saguaro_mean_accepted_length"] == 5
     assert metrics['saguaro_draft_worker_state{state="running"}'] == 1
+
+
+def test_copies_alone_serve_offline_text_plain_streamed_and_in_chat(tiny_llama, offline):
+    """SD with no draft model (draft="lookup") behind the server: the official client gets
+    offline AR's text, plain and streamed, and /metrics counts the rounds as copies alone."""
+    llm = LLM(model=str(tiny_llama), draft="lookup", max_model_len=256, draft_lookup=1)
+    with serve(llm) as served:
+        client = served.client()
+        for prompt in PROMPTS[:4]:
+            ref = offline.generate(prompt, greedy(32))[0].text
+            kw = dict(model=MODEL, prompt=prompt, max_tokens=32, **GREEDY)
+            assert client.completions.create(**kw).choices[0].text == ref
+            chunks = client.completions.create(stream=True, **kw)
+            assert "".join(c.choices[0].text for c in chunks) == ref
+        chat = client.chat.completions.create(model=MODEL, messages=USER, max_tokens=16, **GREEDY)
+        metrics = served.metrics()
+    ids = offline.tokenizer.encode_chat(USER)
+    assert chat.choices[0].message.content == offline.generate(ids, greedy(16))[0].text
+    rounds = {k: v for k, v in metrics.items() if k.startswith("saguaro_rounds_total")}
+    assert rounds and all('mode="lookup"' in k or 'mode="ar"' in k for k in rounds)
+    assert sum(v for k, v in rounds.items() if 'mode="lookup"' in k and 'k="0"' not in k) > 0
 
 
 def test_ssd_serves_exactly_and_reports_a_failed_draft_worker(tiny_llama, tiny_draft, offline):
