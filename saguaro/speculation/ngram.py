@@ -1,4 +1,6 @@
-"""Fast backup (docs/design.md §7): prompt-lookup proposals from the sequence's own context.
+"""Copies from the sequence's own context: SSD's fast backup (docs/design.md §7), the draft
+chains' copies and SD with copies alone (§3, "Copies"), and an incremental index of where the
+chains' rule finds one.
 
 No model runs: the proposal copies what followed the most recent earlier occurrence of the
 context's last few tokens. It is deterministic, so verification uses the point-mass rule (§3).
