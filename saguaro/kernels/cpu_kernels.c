@@ -42,6 +42,7 @@ typedef uint8_t v16b __attribute__((vector_size(16)));
 typedef uint16_t v16h __attribute__((vector_size(32)));
 
 enum { FMT_F32 = 0, FMT_BF16 = 1, FMT_Q8 = 2, FMT_Q4 = 3 };
+#define QUANTIZED(fmt) ((fmt) == FMT_Q8 || (fmt) == FMT_Q4)
 enum { BLOCK = 32, LANES = 16, MAX_HEAD_DIM = 256, MAX_TILE_ROWS = 8, CHUNK = 32 };
 
 /* Without AVX-512 the linear layers take the AVX2 path below (same chains, same bits);
@@ -143,9 +144,8 @@ INLINE void weight_block8(const Weight *w, const int fmt, int64_t n, int64_t b, 
 }
 
 INLINE void group_scale(const Weight *w, const int fmt, int64_t g, __m256 *d, __m256 *m) {
-    const int quantized = fmt == FMT_Q8 || fmt == FMT_Q4;
-    *d = quantized ? _mm256_broadcast_ss(w->scales + g) : _mm256_set1_ps(1.0f);
-    *m = quantized ? _mm256_broadcast_ss(w->mins + g) : _mm256_setzero_ps();
+    *d = QUANTIZED(fmt) ? _mm256_broadcast_ss(w->scales + g) : _mm256_set1_ps(1.0f);
+    *m = QUANTIZED(fmt) ? _mm256_broadcast_ss(w->mins + g) : _mm256_setzero_ps();
 }
 
 /* Block `b` of row `n` as 32 floats at dst. */
@@ -156,10 +156,14 @@ INLINE void block_floats(const Weight *w, const int fmt, int64_t n, int64_t b, f
     for (int i = 0; i < 4; i++) _mm256_storeu_ps(dst + 8 * i, q[i]);
 }
 
+/* A group's scale or minimum as the tile reads it, and the tile's accumulators (tile_blocks). */
+typedef __m256 Scale;
+typedef __m256 TileAcc[COLS][ROWS][2];
+
 /* Block b of the tile's nc columns (their scales and minima d, m) into the rows' chains. */
 INLINE void tile_block(const float *x, const Weight *w, const int fmt, int64_t r0, int nr,
-                       int64_t wn0, int nc, int64_t b, const __m256 d[COLS], const __m256 m[COLS],
-                       __m256 acc[COLS][ROWS][2]) {
+                       int64_t wn0, int nc, int64_t b, const Scale d[COLS], const Scale m[COLS],
+                       TileAcc acc) {
     for (int c = 0; c < nc; c++) {
         __m256 q[4];
         weight_block8(w, fmt, wn0 + c, b, d[c], m[c], q);
@@ -170,33 +174,6 @@ INLINE void tile_block(const float *x, const Weight *w, const int fmt, int64_t r
                                                    acc[c][r][i % 2]);
         }
     }
-}
-
-/* As the generic linear_tile below: the chain of lane l takes x[k] * w[k] for k = l mod 16 in
- * increasing k, so lanes 0-7 take q[0] then q[2] of each block, lanes 8-15 q[1] then q[3]. */
-INLINE void linear_tile(const float *x, const Weight *w, const int fmt, float *out, int64_t n_out,
-                        int64_t r0, int nr, int64_t n0, int64_t wn0, int nc) {
-    __m256 acc[COLS][ROWS][2];
-    for (int c = 0; c < COLS; c++)
-        for (int r = 0; r < ROWS; r++) acc[c][r][0] = acc[c][r][1] = _mm256_setzero_ps();
-    const int64_t groups = w->k / w->group, per_group = w->group / BLOCK;
-    __m256 d[COLS], m[COLS];
-    /* A scale per block (GGUF's) is read beside its block: a group loop of one block a pass
-     * spends much of a one-row product on loop overhead. */
-    if (per_group == 1)
-        for (int64_t b = 0; b < groups; b++) {
-            for (int c = 0; c < nc; c++) group_scale(w, fmt, (wn0 + c) * groups + b, &d[c], &m[c]);
-            tile_block(x, w, fmt, r0, nr, wn0, nc, b, d, m, acc);
-        }
-    else
-        for (int64_t gi = 0; gi < groups; gi++) {
-            for (int c = 0; c < nc; c++) group_scale(w, fmt, (wn0 + c) * groups + gi, &d[c], &m[c]);
-            for (int64_t b = gi * per_group; b < (gi + 1) * per_group; b++)
-                tile_block(x, w, fmt, r0, nr, wn0, nc, b, d, m, acc);
-        }
-    for (int r = 0; r < nr; r++)
-        for (int c = 0; c < nc; c++)
-            out[(r0 + r) * n_out + n0 + c] = halves_sum(acc[c][r][0], acc[c][r][1]);
 }
 
 #else
@@ -278,18 +255,20 @@ INLINE void weight_block(const Weight *w, const int fmt, int64_t n, int64_t b, f
     *hi = qhi * d + m;
 }
 
-#define QUANTIZED(fmt) ((fmt) == FMT_Q8 || (fmt) == FMT_Q4)
-
 /* Group g's scale and minimum (1 and 0 for float formats, which have none). */
 INLINE void group_scale(const Weight *w, const int fmt, int64_t g, float *d, float *m) {
     *d = QUANTIZED(fmt) ? w->scales[g] : 1.0f;
     *m = QUANTIZED(fmt) ? w->mins[g] : 0.0f;
 }
 
+/* A group's scale or minimum as the tile reads it, and the tile's accumulators (tile_blocks). */
+typedef float Scale;
+typedef v16 TileAcc[COLS][SMALL_ROWS];
+
 /* Block b of the tile's nc columns (their scales and minima d, m) into the rows' chains. */
 INLINE void tile_block(const float *x, const Weight *w, const int fmt, int64_t r0, int nr,
-                       int64_t wn0, int nc, int64_t b, const float d[COLS], const float m[COLS],
-                       v16 acc[COLS][SMALL_ROWS]) {
+                       int64_t wn0, int nc, int64_t b, const Scale d[COLS], const Scale m[COLS],
+                       TileAcc acc) {
     v16 lo[COLS], hi[COLS];
     for (int c = 0; c < nc; c++) weight_block(w, fmt, wn0 + c, b, d[c], m[c], &lo[c], &hi[c]);
     for (int r = 0; r < nr; r++) {
@@ -302,19 +281,27 @@ INLINE void tile_block(const float *x, const Weight *w, const int fmt, int64_t r
     }
 }
 
-/* out[r, n] for rows r0 .. r0 + nr - 1 and columns n0 .. n0 + nc - 1 (nr <= ROWS, nc <= COLS),
- * from weight rows wn0 .. wn0 + nc - 1: each (r, n) is the same chain whatever nr and nc are. */
-INLINE void linear_tile(const float *x, const Weight *w, const int fmt, float *out, int64_t n_out,
-                        int64_t r0, int nr, int64_t n0, int64_t wn0, int nc) {
-    v16 acc[COLS][SMALL_ROWS];
-    for (int c = 0; c < nc; c++)
-        for (int r = 0; r < nr; r++) acc[c][r] = (v16){0};
+/* Block `b` of row `n` as 32 floats at dst. */
+INLINE void block_floats(const Weight *w, const int fmt, int64_t n, int64_t b, float *dst) {
+    float d, m;
+    group_scale(w, fmt, n * (w->k / w->group) + b * BLOCK / w->group, &d, &m);
+    v16 lo, hi;
+    weight_block(w, fmt, n, b, d, m, &lo, &hi);
+    store_f32(dst, lo);
+    store_f32(dst + LANES, hi);
+}
+#endif
+
+/* Every block of the tile's columns into its rows' chains, in increasing block order, each
+ * block with its group's scales, read by index (no division per block): GGUF's one scale per
+ * block beside its block (a group loop of one block a pass spends much of a one-row product on
+ * loop overhead), a longer group's once for all its blocks. */
+INLINE void tile_blocks(const float *x, const Weight *w, const int fmt, int64_t r0, int nr,
+                        int64_t wn0, int nc, TileAcc acc) {
     const int64_t groups = w->k / w->group, per_group = w->group / BLOCK;
-    float d[COLS], m[COLS];
-    /* Scales are read by index, with no division per block: GGUF's one per block beside its
-     * block, a longer group's once for all its blocks. */
-    if (per_group == 1 || !QUANTIZED(fmt))
-        for (int64_t b = 0; b < w->k / BLOCK; b++) {
+    Scale d[COLS], m[COLS];
+    if (per_group == 1)
+        for (int64_t b = 0; b < groups; b++) {
             for (int c = 0; c < nc; c++) group_scale(w, fmt, (wn0 + c) * groups + b, &d[c], &m[c]);
             tile_block(x, w, fmt, r0, nr, wn0, nc, b, d, m, acc);
         }
@@ -324,18 +311,32 @@ INLINE void linear_tile(const float *x, const Weight *w, const int fmt, float *o
             for (int64_t b = gi * per_group; b < (gi + 1) * per_group; b++)
                 tile_block(x, w, fmt, r0, nr, wn0, nc, b, d, m, acc);
         }
-    for (int r = 0; r < nr; r++)
-        for (int c = 0; c < nc; c++) out[(r0 + r) * n_out + n0 + c] = lane_sum(acc[c][r]);
 }
 
-/* Block `b` of row `n` as 32 floats at dst. */
-INLINE void block_floats(const Weight *w, const int fmt, int64_t n, int64_t b, float *dst) {
-    float d, m;
-    group_scale(w, fmt, n * (w->k / w->group) + b * BLOCK / w->group, &d, &m);
-    v16 lo, hi;
-    weight_block(w, fmt, n, b, d, m, &lo, &hi);
-    store_f32(dst, lo);
-    store_f32(dst + LANES, hi);
+#ifdef SAGUARO_AVX2
+/* As the generic linear_tile below: the chain of lane l takes x[k] * w[k] for k = l mod 16 in
+ * increasing k, so lanes 0-7 take q[0] then q[2] of each block, lanes 8-15 q[1] then q[3]. */
+INLINE void linear_tile(const float *x, const Weight *w, const int fmt, float *out, int64_t n_out,
+                        int64_t r0, int nr, int64_t n0, int64_t wn0, int nc) {
+    TileAcc acc;
+    for (int c = 0; c < COLS; c++)
+        for (int r = 0; r < ROWS; r++) acc[c][r][0] = acc[c][r][1] = _mm256_setzero_ps();
+    tile_blocks(x, w, fmt, r0, nr, wn0, nc, acc);
+    for (int r = 0; r < nr; r++)
+        for (int c = 0; c < nc; c++)
+            out[(r0 + r) * n_out + n0 + c] = halves_sum(acc[c][r][0], acc[c][r][1]);
+}
+#else
+/* out[r, n] for rows r0 .. r0 + nr - 1 and columns n0 .. n0 + nc - 1 (nr <= ROWS, nc <= COLS),
+ * from weight rows wn0 .. wn0 + nc - 1: each (r, n) is the same chain whatever nr and nc are. */
+INLINE void linear_tile(const float *x, const Weight *w, const int fmt, float *out, int64_t n_out,
+                        int64_t r0, int nr, int64_t n0, int64_t wn0, int nc) {
+    TileAcc acc;
+    for (int c = 0; c < nc; c++)
+        for (int r = 0; r < nr; r++) acc[c][r] = (v16){0};
+    tile_blocks(x, w, fmt, r0, nr, wn0, nc, acc);
+    for (int r = 0; r < nr; r++)
+        for (int c = 0; c < nc; c++) out[(r0 + r) * n_out + n0 + c] = lane_sum(acc[c][r]);
 }
 #endif
 _Static_assert((int)ROWS <= (int)MAX_TILE_ROWS, "linear_rows' REST cases cover remainders of 1..7 rows");
