@@ -27,7 +27,7 @@ class PackedWeight:
     "q4": ``codes`` uint8 [n, k / 2], byte j of each 16-byte block holding codes j (low nibble)
     and j + 16 (high nibble) of its 32 weights. For both, weight = scale * code + min with one
     scale and min per ``group`` weights of a row ([n, k / group] each, float16 values held as
-    float32)."""
+    float32). q8 is symmetric: its mins are all zero and the kernel does not read them."""
 
     fmt: str
     codes: torch.Tensor
@@ -36,6 +36,10 @@ class PackedWeight:
     group: int = 0
     scales: torch.Tensor | None = None
     mins: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.fmt == "q8" and self.mins is not None and bool(self.mins.any()):
+            raise ValueError("a q8 weight is symmetric: its mins must be zero")
 
     @property
     def quantized(self) -> bool:

@@ -162,6 +162,10 @@ def test_shapes_the_kernels_cannot_take_are_refused():
         ops.linear(torch.randn(2, 40), PackedWeight("f32", torch.randn(3, 40), 3, 40))
     with pytest.raises(ValueError, match="norm kernel"):
         ops.rms_norm(torch.randn(2, 24), 1e-6)
+    # the kernel reads no minimum for q8 (w = d q): a weight that needs one would be misread
+    with pytest.raises(ValueError, match="symmetric"):
+        codes, scales = torch.zeros(3, 32, dtype=torch.int8), torch.ones(3, 1)
+        PackedWeight("q8", codes, 3, 32, 32, scales, torch.full((3, 1), 0.5))
     q, k_cache, v_cache, key_slots, mask, rows = attention_case(torch.float32)
     with pytest.raises(ValueError, match="attention kernel"):
         ops.attention(q[..., :8], k_cache[..., :8], v_cache[..., :8], key_slots, mask, rows, 1.0)
