@@ -210,9 +210,20 @@ INLINE float lane_sum(v16 a) {
     return tree_sum(t);
 }
 
+/* A group's scale or minimum as the tile reads it.
+ * AVX-512 keeps it broadcast, loaded by one broadcast from memory (a scalar load and a
+ * register broadcast would take a shuffle unit the table's permutations need). */
+#ifdef __AVX512F__
+typedef __m512 Scale;
+#define SCALE(v) _mm512_set1_ps(v)
+#else
+typedef float Scale;
+#define SCALE(v) (v)
+#endif
+
 /* Block `b` (weights 32b .. 32b + 31) of row `n` as floats: lo = weights 0..15, hi = 16..31;
  * d and m are its group's scale and minimum (unused for float32 and bfloat16). */
-INLINE void weight_block(const Weight *w, const int fmt, int64_t n, int64_t b, float d, float m,
+INLINE void weight_block(const Weight *w, const int fmt, int64_t n, int64_t b, Scale d, Scale m,
                          v16 *lo, v16 *hi) {
     const int64_t k = w->k;
     if (fmt == FMT_F32) {
@@ -273,13 +284,12 @@ INLINE void weight_block(const Weight *w, const int fmt, int64_t n, int64_t b, f
 }
 
 /* Group g's scale and minimum (1 and 0 for float formats, which have none). */
-INLINE void group_scale(const Weight *w, const int fmt, int64_t g, float *d, float *m) {
-    *d = QUANTIZED(fmt) ? w->scales[g] : 1.0f;
-    *m = fmt == FMT_Q4 ? w->mins[g] : 0.0f;
+INLINE void group_scale(const Weight *w, const int fmt, int64_t g, Scale *d, Scale *m) {
+    *d = SCALE(QUANTIZED(fmt) ? w->scales[g] : 1.0f);
+    *m = SCALE(fmt == FMT_Q4 ? w->mins[g] : 0.0f);
 }
 
-/* A group's scale or minimum as the tile reads it, and the tile's accumulators (tile_blocks). */
-typedef float Scale;
+/* The tile's accumulators (tile_blocks). */
 typedef v16 TileAcc[COLS][SMALL_ROWS];
 
 /* Block b of the tile's nc columns (their scales and minima d, m) into the rows' chains. */
@@ -300,7 +310,7 @@ INLINE void tile_block(const float *x, const Weight *w, const int fmt, int64_t r
 
 /* Block `b` of row `n` as 32 floats at dst. */
 INLINE void block_floats(const Weight *w, const int fmt, int64_t n, int64_t b, float *dst) {
-    float d, m;
+    Scale d, m;
     group_scale(w, fmt, n * (w->k / w->group) + b * BLOCK / w->group, &d, &m);
     v16 lo, hi;
     weight_block(w, fmt, n, b, d, m, &lo, &hi);

@@ -37,7 +37,8 @@ class PackedWeight:
     scales: torch.Tensor | None = None
     mins: torch.Tensor | None = None
 
-    def __post_init__(self) -> None:
+    def check(self) -> None:
+        """Refuse what the kernel would misread (once, where a weight enters a model)."""
         if self.fmt == "q8" and self.mins is not None and bool(self.mins.any()):
             raise ValueError("a q8 weight is symmetric: its mins must be zero")
 

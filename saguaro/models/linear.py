@@ -25,6 +25,7 @@ class KernelLinear(nn.Module):
 
     def __init__(self, weight: PackedWeight, bias: torch.Tensor | None = None) -> None:
         super().__init__()
+        weight.check()
         self.fmt, self.n, self.k, self.group = weight.fmt, weight.n, weight.k, weight.group
         self.register_buffer("codes", weight.codes)
         self.register_buffer("scales", weight.scales)

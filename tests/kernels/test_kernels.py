@@ -165,7 +165,7 @@ def test_shapes_the_kernels_cannot_take_are_refused():
     # the kernel reads no minimum for q8 (w = d q): a weight that needs one would be misread
     with pytest.raises(ValueError, match="symmetric"):
         codes, scales = torch.zeros(3, 32, dtype=torch.int8), torch.ones(3, 1)
-        PackedWeight("q8", codes, 3, 32, 32, scales, torch.full((3, 1), 0.5))
+        PackedWeight("q8", codes, 3, 32, 32, scales, torch.full((3, 1), 0.5)).check()
     q, k_cache, v_cache, key_slots, mask, rows = attention_case(torch.float32)
     with pytest.raises(ValueError, match="attention kernel"):
         ops.attention(q[..., :8], k_cache[..., :8], v_cache[..., :8], key_slots, mask, rows, 1.0)
