@@ -495,7 +495,8 @@ class LlamaCppSpecBackend:
                 raise RuntimeError(
                     f"{SPEC_BINARY} exited {proc.returncode}:\n{proc.stderr[-2000:]}"
                 )
-            rep = parse_spec_output(proc.stdout, proc.stderr, self.tokenizer.decode(ids, False))
+            # it echoes the prompt as given, special tokens and all, but not the BOS it adds
+            rep = parse_spec_output(proc.stdout, proc.stderr, text)
             text = rep.pop("text")
             tokens = self.tokenizer.encode(text, add_special_tokens=False)
             ttft = clock + rep["encode_s"]

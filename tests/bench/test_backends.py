@@ -175,17 +175,20 @@ def test_spec_peer_drives_the_binary(tiny_llama, tiny_draft, tmp_path):
         Variant("llama.cpp-sd", 4, label="llama.cpp-sd"), cfg, tiny_llama, tiny_draft, 128
     )
     tok = Tokenizer(tiny_llama)
-    prompts = [tok.encode("x = "), tok.encode("y = ")]
-    params = [SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)] * 2
+    # a prompt led by BOS (a chat template's): the binary adds its own and does not echo it
+    prompts = [tok.encode("x = "), tok.encode("y = "), [tok.bos_token_id, *tok.encode("z = ")]]
+    params = [SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)] * 3
     gen = backend.generate(prompts, params)
 
     cont = tok.encode(" = 1 + 2 + 3", add_special_tokens=False)
-    assert [r.token_ids for r in gen.requests] == [cont[:8], cont[:8]]
-    assert [r.text for r in gen.requests] == [" = 1 + 2 + 3"] * 2
-    assert [r.ttft_s for r in gen.requests] == [0.25, 1.0]
-    assert [r.latency_s for r in gen.requests] == [0.75, 1.5] and gen.elapsed_s == 1.5
+    assert [r.token_ids for r in gen.requests] == [cont[:8]] * 3
+    assert [r.text for r in gen.requests] == [" = 1 + 2 + 3"] * 3
+    assert [r.ttft_s for r in gen.requests] == [0.25, 1.0, 1.75]
+    assert [r.latency_s for r in gen.requests] == [0.75, 1.5, 2.25] and gen.elapsed_s == 2.25
     assert gen.requests[0].tpot_s == pytest.approx(0.05)
-    assert gen.peer_stats["n_accept"] == 12 and gen.peer_stats["decoded_tokens"] == 20
+    assert gen.peer_stats["n_accept"] == 18 and gen.peer_stats["decoded_tokens"] == 30
+    bos_led = json.loads(log.read_text().splitlines()[2])
+    assert bos_led[bos_led.index("-p") + 1] == "z = "
     argv = json.loads(log.read_text().splitlines()[0])
     opt = {a: argv[i + 1] for i, a in enumerate(argv[:-1]) if a.startswith("-")}
     assert opt["-p"] == "x = " and opt["-n"] == "8" and opt["--spec-draft-n-max"] == "4"
