@@ -571,22 +571,32 @@ INLINE v8 cache_row(const void *cache, int bf16, int64_t offset) {
 /* The paged caches one attention call reads (see saguaro_attention). */
 typedef struct {
     const void *k_cache, *v_cache;
-    int bf16;
     int64_t kv_heads, l;
 } Keys;
 
+/* Ask for head kv's row at `slot` of a cache KEYS_AHEAD keys before it is read: a long
+ * context's keys and values come from memory, at slots the hardware cannot predict. */
+enum { KEYS_AHEAD = 8 };
+INLINE void prefetch_row(const Keys *keys, const void *cache, int64_t slot, int64_t kv,
+                         const int64_t d, const int bf16) {
+    const int64_t size = bf16 ? 2 : 4;
+    const char *p = (const char *)cache + (slot * keys->kv_heads + kv) * d * size;
+    for (int64_t o = 0; o < d * size; o += CACHE_LINE) __builtin_prefetch(p + o);
+}
+
 /* Query token t's head h (its vector qv) over the keys its mask row `visible` shows, at the
- * slots `slots`. With d a constant (the dispatch below) the value accumulators stay in
- * registers. */
+ * slots `slots`. With d and bf16 constants (the dispatch below) the value accumulators stay in
+ * registers and no branch on the cache's type is left in the loops. */
 INLINE void attend(const float *qv, const Keys *keys, const int64_t *slots,
                    const uint8_t *visible, int64_t kv, float scale, float *score, float *o,
-                   const int64_t d) {
+                   const int64_t d, const int bf16) {
     const int64_t l = keys->l, kv_heads = keys->kv_heads;
-    const int bf16 = keys->bf16;
     float top = -INFINITY;
     for (int64_t j = 0; j < l; j++) {
         if (!visible[j]) continue;
         const int64_t row = (slots[j] * kv_heads + kv) * d;
+        if (j + KEYS_AHEAD < l)
+            prefetch_row(keys, keys->k_cache, slots[j + KEYS_AHEAD], kv, d, bf16);
         v8 lo = {0}, hi = {0};
         for (int64_t i = 0; i < d; i += LANES) {
             lo = load8(qv + i) * cache_row(keys->k_cache, bf16, row + i) + lo;
@@ -606,6 +616,8 @@ INLINE void attend(const float *qv, const Keys *keys, const int64_t *slots,
     for (int64_t j = 0; j < l; j++) {
         if (!visible[j]) continue;
         const int64_t row = (slots[j] * kv_heads + kv) * d;
+        if (j + KEYS_AHEAD < l)
+            prefetch_row(keys, keys->v_cache, slots[j + KEYS_AHEAD], kv, d, bf16);
         for (int64_t i = 0; i < d / HALF; i++)
             acc[i] = cache_row(keys->v_cache, bf16, row + i * HALF) * score[j] + acc[i];
     }
@@ -624,7 +636,7 @@ void saguaro_attention(const float *q, int64_t t_count, int64_t heads, int64_t d
                        const int64_t *key_slots, int64_t l, const uint8_t *mask, int64_t q_pad,
                        const int64_t *rows, float scale, float *out, float *scratch, int threads) {
     const int64_t group = heads / kv_heads;
-    const Keys keys = {k_cache, v_cache, bf16, kv_heads, l};
+    const Keys keys = {k_cache, v_cache, kv_heads, l};
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t task = 0; task < t_count * heads; task++) {
         const int64_t t = task / heads, h = task % heads, b = rows[t] / q_pad;
@@ -633,12 +645,14 @@ void saguaro_attention(const float *q, int64_t t_count, int64_t heads, int64_t d
         float *score = scratch + (int64_t)omp_get_thread_num() * l;
         const float *qv = q + (t * heads + h) * d;
         float *o = out + (t * heads + h) * d;
+#define ATTEND(D, BF16) attend(qv, &keys, slots, visible, h / group, scale, score, o, D, BF16)
         if (d == 64)
-            attend(qv, &keys, slots, visible, h / group, scale, score, o, 64);
+            bf16 ? ATTEND(64, 1) : ATTEND(64, 0);
         else if (d == 128)
-            attend(qv, &keys, slots, visible, h / group, scale, score, o, 128);
+            bf16 ? ATTEND(128, 1) : ATTEND(128, 0);
         else
-            attend(qv, &keys, slots, visible, h / group, scale, score, o, d);
+            bf16 ? ATTEND(d, 1) : ATTEND(d, 0);
+#undef ATTEND
     }
 }
 
