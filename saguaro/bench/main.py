@@ -93,7 +93,9 @@ def run_bench(cfg: BenchConfig, command: list[str]) -> int:
     with contextlib.ExitStack() as stack:
         backends = load_backends(cfg, plan, target_dir, draft_dir, max_model_len, stack)
         machine = provenance.machine_info()
-        runs = measure(plan, backends)
+        measured = measure(plan, backends)
+    runs = measured.runs
+    variants = [v for v in variants if v.label not in measured.failed]
 
     correctness = (
         check_greedy(runs, variants)
@@ -105,7 +107,7 @@ def run_bench(cfg: BenchConfig, command: list[str]) -> int:
         "command": shlex.join(command),
         "argv": command,
         "config": asdict(cfg),
-        "variants": [asdict(v) for v in variants],
+        "variants": [asdict(v) for v in plan.variants],
         "machine": machine,
         "versions": provenance.versions(),
         "git": provenance.git_info(),
@@ -114,6 +116,7 @@ def run_bench(cfg: BenchConfig, command: list[str]) -> int:
         "max_model_len": max_model_len,
         "started_at": time.strftime(TIMESTAMP, time.localtime(started)),
         "duration_s": time.time() - started,
+        "failed": measured.failed,
     }
     paths = report.write_all(Path(cfg.out), meta, rows, runs, correctness)
     print(markdown_table(rows))
@@ -121,12 +124,13 @@ def run_bench(cfg: BenchConfig, command: list[str]) -> int:
     if correctness["ok"] is False:
         print(correctness_banner(correctness), file=sys.stderr)
         return EXIT_MISMATCH
-    return EXIT_OK
+    return EXIT_ERROR if measured.failed else EXIT_OK
 
 
 def bench_main(argv: list[str]) -> int:
     """`saguaro bench [flags]`: exit 0 on success, 1 when a mode's greedy tokens differ from
-    AR's, 2 on a usage or engine error."""
+    AR's, 2 on a usage or engine error (also when a variant failed and was dropped from the
+    results written)."""
     try:
         cfg = parse_config(argv)
         return run_bench(cfg, ["saguaro", "bench", *argv])

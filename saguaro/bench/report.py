@@ -78,6 +78,8 @@ def markdown(meta: dict[str, Any], rows: list[Row], correctness: dict[str, Any])
         "in the same cell).",
     ]
     lines += [f"- **draft failure (fell back to AR): {f}**" for f in failures]
+    failed = meta.get("failed", {})
+    lines += [f"- **{v} failed, not in the tables: {e}**" for v, e in failed.items()]
     lines += ["", "**Summary** (output tok/s in total)", ""]
     lines += [summary_table(rows), markdown_table(rows), step_table(rows), round_table(rows)]
     lines += [f"![{p.removesuffix('.png')}]({p})" for p in PLOTS]

@@ -599,17 +599,7 @@ class LLMEngine:
                 continue
             new = committed[i]
             written = len(seq) + s.k  # target KV now covers r, s_1..s_k
-            count = 0
-            for tok in new:
-                seq.token_ids.append(tok)
-                count += 1
-                self.detok.append_token(seq, self.max_model_len)
-                if seq.is_finished:
-                    break
-            if seq.logprobs is not None:
-                seq.logprobs.extend(logprobs[i][:count])
-            if seq.first_token_time is None:
-                seq.first_token_time = now
+            count = self._commit(seq, new, logprobs[i], now)
             j = row.get(seq.seq_id) if proposal is not None else None
             seq.records.append(
                 RoundRecord(
@@ -627,14 +617,35 @@ class LLMEngine:
                     verify_s=verify_s,
                 )
             )
+            self._settle(seq, written, now)
+
+    def _commit(
+        self, seq: Sequence, new: list[int], logprobs: list[TokenLogprob], now: float
+    ) -> int:
+        """Append a round's tokens to ``seq`` until it finishes; how many went in."""
+        count = 0
+        for tok in new:
+            seq.token_ids.append(tok)
+            count += 1
+            self.detok.append_token(seq, self.max_model_len)
             if seq.is_finished:
-                seq.finish_time = now
-                self._release(seq)
-                continue
-            # Roll back: KV past the last accepted proposal belongs to rejected tokens.
-            seq.num_computed_tokens = min(written, len(seq) - 1)
-            self.block_manager.trim(seq, len(seq))
-            self._register(seq)
+                break
+        if seq.logprobs is not None:
+            seq.logprobs.extend(logprobs[:count])
+        if seq.first_token_time is None:
+            seq.first_token_time = now
+        return count
+
+    def _settle(self, seq: Sequence, written: int, now: float) -> None:
+        """Release a finished ``seq``, or roll its KV back to its tokens: the target wrote
+        ``written`` positions, and those past the last accepted proposal hold rejected tokens."""
+        if seq.is_finished:
+            seq.finish_time = now
+            self._release(seq)
+            return
+        seq.num_computed_tokens = min(written, len(seq) - 1)
+        self.block_manager.trim(seq, len(seq))
+        self._register(seq)
 
     def _logprobs(
         self,

@@ -120,43 +120,55 @@ class SSDProposer(Proposer):
             raise DraftWorkerError(f"draft worker did not start: {msg}")
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> Proposal:
-        updates = []
-        for s in seqs:
-            sent = self.known.get(s.seq_id)
-            if sent is None:
-                proc = s.processors
-                updates.append(
-                    P.SeqUpdate(
-                        s.seq_id,
-                        list(s.token_ids),
-                        s.params,
-                        s.num_prompt_tokens,
-                        list(proc.stop_ids) if proc is not None else [],
-                        list(proc.bad_words) if proc is not None else [],
-                        s.seed,
-                        coupled=s.params.method(self.cfg.sampling) == "coupled",
-                        new=True,
-                    )
-                )
-            else:
-                updates.append(P.SeqUpdate(s.seq_id, s.token_ids[sent:]))
-            self.known[s.seq_id] = len(s)
+        updates = [self._update(s) for s in seqs]
         backup = self.policy.choose(len(seqs))
         t0 = time.perf_counter()
-        if self.round_started is not None:
-            round_s = t0 - self.round_started
-            self.totals["timed_rounds"] += 1
-            self.totals["round_s"] += round_s
-            if self.verify_s and self.last_wait_s is not None:
-                # the target's own time in the last round beyond its forward and its wait
-                other_s = round_s - self.verify_s - self.last_wait_s
-                self.policy.observe_times(self.verify_s, other_s=other_s)
-        self.round_started = t0
+        self._time_round(t0)
         window = None
         if self.replied_at is not None and self.verify_s:
             window = min(t0 - self.replied_at, WINDOW_CAP_VERIFICATIONS * self.verify_s)
         request = P.RoundRequest(updates, self.dropped, backup, self.verify_s, window)
         self.dropped = []
+        reply = self._ask(request)
+        self.replied_at = time.perf_counter()
+        wait_s = self.last_wait_s = self.replied_at - t0
+        self._tally(reply)
+        if reply.backup_s:
+            self.policy.observe_times(self.verify_s or wait_s, backup_s={backup: reply.backup_s})
+        return self._proposal(reply, ks, wait_s)
+
+    def _update(self, s: Sequence) -> P.SeqUpdate:
+        """What the worker must learn of ``s``: all of it the first time, else its new tokens."""
+        sent = self.known.get(s.seq_id)
+        self.known[s.seq_id] = len(s)
+        if sent is not None:
+            return P.SeqUpdate(s.seq_id, s.token_ids[sent:])
+        proc = s.processors
+        return P.SeqUpdate(
+            s.seq_id,
+            list(s.token_ids),
+            s.params,
+            s.num_prompt_tokens,
+            list(proc.stop_ids) if proc is not None else [],
+            list(proc.bad_words) if proc is not None else [],
+            s.seed,
+            coupled=s.params.method(self.cfg.sampling) == "coupled",
+            new=True,
+        )
+
+    def _time_round(self, t0: float) -> None:
+        """Close the last round's clock at ``t0``: its length, and the target's own time in it
+        beyond its forward and its wait, for the backup policy."""
+        if self.round_started is not None:
+            round_s = t0 - self.round_started
+            self.totals["timed_rounds"] += 1
+            self.totals["round_s"] += round_s
+            if self.verify_s and self.last_wait_s is not None:
+                other_s = round_s - self.verify_s - self.last_wait_s
+                self.policy.observe_times(self.verify_s, other_s=other_s)
+        self.round_started = t0
+
+    def _ask(self, request: P.RoundRequest) -> P.RoundReply:
         try:
             self.channel.ring()  # a build still running stops at its next depth
             self.channel.send(1, P.ROUND, request)
@@ -165,8 +177,9 @@ class SSDProposer(Proposer):
             raise DraftWorkerError(self._why(e)) from e
         if kind != P.SPEC:
             raise DraftWorkerError(f"draft worker failed:\n{reply}")
-        self.replied_at = time.perf_counter()
-        wait_s = self.last_wait_s = self.replied_at - t0
+        return reply
+
+    def _tally(self, reply: P.RoundReply) -> None:
         self.last_reply = reply
         self.totals["rounds"] += 1
         for name in REPLY_TIMES:
@@ -174,8 +187,10 @@ class SSDProposer(Proposer):
         # The request found the worker still building: the build overran the target's window.
         self.totals["overran"] += reply.idle_s < OVERRUN_IDLE_S
         self.totals["cut"] += reply.cut
-        # Lists made tensors once: a tensor operator per sequence would cost more than the
-        # copying it does.
+
+    def _proposal(self, reply: P.RoundReply, ks: list[int], wait_s: float) -> Proposal:
+        """The reply's speculations cut to each sequence's k, as one batch. Lists are made
+        tensors once: a tensor operator per sequence would cost more than the copying it does."""
         counts = [min(len(spec.tokens), k) for spec, k in zip(reply.specs, ks, strict=True)]
         pairs = zip(reply.specs, counts, strict=True)
         rows = [spec.tokens[:m] + [0] * (self.k - m) for spec, m in pairs]
@@ -189,8 +204,6 @@ class SSDProposer(Proposer):
             for i, sq in sampled:
                 m, padded = counts[i], sq.pad_to(q.width)
                 q.ids[i, :m], q.probs[i, :m] = padded.ids[:m], padded.probs[:m]
-        if reply.backup_s:
-            self.policy.observe_times(self.verify_s or wait_s, backup_s={backup: reply.backup_s})
         return Proposal(
             tokens,
             num_draft,

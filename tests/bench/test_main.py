@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from saguaro.bench import bench_main, datasets
+from saguaro.bench import backends, bench_main, datasets
 from saguaro.bench.report import PLOTS, SCHEMA
 from tests.bench.conftest import args
 
@@ -112,6 +112,37 @@ def test_bench_writes_report(tiny_llama, prompt_file, tmp_path):
         data = (out / name).read_bytes()
         assert data.startswith(PNG_MAGIC) and len(data) > 5000
         assert f"]({name})" in md
+
+
+def test_a_failing_variant_is_dropped_and_the_others_are_kept(
+    tiny_llama, tiny_draft, prompt_file, tmp_path, monkeypatch
+):
+    """A variant that raises midway (say a peer binary that exits) costs no other variant its
+    measurements: the report is written without it, names its error, and the exit code says
+    something failed."""
+    calls: dict[str, int] = {}
+    generate = backends.SaguaroBackend.generate
+
+    def failing(self, prompts, params):
+        calls[self.variant.label] = calls.get(self.variant.label, 0) + 1
+        if self.variant.label == "sd" and calls["sd"] == 3:  # after warm-up and one run
+            raise RuntimeError("the draft fell over")
+        return generate(self, prompts, params)
+
+    monkeypatch.setattr(backends.SaguaroBackend, "generate", failing)
+    out = tmp_path / "out"
+    argv = args(tiny_llama, tiny_draft, prompt_file, out, "--modes", "ar,sd,ssd", "--k", "2")
+    assert bench_main(argv) == 2
+    res = json.loads((out / "results.json").read_text())
+    assert res["failed"] == {"sd": "RuntimeError: the draft fell over"}
+    assert {r["variant"] for r in res["results"]} == {"ar", "ssd"}
+    assert {r["variant"] for r in res["runs"]} == {"ar", "ssd"}
+    assert res["correctness"]["ok"] is True  # SSD still checked against AR
+    assert calls["ar"] == calls["ssd"] > calls["sd"] == 3  # nothing after the failure
+    assert (
+        "sd failed, not in the tables: RuntimeError: the draft fell over"
+        in (out / "results.md").read_text()
+    )
 
 
 def test_sampling_methods_side_by_side(tiny_llama, tiny_draft, prompt_file, tmp_path):
