@@ -349,7 +349,7 @@ INLINE void tile_blocks(const float *x, const Weight *w, const int fmt, int64_t 
                         int64_t wn0, int nc, TileAcc acc) {
     const int64_t groups = w->k / w->group, per_group = w->group / BLOCK;
     Scale d[COLS], m[COLS];
-    prefetch_rows(w, fmt, wn0 + PREFETCH_ROWS, nc);
+    if (r0 == 0) prefetch_rows(w, fmt, wn0 + PREFETCH_ROWS, nc);  /* later row tiles hit cache */
     if (per_group == 1)
         for (int64_t b = 0; b < groups; b++) {
             for (int c = 0; c < nc; c++) group_scale(w, fmt, (wn0 + c) * groups + b, &d[c], &m[c]);
