@@ -68,7 +68,7 @@ class ModelRunner:
         self.device = torch.device(device)
         self.block_size = block_size
         self.num_slots = num_blocks * block_size
-        dtype = model.embed_tokens.weight.dtype
+        dtype = model.embed_tokens.dtype
         # A tensor-parallel rank caches its own KV heads only.
         # The bucketed path's padding writes one row past the pool (its scratch slot).
         rows = self.num_slots + (buckets is not None)
@@ -97,7 +97,7 @@ class ModelRunner:
     @staticmethod
     def kv_bytes_per_block(model: CausalLM, block_size: int) -> int:
         cfg = model.config
-        elem = model.embed_tokens.weight.element_size()
+        elem = model.embed_tokens.dtype.itemsize
         per_token = 2 * cfg.num_hidden_layers * model.num_kv_heads * cfg.head_dim * elem
         return per_token * block_size
 

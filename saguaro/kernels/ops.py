@@ -39,6 +39,8 @@ class PackedWeight:
 
     def check(self) -> None:
         """Refuse what the kernel would misread (once, where a weight enters a model)."""
+        if self.quantized and any(t.dtype != torch.float32 for t in (self.scales, self.mins)):
+            raise ValueError("a quantized weight's scales and mins are held as float32")
         if self.fmt == "q8" and self.mins is not None and bool(self.mins.any()):
             raise ValueError("a q8 weight is symmetric: its mins must be zero")
 
@@ -85,6 +87,8 @@ def _linear_arg(w: PackedWeight) -> _Linear:
         return x.data_ptr() if x is not None else None
 
     group = w.group or w.k
+    if w.quantized and w.scales.dtype != torch.float32:  # a module cast by .to(dtype), say
+        raise ValueError(f"a quantized weight's scales are held as float32, not {w.scales.dtype}")
     return _Linear(w.codes.data_ptr(), ptr(w.scales), ptr(w.mins), w.n, w.k, group, FORMATS[w.fmt])
 
 

@@ -44,7 +44,8 @@ def module_of(hf_name: str) -> tuple[str, int] | None:
 
 def gguf_linears(path: Path, cfg: ModelConfig) -> dict[str, PackedWeight]:
     """Module name -> packed weight, for each linear layer whose GGUF weights are all in a block
-    type the kernels read; the tied (or absent) LM head takes the embedding's blocks."""
+    type the kernels read, and ``embed_tokens`` (the embedding's blocks, which the tied or
+    absent LM head takes too)."""
     import gguf
 
     g = GGUFFile.read(path)
@@ -72,7 +73,7 @@ def gguf_linears(path: Path, cfg: ModelConfig) -> dict[str, PackedWeight]:
     for module, pieces in parts.items():
         if all(p is not None for p in pieces) and len({(p.fmt, p.group) for p in pieces}) == 1:
             whole[module] = concat_rows(pieces)  # type: ignore[arg-type]
-    embed = whole.pop("embed_tokens", None)
+    embed = whole.get("embed_tokens")  # the embedding's own rows, and the tied head's
     if "lm_head" not in whole and embed is not None:
         whole["lm_head"] = embed
     if not whole:

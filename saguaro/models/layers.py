@@ -272,6 +272,11 @@ class VocabEmbedding(nn.Module):
         self.start, end = tp.vocab_rows(vocab_size)
         self.weight = nn.Parameter(torch.empty(end - self.start, hidden))
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the hidden states it starts."""
+        return self.weight.dtype
+
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
             return F.embedding(ids, self.weight)

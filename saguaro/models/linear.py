@@ -14,7 +14,7 @@ from torch import nn
 
 from saguaro.kernels import ops
 from saguaro.kernels.ops import PackedWeight
-from saguaro.models.quant import SCHEMES, dequantize, quantize
+from saguaro.models.quant import SCHEMES, dequantize, exact_q8, quantize
 
 # Dense weight dtypes the linear kernel reads as they are.
 DENSE_FORMATS = {torch.float32: "f32", torch.bfloat16: "bf16"}
@@ -48,6 +48,45 @@ class KernelLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in={self.k}, out={self.n}, format={self.fmt}, group={self.group}"
+
+
+class PackedEmbedding(nn.Module):
+    """A token embedding held as a quantized :class:`PackedWeight` (row t: token t), the tied LM
+    head's own blocks where there is one: a looked-up row is dequantized, which gives exactly
+    the float32 row of the dense table it replaces (that table being those blocks
+    dequantized), then cast to ``dtype``."""
+
+    def __init__(self, weight: PackedWeight, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.fmt, self.n, self.k, self.group = weight.fmt, weight.n, weight.k, weight.group
+        self.register_buffer("codes", weight.codes)  # the same tensors: no copy
+        self.register_buffer("scales", weight.scales)
+        self.register_buffer("mins", weight.mins)
+        self.dtype = dtype
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        flat = ids.reshape(-1)
+        rows = PackedWeight(
+            self.fmt, self.codes[flat], len(flat), self.k, self.group, self.scales[flat],
+            self.mins[flat],
+        )  # fmt: skip
+        return dequantize(rows).to(self.dtype).view(*ids.shape, self.k)
+
+    def extra_repr(self) -> str:
+        return f"tokens={self.n}, dim={self.k}, format={self.fmt}, group={self.group}"
+
+
+def packed_embedding(model: nn.Module, weights: dict[str, PackedWeight]) -> PackedEmbedding | None:
+    """The model's embedding held packed where that changes none of its rows: a GGUF file's own
+    blocks (``weights["embed_tokens"]``), or a float32 table that int8 groups of 32 hold exactly
+    (one dequantized from Q8_0, as SmolLM2's is in its draft); None otherwise. It spares the
+    dense table: for a 49,152 x 576 vocabulary, 113 MB of float32 for 30 MB of blocks, or none
+    where the blocks are the tied head's."""
+    dense = model.embed_tokens
+    if getattr(dense, "tp", None) is not None and dense.tp.size > 1:
+        return None
+    w = weights.get("embed_tokens") or exact_q8(dense.weight.data)
+    return None if w is None else PackedEmbedding(w, dense.dtype)
 
 
 def packed(weight: torch.Tensor, scheme: str) -> PackedWeight:
@@ -105,6 +144,9 @@ def use_kernels(
         w = weights.get(name) or packed(linear.weight.data, scheme)
         bias = None if linear.bias is None else linear.bias.data
         setattr(parent, leaf, KernelLinear(w, bias))
+    embedding = packed_embedding(model, weights)
+    if embedding is not None:
+        model.embed_tokens = embedding
     for name, module in model.named_modules():
         if everywhere and hasattr(module, "kernels"):
             module.kernels = kernel_fits(module)

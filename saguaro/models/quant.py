@@ -24,6 +24,7 @@ INT4_LEVELS, INT8_LEVELS = 15, 127
 SCHEMES = {"int4": (4, 32), "int4-g64": (4, 64), "int4-g128": (4, 128), "int8": (8, 0)}
 # GGUF block type -> bytes per 32-weight block
 GGUF_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
+EXACT_Q8_ROWS = 4096  # rows exact_q8 quantizes and checks at a time
 
 
 def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
@@ -70,7 +71,27 @@ def half(x: torch.Tensor) -> torch.Tensor:
 
 def quantize(w: torch.Tensor, scheme: str) -> PackedWeight:
     """``w`` [n, k] in one of :data:`SCHEMES`."""
-    bits, group = SCHEMES[scheme]
+    return quantize_groups(w, *SCHEMES[scheme])
+
+
+def exact_q8(w: torch.Tensor) -> PackedWeight | None:
+    """``w`` [n, k] as int8 groups of 32 with float16 scales (GGUF's Q8_0) where that holds it
+    exactly, else None. A table dequantized from Q8_0 is held exactly: each group's largest
+    |w| is d * 127, so d = max |w| / 127 and every code w / d come back as they were."""
+    if w.dtype != torch.float32 or w.shape[1] % BLOCK:
+        return None
+    parts = []
+    for rows in w.split(EXACT_Q8_ROWS):  # a table that is not fails on its first rows
+        q = quantize_groups(rows, 8, BLOCK)
+        if not torch.equal(dequantize(q), rows):
+            return None
+        parts.append(q)
+    return concat_rows(parts)
+
+
+def quantize_groups(w: torch.Tensor, bits: int, group: int) -> PackedWeight:
+    """``w`` [n, k] in int4 or int8 codes (``bits``), one scale (and minimum) per ``group``
+    weights of a row (0: one per row)."""
     n, k = w.shape
     check_shape(k, group)
     group = group or k

@@ -166,6 +166,13 @@ def test_shapes_the_kernels_cannot_take_are_refused():
     with pytest.raises(ValueError, match="symmetric"):
         codes, scales = torch.zeros(3, 32, dtype=torch.int8), torch.ones(3, 1)
         PackedWeight("q8", codes, 3, 32, 32, scales, torch.full((3, 1), 0.5)).check()
+    # scales and minima are float32, as the kernel reads them: a cast module's would be misread
+    with pytest.raises(ValueError, match="float32"):
+        PackedWeight("q8", codes, 3, 32, 32, scales.half(), scales.half() * 0).check()
+    with pytest.raises(ValueError, match="float32"):
+        nibbles = torch.zeros(3, 16, dtype=torch.uint8)
+        q4 = PackedWeight("q4", nibbles, 3, 32, 32, scales.bfloat16(), scales.bfloat16())
+        ops.linear(torch.ones(1, 32), q4)
     q, k_cache, v_cache, key_slots, mask, rows = attention_case(torch.float32)
     with pytest.raises(ValueError, match="attention kernel"):
         ops.attention(q[..., :8], k_cache[..., :8], v_cache[..., :8], key_slots, mask, rows, 1.0)

@@ -85,4 +85,4 @@ def test_bfloat16_and_float16_load_and_run(tiny_llama):
         llm = LLM(model=str(tiny_llama), dtype=dtype, max_model_len=128)
         out = llm.generate("abc", SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))
         assert len(out[0].token_ids) == 5
-        assert llm.engine.runner.model.embed_tokens.weight.dtype == getattr(torch, dtype)
+        assert llm.engine.runner.model.embed_tokens.dtype == getattr(torch, dtype)

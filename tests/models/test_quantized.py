@@ -15,10 +15,10 @@ from saguaro.models.config import ModelConfig
 from saguaro.models.gguf_import import import_gguf
 from saguaro.models.gguf_names import deinterleave_rope_rows
 from saguaro.models.gguf_weights import gguf_linears
-from saguaro.models.linear import KernelLinear
+from saguaro.models.linear import KernelLinear, PackedEmbedding
 from saguaro.models.loader import DRAFT_AUTO_SCHEME, load_model, resolve_quantization
 from saguaro.models.parallel import TensorParallel
-from saguaro.models.quant import dequantize, pack_nibbles, quantize, unpack_nibbles
+from saguaro.models.quant import dequantize, exact_q8, pack_nibbles, quantize, unpack_nibbles
 from tests.models.test_gguf_import import bpe_model
 
 gguf = pytest.importorskip("gguf", reason="gguf is a dev dependency (pip install -e '.[dev]')")
@@ -101,7 +101,13 @@ def test_the_gguf_model_runs_the_files_blocks_bit_for_bit(source, tmp_path, dtyp
     fmt = "q8" if dtype == "q8_0" else "q4"
     assert isinstance(quantized.lm_head, KernelLinear)  # tied: the embedding's blocks
     assert quantized.lm_head.fmt == quantized.layers[0].mlp.down_proj.fmt == fmt
+    # the embedding is the head's blocks too, not a dense copy of them
+    assert isinstance(quantized.embed_tokens, PackedEmbedding)
+    assert quantized.embed_tokens.codes is quantized.lm_head.codes
     dense = load_model(imported, quantization="none", kernels=True)
+    ids = torch.tensor([[0, 5, 17], [3, 3, 1]])
+    table = load_model(imported).embed_tokens.weight
+    assert torch.equal(quantized.embed_tokens(ids), table[ids])
     assert dense.layers[0].mlp.down_proj.fmt == "f32"
     query = [(list(range(4)), 0, PROMPT, len(PROMPT))]
     assert torch.equal(forward_logits(quantized, query), forward_logits(dense, query))
@@ -120,6 +126,25 @@ def test_auto_keeps_a_targets_dense_weights_and_quantizes_a_drafts(source, tmp_p
     assert (
         load_model(source, quantization="auto", kernels=True).layers[0].mlp.down_proj.fmt == "f32"
     )
+
+
+def test_an_embedding_int8_holds_exactly_is_held_packed_and_no_other(source, tmp_path):
+    """A table dequantized from Q8_0 (the shipped draft's is SmolLM2's) comes back exactly from
+    int8 groups of 32, so it is held that way; a table that does not, as a trained float one,
+    stays dense."""
+    imported = import_gguf(export_gguf(source, tmp_path / "m.gguf", "q8_0"), tmp_path / "hf")
+    table = load_model(imported).embed_tokens.weight.data
+    q = exact_q8(table)
+    assert q is not None and q.fmt == "q8" and q.group == 32
+    assert torch.equal(dequantize(q), table)
+    assert exact_q8(table * 1.0001) is None  # no longer d * code for float16 d
+    assert exact_q8(table.bfloat16()) is None
+    draft = load_model(imported, quantization="int8", kernels=True, draft=True)
+    assert isinstance(draft.embed_tokens, PackedEmbedding)
+    ids = torch.tensor([2, 9, 9, 40])
+    assert torch.equal(draft.embed_tokens(ids), table[ids])
+    dense = load_model(source, quantization="int8", kernels=True)  # a random float table
+    assert not isinstance(dense.embed_tokens, PackedEmbedding)
 
 
 def test_quantization_errors_name_the_way_out(source, tmp_path):
