@@ -217,6 +217,16 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         check_choices(self)
+        self._check_mode()
+        self._check_sizes()
+        self._resolve_backends()
+        self._check_speculation()
+        self._place_on_cpus()
+        if self.device.startswith("cuda"):
+            self._place_on_gpus()
+
+    def _check_mode(self) -> None:
+        """The mode (default: from the draft) and what a lookup draft allows."""
         if self.mode is None:
             self.mode = ("sd" if self.draft == LOOKUP_DRAFT else "auto") if self.draft else "ar"
         if self.draft == LOOKUP_DRAFT and self.mode not in ("ar", "sd"):
@@ -225,6 +235,9 @@ class EngineConfig:
             )
         if self.draft == LOOKUP_DRAFT and self.draft_lookup < 1:
             raise ValueError(f"draft={LOOKUP_DRAFT!r} copies by draft_lookup's rule: need it >= 1")
+
+    def _check_sizes(self) -> None:
+        """Counts and lengths that must be positive."""
         if self.num_speculative_tokens < 1:
             raise ValueError(
                 f"num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}"
@@ -241,6 +254,10 @@ class EngineConfig:
             )
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
+
+    def _resolve_backends(self) -> None:
+        """The device, the draft's dtype and the kernels (``auto`` resolved), and the
+        combinations they refuse."""
         self.device = resolve_device(self.device)
         self.draft_dtype = self.draft_dtype or self.dtype
         if self.kernels == "auto":
@@ -255,6 +272,9 @@ class EngineConfig:
             )
         if self.kernels == "saguaro" and self.compile:
             raise ValueError("--compile compiles torch's operators; use it with --kernels torch")
+
+    def _check_speculation(self) -> None:
+        """Speculation's settings: sampling (``auto`` resolved), the draft's, the fan-out."""
         if not 0 < self.saguaro_c <= 1:
             raise ValueError(f"saguaro_c must be in (0, 1], got {self.saguaro_c}")
         if self.sampling == "auto":
@@ -278,6 +298,10 @@ class EngineConfig:
                 f"fanout must list K+1={self.num_speculative_tokens + 1} non-negative counts, "
                 f"got {self.fanout}"
             )
+
+    def _place_on_cpus(self) -> None:
+        """Cores for the target and SSD's worker: shared where asked, else (SSD on the CPU,
+        pinned) the worker on a core of its own."""
         if self.shares_cores:
             cores = process_cpus()
             self.target_cpus = self.target_cpus or cores
@@ -293,8 +317,6 @@ class EngineConfig:
                     self.draft_cpus or [c for c in cores if c not in self.target_cpus][:1]
                 )
                 self.draft_threads = self.draft_threads or len(self.draft_cpus)
-        if self.device.startswith("cuda"):
-            self._place_on_gpus()
 
     def _place_on_gpus(self) -> None:
         """The target's ranks on consecutive GPUs from ``device``; SSD's worker, unless told, on

@@ -363,18 +363,24 @@ async def completions(request: Request) -> Response:
     return JSONResponse(done.model_dump())
 
 
+async def _chat_ids(served: ServedModel, req: ChatCompletionRequest) -> list[int]:
+    """The conversation in the chat template, as prompt ids; templating and tokenising run off
+    the event loop, so that a huge prompt stalls no one."""
+    messages = [m.for_template() for m in req.messages]
+    try:
+        ids = await asyncio.to_thread(served.engine.tokenizer.encode_chat, messages)
+    except TemplateError as e:  # e.g. the template's raise_exception on role order
+        raise APIError(400, f"chat template: {e}", "messages") from e
+    return await asyncio.to_thread(served.prompt_ids, ids, "messages")
+
+
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request) -> Response:
     served = _served(request)
     engine = served.engine
     req: ChatCompletionRequest = await _parse(request, ChatCompletionRequest)
     served.check_model(req.model)
-    messages = [m.for_template() for m in req.messages]
-    try:  # templating and tokenising run off the event loop: a huge prompt stalls no one
-        ids = await asyncio.to_thread(engine.tokenizer.encode_chat, messages)
-    except TemplateError as e:  # e.g. the template's raise_exception on role order
-        raise APIError(400, f"chat template: {e}", "messages") from e
-    ids = await asyncio.to_thread(served.prompt_ids, ids, "messages")
+    ids = await _chat_ids(served, req)
     limit = req.token_limit(room=engine.max_model_len - len(ids))
     params = req.sampling_params(limit, req.logprob_count())
     await asyncio.to_thread(served.check, ids, params)
@@ -399,13 +405,11 @@ async def chat_completions(request: Request) -> Response:
     if req.stream:
         first = {"role": "assistant", "content": ""}
         heads = [
-            ChatCompletionChunk(
-                id=rid,
-                created=now,
-                model=name,
-                choices=[ChatChunkChoice(index=i, delta=first, finish_reason=None)],
+            ChatCompletionChunk(id=rid, created=now, model=name, choices=[choice])
+            for choice in (
+                ChatChunkChoice(index=i, delta=first, finish_reason=None)
+                for i in range(len(streams))
             )
-            for i in range(len(streams))
         ]
         usage_chunk = ChatCompletionChunk(id=rid, created=now, model=name, choices=[])
         return _event_stream(

@@ -73,6 +73,35 @@ SCRATCH_RUNS = MAX_BUDGET + 2
 Branch = tuple[list[int], SparseQ | None]
 
 
+@dataclass
+class BranchScratch:
+    """Where one sequence's branches decode: branch j's token at depth i goes to scratch index
+    ``base + j d + i`` (its slot ``keys[...]``) and sees the keys ``mask[j]`` marks, which each
+    depth extends by that slot. The per-depth layout is a few small integer arrays: NumPy,
+    handed to torch without a copy (docs/design.md §10); the torch views share the arrays, so
+    the mask's edits show in them."""
+
+    base: int  # scratch index of branch 0's first token
+    d: int  # slots per branch
+    keys: np.ndarray  # key slot of every scratch index up to the last branch's end
+    mask: np.ndarray  # [branches, keys]: what each branch sees so far
+    fork: np.ndarray  # [branches]: each branch's outcome k (it follows s_1..s_k, t)
+
+    def query(self, seq: DraftSeq, tokens: list[int], depth: int) -> Query:
+        """The branches' forward at ``depth``, fed ``tokens`` (one per branch)."""
+        nb = len(self.fork)
+        own = self.base + np.arange(nb) * self.d + depth  # scratch index of this depth
+        self.mask[np.arange(nb), own] = True
+        return Query(
+            token_ids=tokens,
+            positions=torch.from_numpy(len(seq.token_ids) + self.fork + depth),
+            slots=torch.from_numpy(self.keys[own]),
+            key_slots=torch.from_numpy(self.keys),
+            num_logits=nb,
+            mask=torch.from_numpy(self.mask),  # copied into the batch mask before the next edit
+        )
+
+
 @dataclass(eq=False)
 class DraftSeq:
     """The worker's view of one sequence: its committed tokens, draft KV and speculation cache."""
@@ -125,6 +154,11 @@ def fanout_cap(vocab_size: int) -> int:
 def room(seq: DraftSeq, cfg: P.WorkerConfig) -> int:
     """Proposals that still fit in the context after the sequence's committed tokens."""
     return max(0, min(cfg.k, cfg.max_model_len - len(seq.token_ids)))
+
+
+def draw_kind(seq: DraftSeq) -> str:
+    """How a sequence's draft tokens are drawn: greedy, coupled or (rejection-)sampled."""
+    return "greedy" if seq.params.greedy else "coupled" if seq.coupled else "sampled"
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -336,66 +370,31 @@ class CacheBuilder:
         branches: list[list[tuple[int, int]]],
         stop: Callable[[], bool] | None = None,
     ) -> float:
-        """Decode every branch for d = ``self.depth`` tokens (at least 1 once ``stop()``); scratch
-        starts after the longest possible glue (K + 1 positions), each branch owning d slots.
+        """Decode every branch for d = ``self.depth`` tokens (at least 1 once ``stop()``), all
+        sequences' branches in one forward per depth; store them in each sequence's cache.
         Returns the seconds spent in the depth steps.
 
         Cutting is exact: a branch's first j tokens are sampled exactly as a j-token branch's
         would be, and where the cut falls depends only on the target's timing."""
-        k, fanout = self.depth, self.fanout(self.depth)
+        d, fanout = self.depth, self.fanout(self.depth)
         self.cut = False
         live = [i for i, b in enumerate(branches) if b]
         if not live:
             return 0.0
-        bs = self.cfg.block_size
-        # The per-depth layout is a few small integer arrays: NumPy, handed to torch without a
-        # copy (docs/design.md §10); the torch views share the arrays, so mask edits show.
-        layout = {}  # seq index -> (scratch base, key slots, mask, forks, torch views)
-        for i in live:
-            seq, nb = seqs[i], len(branches[i])
-            n = len(seq.token_ids)
-            base = n + self.k
-            self.bm.allocate(seq, base + nb * k)
-            keys = token_slots(seq.block_table, 0, base + nb * k, bs).numpy()
-            fork = np.array([kk for kk, _ in branches[i]], dtype=np.int64)
-            mask = np.zeros((nb, base + nb * k), dtype=bool)
-            mask[:, :n] = True
-            mask[:, n : n + len(seq.spec)] = np.arange(len(seq.spec)) < fork[:, None]
-            layout[i] = (base, keys, mask, fork, torch.from_numpy(keys), torch.from_numpy(mask))
+        scratch = {i: self._scratch(seqs[i], branches[i]) for i in live}
         tokens = {i: [t for _, t in branches[i]] for i in live}
         out_tokens: dict[int, list[list[int]]] = {i: [[] for _ in branches[i]] for i in live}
-        # greedy branches are point masses: their argmax is all a hit needs
-        width = min(self.cfg.top_m, self.vocab_size)
-        out_q = {
-            i: SparseQ.point_mass(torch.zeros(len(branches[i]), k, dtype=torch.int64), width)
-            for i in live
-            if not seqs[i].params.greedy and not seqs[i].coupled
-        }
+        out_q = self._branch_q(seqs, branches, live)
+        forks = {i: scratch[i].fork for i in live}
         num_branches = sum(len(branches[i]) for i in live)
-        forks = {i: layout[i][3] for i in live}
-        depths_s, done = 0.0, k
-        stops = {i: [k] * len(branches[i]) for i in live}  # a branch's tokens end there
-        for depth in range(k):
+        depths_s, done = 0.0, d
+        stops = {i: [d] * len(branches[i]) for i in live}  # a branch's tokens end there
+        for depth in range(d):
             if depth and stop is not None and stop():
                 self.cut, done = True, depth
                 break
             clock = ForwardClock(self.runner)
-            queries = []
-            for i in live:
-                base, keys, mask, fork, keys_t, mask_t = layout[i]
-                nb = len(branches[i])
-                own = base + np.arange(nb) * k + depth  # scratch index of this depth
-                mask[np.arange(nb), own] = True
-                queries.append(
-                    Query(
-                        token_ids=tokens[i],
-                        positions=torch.from_numpy(len(seqs[i].token_ids) + fork + depth),
-                        slots=torch.from_numpy(keys[own]),
-                        key_slots=keys_t,
-                        num_logits=nb,
-                        mask=mask_t,  # copied into the batch mask before the next depth edits it
-                    )
-                )
+            queries = [scratch[i].query(seqs[i], tokens[i], depth) for i in live]
             logits = self._processed(seqs, branches, out_tokens, self.runner.forward(queries))
             drawn = self._draw(seqs, branches, forks, logits, depth, fanout[depth], out_q)
             copied = self._copy(seqs, branches, out_tokens, drawn, depth, out_q)
@@ -406,18 +405,42 @@ class CacheBuilder:
                     row.append(token)
                 tokens[i] = drawn[i]
             clock.stop()
-            seconds = clock.seconds()
-            depths_s += seconds
-            self.costs.observe_depth(num_branches, seconds)
+            depths_s += clock.seconds()
+            self.costs.observe_depth(num_branches, clock.seconds())
         for i in live:
-            seq, q = seqs[i], out_q.get(i)
+            q = out_q.get(i)
             for j, key in enumerate(branches[i]):
                 end = min(done, stops[i][j])
-                seq.cache[key] = (
+                seqs[i].cache[key] = (
                     out_tokens[i][j][:end],
                     None if q is None else q[j, :end].clone(),
                 )
         return depths_s
+
+    def _scratch(self, seq: DraftSeq, branches: list[tuple[int, int]]) -> BranchScratch:
+        """Slots and mask for ``seq``'s branches: scratch starts after the longest possible
+        glue (K + 1 positions past the committed tokens), each branch owning d slots."""
+        d, nb, n = self.depth, len(branches), len(seq.token_ids)
+        base = n + self.k
+        self.bm.allocate(seq, base + nb * d)
+        keys = token_slots(seq.block_table, 0, base + nb * d, self.cfg.block_size).numpy()
+        fork = np.array([k for k, _ in branches], dtype=np.int64)
+        mask = np.zeros((nb, base + nb * d), dtype=bool)
+        mask[:, :n] = True
+        mask[:, n : n + len(seq.spec)] = np.arange(len(seq.spec)) < fork[:, None]
+        return BranchScratch(base, d, keys, mask, fork)
+
+    def _branch_q(
+        self, seqs: list[DraftSeq], branches: list[list[tuple[int, int]]], live: list[int]
+    ) -> dict[int, SparseQ]:
+        """The q rows to fill for each rejection-sampled sequence's branches (greedy and coupled
+        branches are point masses: their tokens are all a hit needs)."""
+        width, d = min(self.cfg.top_m, self.vocab_size), self.depth
+        sampled = [i for i in live if not seqs[i].params.greedy and not seqs[i].coupled]
+        return {
+            i: SparseQ.point_mass(torch.zeros(len(branches[i]), d, dtype=torch.long), width)
+            for i in sampled
+        }
 
     def _copy(
         self,
@@ -511,52 +534,51 @@ class CacheBuilder:
         for i in forks:
             spans[i] = (offset, offset + len(branches[i]))
             offset += len(branches[i])
-
-        def kind(seq: DraftSeq) -> str:
-            return "greedy" if seq.params.greedy else "coupled" if seq.coupled else "sampled"
-
         out: dict[int, list[int]] = {}
         for group in ("greedy", "coupled", "sampled"):
-            members = [i for i in forks if kind(seqs[i]) == group]
+            members = [i for i in forks if draw_kind(seqs[i]) == group]
             if not members:
                 continue
             if len(members) == len(forks):
                 rows = logits
             else:
                 rows = logits[torch.tensor([r for i in members for r in range(*spans[i])])]
-            q = None
             if group == "greedy":
-                drawn = argmax_rows(rows)
+                drawn, q = argmax_rows(rows), None
             else:
-                params, seeds, positions = [], [], []
-                for i in members:
-                    seq, nb = seqs[i], len(branches[i])
-                    params += [seq.params] * nb
-                    seeds += [seq.seed] * nb
-                    # the token drawn here lands right after the branch's input token
-                    positions.append(len(seq.token_ids) + forks[i] + depth + 1)
-                st = SamplingTensors.from_params(params)
-                at = torch.from_numpy(np.concatenate(positions))
-                if group == "coupled":
-                    drawn, _ = propose_coupled(rows, st, seed_tensor(seeds), at, self.cfg.top_m)
-                else:
-                    drawn, q = propose(
-                        rows,
-                        st,
-                        seed_tensor(seeds),
-                        at,
-                        self.cfg.top_m,
-                        fanout,
-                        self.cfg.saguaro_c,
-                    )
+                rows_of = [(seqs[i], len(branches[i]), forks[i]) for i in members]
+                drawn, q = self._sample(rows_of, rows, depth, fanout, group == "coupled")
             start, drawn_list = 0, drawn.tolist()
             for i in members:
                 end = start + len(branches[i])
                 out[i] = drawn_list[start:end]
                 if q is not None:
-                    out_q[i].ids[:, depth], out_q[i].probs[:, depth] = (
-                        q.ids[start:end],
-                        q.probs[start:end],
-                    )
+                    out_q[i].ids[:, depth] = q.ids[start:end]
+                    out_q[i].probs[:, depth] = q.probs[start:end]
                 start = end
         return out
+
+    def _sample(
+        self,
+        rows_of: list[tuple[DraftSeq, int, np.ndarray]],
+        rows: torch.Tensor,
+        depth: int,
+        fanout: int,
+        coupled: bool,
+    ) -> tuple[torch.Tensor, SparseQ | None]:
+        """Branch tokens at ``depth`` from ``rows``, whose sequences' rows come in the order of
+        ``rows_of`` (a sequence, its number of branches, their forks): the perturbed argmax of
+        coupled sampling (no q: point masses), or a draw from the draft's top-M with Saguaro
+        sampling's q, at the request's seed and the drawn token's position."""
+        params, seeds, positions = [], [], []
+        for seq, nb, fork in rows_of:
+            params += [seq.params] * nb
+            seeds += [seq.seed] * nb
+            # the token drawn here lands right after the branch's input token
+            positions.append(len(seq.token_ids) + fork + depth + 1)
+        st, at = SamplingTensors.from_params(params), torch.from_numpy(np.concatenate(positions))
+        if coupled:
+            drawn, _ = propose_coupled(rows, st, seed_tensor(seeds), at, self.cfg.top_m)
+            return drawn, None
+        top_m, c = self.cfg.top_m, self.cfg.saguaro_c
+        return propose(rows, st, seed_tensor(seeds), at, top_m, fanout, c)

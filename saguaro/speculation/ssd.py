@@ -80,30 +80,40 @@ class SSDProposer(Proposer):
         self.closed = False
         self.channel = Channel(0, cfg.draft_addr, cfg.draft_port, self.timeout_s)
         if cfg.draft_worker == "spawn":
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "saguaro.speculation.worker",
-                    "--addr",
-                    cfg.draft_addr,
-                    "--port",
-                    str(self.channel.port),
-                    "--timeout",
-                    str(self.timeout_s),
-                    # Tie the worker's life to this process (never an orphan), but only when the
-                    # main thread spawns it: the kernel signals a child when the *thread* that
-                    # started it exits.
-                    *(["--parent-pid", str(os.getpid())] if _on_main_thread() else []),
-                ],
-                env={**os.environ, "OMP_NUM_THREADS": str(cfg.draft_threads or 1)},
-            )
-            self._finalizer = weakref.finalize(self, reap, self.proc)
-            atexit.register(self._finalizer)
+            self._spawn()
         else:
             log.info(
                 "waiting for an external draft worker on %s:%d", cfg.draft_addr, self.channel.port
             )
+        self._handshake(draft_dir, max_model_len)
+
+    def _spawn(self) -> None:
+        """Start the draft worker as a child process on the channel's port."""
+        cfg = self.cfg
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "saguaro.speculation.worker",
+                "--addr",
+                cfg.draft_addr,
+                "--port",
+                str(self.channel.port),
+                "--timeout",
+                str(self.timeout_s),
+                # Tie the worker's life to this process (never an orphan), but only when the
+                # main thread spawns it: the kernel signals a child when the *thread* that
+                # started it exits.
+                *(["--parent-pid", str(os.getpid())] if _on_main_thread() else []),
+            ],
+            env={**os.environ, "OMP_NUM_THREADS": str(cfg.draft_threads or 1)},
+        )
+        self._finalizer = weakref.finalize(self, reap, self.proc)
+        atexit.register(self._finalizer)
+
+    def _handshake(self, draft_dir: str, max_model_len: int) -> None:
+        """Connect, send the worker its configuration and wait for it to be ready."""
+        cfg = self.cfg
         try:
             self.channel.connect()
             hello = P.WorkerConfig.from_engine(cfg, draft_dir, max_model_len)

@@ -104,27 +104,9 @@ class DraftWorker:
             if seq is not None:
                 self.bm.free_all(seq)
         self.builder.observe_request(req)
-        specs: dict[int, P.SeqSpec] = {}
-        misses: list[DraftSeq] = []
-        order: list[DraftSeq] = []
-        for u in req.updates:
-            if u.new:
-                params = u.params or SamplingParams(temperature=0)
-                seq = DraftSeq(u.seq_id, list(u.new_tokens), params, u.seed, u.coupled)
-                seq.processors, seq.num_prompt = self._processors(u, params), u.num_prompt
-                self.seqs[u.seq_id] = seq
-                specs[u.seq_id] = P.SeqSpec(u.seq_id, [], None, None, None)
-                misses.append(seq)
-            else:
-                seq = self.seqs[u.seq_id]
-                branch = self.builder.match_outcome(seq, u.new_tokens)
-                if branch is not None:
-                    seq.spec = branch[0]
-                    specs[u.seq_id] = P.SeqSpec(u.seq_id, branch[0], branch[1], True, None)
-                else:
-                    specs[u.seq_id] = P.SeqSpec(u.seq_id, [], None, False, None)
-                    misses.append(seq)
-            order.append(seq)
+        order = [self._apply(u) for u in req.updates]
+        specs = {seq.seq_id: spec for seq, spec in order}
+        misses = [seq for seq, spec in order if not spec.hit]
         clock = ForwardClock(self.runner)
         if misses:
             self._backup(misses, req.backup, specs)
@@ -132,7 +114,7 @@ class DraftWorker:
         backup_s = clock.seconds()
         if misses and req.backup == "neural":
             self.builder.observe_backup(backup_s)
-        self.pending = order
+        self.pending = [seq for seq, _ in order]
         if not self.cfg.lane:
             # Sent from host memory: a GPU tensor in the pickle would be recreated on this
             # worker's GPU inside the target's process.
@@ -140,7 +122,7 @@ class DraftWorker:
                 spec.q = spec.q.to("cpu") if spec.q is not None else None
         b = self.builder
         return P.RoundReply(
-            specs=[specs[s.seq_id] for s in order],
+            specs=[specs[s.seq_id] for s, _ in order],
             fanout=list(b.fanout(b.depth)),
             budget=b.budget,
             depth=b.depth,
@@ -151,6 +133,23 @@ class DraftWorker:
             backup_s=backup_s,
             cut=b.cut,
         )
+
+    def _apply(self, u: P.SeqUpdate) -> tuple[DraftSeq, P.SeqSpec]:
+        """A sequence's update: a new sequence is registered (nothing prepared for it yet);
+        a known one commits its new tokens and gets the branch cached for that outcome, its
+        speculation from now on, or a miss (no tokens: a backup fills them)."""
+        if u.new:
+            params = u.params or SamplingParams(temperature=0)
+            seq = DraftSeq(u.seq_id, list(u.new_tokens), params, u.seed, u.coupled)
+            seq.processors, seq.num_prompt = self._processors(u, params), u.num_prompt
+            self.seqs[u.seq_id] = seq
+            return seq, P.SeqSpec(u.seq_id, [], None, None, None)
+        seq = self.seqs[u.seq_id]
+        branch = self.builder.match_outcome(seq, u.new_tokens)
+        if branch is None:
+            return seq, P.SeqSpec(u.seq_id, [], None, False, None)
+        seq.spec = branch[0]
+        return seq, P.SeqSpec(u.seq_id, branch[0], branch[1], True, None)
 
     def _processors(self, u: P.SeqUpdate, params: SamplingParams) -> Processors | None:
         """The request's processors, as the target runs them: its grammar compiled over the
