@@ -26,8 +26,7 @@ from saguaro.bench.config import BenchConfig
 from saguaro.bench.prompts import prepare_prompts
 from saguaro.config import EngineConfig
 from saguaro.models.catalog import resolve_model
-from saguaro.models.draft_dir import EMBED, assemble_draft
-from saguaro.models.loader import iter_tensors, safetensors_files
+from saguaro.models.draft_dir import assemble_draft, has_embedding
 from saguaro.models.tokenizer import Tokenizer
 
 MAX_PROMPT_TOKENS = 448  # the bench's prompts fit a context of 512 with 64 new tokens
@@ -35,7 +34,7 @@ MAX_PROMPT_TOKENS = 448  # the bench's prompts fit a context of 512 with 64 new 
 
 def whole(draft: Path, target: Path, scratch: Path) -> Path:
     """``draft`` itself if it holds an input embedding, else a copy made whole from ``target``."""
-    if any(name == EMBED for name, _ in iter_tensors(safetensors_files(draft))):
+    if has_embedding(draft):
         return draft
     return assemble_draft(draft, target, scratch / draft.name)
 

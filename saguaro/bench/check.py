@@ -23,6 +23,43 @@ def first_difference(want: list[int], got: list[int]) -> int:
     return next((i for i, (a, b) in enumerate(pairs) if a != b), min(len(want), len(got)))
 
 
+def not_checked(note: str) -> dict[str, Any]:
+    """A greedy check's result where nothing was compared, and ``note`` saying why."""
+    return {"ok": None, "checked": 0, "mismatches": [], "note": note}
+
+
+def _ar_references(variants: list[Variant]) -> dict[str, str]:
+    """AR's first variant per dtype, by dtype: the label a variant of that dtype is checked
+    against."""
+    references: dict[str, str] = {}
+    for v in variants:
+        if v.mode == "ar":
+            references.setdefault(v.dtype, v.label)
+    return references
+
+
+def _batch_key(run: Run, label: str) -> tuple[str, str, int, int, int]:
+    """The batch ``run`` measured, as run by variant ``label``."""
+    return label, run.dataset, run.batch_size, run.repeat, run.batch_index
+
+
+def _mismatch(run: Run, want: RequestResult, got: RequestResult) -> dict[str, Any]:
+    """A request whose tokens differ from AR's: where it runs, the first difference, and the
+    tokens from there on, AR's and the variant's."""
+    pos = first_difference(want.token_ids, got.token_ids)
+    shown = slice(pos, pos + MISMATCH_TOKENS_SHOWN)
+    return {
+        "variant": run.variant,
+        "dataset": run.dataset,
+        "batch_size": run.batch_size,
+        "repeat": run.repeat,
+        "prompt_id": got.prompt_id,
+        "first_difference": pos,
+        "ar_tokens": want.token_ids[shown],
+        "tokens": got.token_ids[shown],
+    }
+
+
 def check_greedy(runs: list[Run], variants: list[Variant]) -> dict[str, Any]:
     """At temperature 0 every variant must produce AR's tokens for every request: AR's first
     variant of the same dtype (a bfloat16 target is another model than its float32 weights;
@@ -30,51 +67,34 @@ def check_greedy(runs: list[Run], variants: list[Variant]) -> dict[str, Any]:
     the same under every sampling method). ``ok`` is None where there is nothing to compare (no
     AR, or no temperature-0 run). Peer variants (llama.cpp) are left out of ``ok`` and
     summarised under ``peers`` instead (:func:`peer_agreement`), against AR's first variant."""
-    references: dict[str, str] = {}
-    for v in variants:
-        if v.mode == "ar":
-            references.setdefault(v.dtype, v.label)
+    references = _ar_references(variants)
     if not references:
-        return {"ok": None, "checked": 0, "mismatches": [], "note": "ar not run: not checked"}
+        return not_checked("ar not run: not checked")
     if not any(r.temperature == 0 for r in runs):
-        return {"ok": None, "checked": 0, "mismatches": [], "note": "no temperature-0 run"}
+        return not_checked("no temperature-0 run")
     first = next(iter(references.values()))
     by_label = {v.label: v for v in variants}
     ar = {
-        (r.variant, r.dataset, r.batch_size, r.repeat, r.batch_index): r
+        _batch_key(r, r.variant): r
         for r in runs
         if r.variant in references.values() and r.temperature == 0
     }
     peers = {v.label for v in variants if v.mode in PEER_MODES}
-    checked, mismatches = 0, []
-    prefixes: dict[str, list[tuple[int, int]]] = {label: [] for label in peers}
+    checked = 0
+    mismatches: list[dict[str, Any]] = []
+    prefixes: dict[str, list[tuple[int, int, str]]] = {label: [] for label in peers}
     for run in runs:
         variant = by_label[run.variant]
         reference = first if run.variant in peers else references.get(variant.dtype, first)
         if run.temperature != 0 or run.variant == reference:
             continue
-        ref = ar[(reference, run.dataset, run.batch_size, run.repeat, run.batch_index)]
+        ref = ar[_batch_key(run, reference)]
+        pairs = list(zip(ref.gen.requests, run.gen.requests, strict=True))
         if run.variant in peers:
-            pairs = zip(ref.gen.requests, run.gen.requests, strict=True)
             prefixes[run.variant] += [peer_prefix(want, got) for want, got in pairs]
             continue
-        for want, got in zip(ref.gen.requests, run.gen.requests, strict=True):
-            checked += 1
-            if want.token_ids != got.token_ids:
-                pos = first_difference(want.token_ids, got.token_ids)
-                shown = slice(pos, pos + MISMATCH_TOKENS_SHOWN)
-                mismatches.append(
-                    {
-                        "variant": run.variant,
-                        "dataset": run.dataset,
-                        "batch_size": run.batch_size,
-                        "repeat": run.repeat,
-                        "prompt_id": got.prompt_id,
-                        "first_difference": pos,
-                        "ar_tokens": want.token_ids[shown],
-                        "tokens": got.token_ids[shown],
-                    }
-                )
+        checked += len(pairs)
+        mismatches += [_mismatch(run, w, g) for w, g in pairs if w.token_ids != g.token_ids]
     out: dict[str, Any] = {"ok": not mismatches, "checked": checked, "mismatches": mismatches}
     if peers:
         out["peers"] = {label: peer_agreement(p) for label, p in sorted(prefixes.items())}

@@ -19,7 +19,7 @@ import argparse
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -27,6 +27,9 @@ import torch
 from saguaro.models.config import ModelConfig
 from saguaro.models.gguf_names import gguf_tensor_name, interleave_rope_rows
 from saguaro.models.loader import iter_tensors, safetensors_files
+
+if TYPE_CHECKING:
+    from gguf import GGMLQuantizationType, GGUFWriter
 
 # File types written: matrices in the named type (vectors such as norms always f32), by
 # (GGML tensor type, general.file_type) names in the gguf package.
@@ -141,27 +144,17 @@ def _tokenizer_fields(model_dir: Path, vocab_size: int) -> dict[str, Any]:
     }
 
 
-def export_gguf(model_dir: str | Path, out_path: str | Path, dtype: str = "f32") -> Path:
-    """Write ``model_dir`` as the GGUF file ``out_path`` (matrices in ``dtype``, one of
-    :data:`DTYPES`; vectors such as norms always f32) and return its path. The file is written
-    next to its final name and renamed into place, so a half-written file never has the final
-    name."""
+def _arch_name(cfg: ModelConfig) -> str:
+    """llama.cpp's architecture name for the model's family."""
     import gguf
-    import gguf.quants
 
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-    model_dir, out_path = Path(model_dir), Path(out_path)
-    cfg = ModelConfig.from_dir(model_dir)
-    _check_supported(cfg)
-    tok = _tokenizer_fields(model_dir, cfg.vocab_size)
-    arch = gguf.MODEL_ARCH_NAMES[
+    return gguf.MODEL_ARCH_NAMES[
         gguf.MODEL_ARCH.QWEN3 if cfg.family == "qwen3" else gguf.MODEL_ARCH.LLAMA
     ]
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_name(out_path.name + ".part")
-    w = gguf.GGUFWriter(tmp, arch)
-    w.add_name(model_dir.name)
+
+
+def _add_hyperparameters(w: GGUFWriter, cfg: ModelConfig) -> None:
+    """Add the architecture's hyper-parameters to ``w``."""
     w.add_context_length(cfg.max_position_embeddings)
     w.add_embedding_length(cfg.hidden_size)
     w.add_block_count(cfg.num_hidden_layers)
@@ -173,10 +166,11 @@ def export_gguf(model_dir: str | Path, out_path: str | Path, dtype: str = "f32")
     w.add_rope_dimension_count(cfg.head_dim)
     w.add_rope_freq_base(cfg.rope_theta)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    w.add_vocab_size(len(tok["tokens"]))
-    tensor_kind, file_kind = DTYPES[dtype]
-    qtype = gguf.GGMLQuantizationType[tensor_kind]
-    w.add_file_type(gguf.LlamaFileType[file_kind])
+
+
+def _add_tokenizer(w: GGUFWriter, tok: dict[str, Any], cfg: ModelConfig) -> None:
+    """Add the byte-level BPE tokenizer ``tok`` (:func:`_tokenizer_fields`) to ``w``; the EOS
+    token is ``config.json``'s first where it names one, else the tokenizer's."""
     w.add_tokenizer_model("gpt2")  # llama.cpp's name for byte-level BPE
     w.add_tokenizer_pre(PRE_TOKENIZER)
     w.add_token_list(tok["tokens"])
@@ -189,20 +183,56 @@ def export_gguf(model_dir: str | Path, out_path: str | Path, dtype: str = "f32")
         w.add_eos_token_id(eos)
     w.add_add_bos_token(tok["add_bos"])
     w.add_add_eos_token(False)
-    for name, t in converted_tensors(model_dir, cfg):
-        array = t.numpy()
-        if array.ndim == 1 or qtype == gguf.GGMLQuantizationType.F32:
-            w.add_tensor(name, array)
-        elif qtype == gguf.GGMLQuantizationType.F16:
-            w.add_tensor(name, array.astype(np.float16))
-        else:  # bytes of blocks along the rows, as llama.cpp stores them
-            w.add_tensor(name, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
+
+
+def _add_tensor(w: GGUFWriter, name: str, array: np.ndarray, qtype: GGMLQuantizationType) -> None:
+    """Add ``array`` to ``w`` as ``qtype``; a vector is always written as float32."""
+    import gguf.quants
+
+    if array.ndim == 1 or qtype == gguf.GGMLQuantizationType.F32:
+        w.add_tensor(name, array)
+    elif qtype == gguf.GGMLQuantizationType.F16:
+        w.add_tensor(name, array.astype(np.float16))
+    else:  # bytes of blocks along the rows, as llama.cpp stores them
+        w.add_tensor(name, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
+
+
+def _write_and_close(w: GGUFWriter) -> None:
+    """Write the header, fields and tensors added to ``w`` to its file, then close it."""
     try:
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_tensors_to_file()
     finally:
         w.close()
+
+
+def export_gguf(model_dir: str | Path, out_path: str | Path, dtype: str = "f32") -> Path:
+    """Write ``model_dir`` as the GGUF file ``out_path`` (matrices in ``dtype``, one of
+    :data:`DTYPES`; vectors such as norms always f32) and return its path. The file is written
+    next to its final name and renamed into place, so a half-written file never has the final
+    name."""
+    import gguf
+
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    model_dir, out_path = Path(model_dir), Path(out_path)
+    cfg = ModelConfig.from_dir(model_dir)
+    _check_supported(cfg)
+    tok = _tokenizer_fields(model_dir, cfg.vocab_size)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_path.with_name(out_path.name + ".part")
+    w = gguf.GGUFWriter(tmp, _arch_name(cfg))
+    w.add_name(model_dir.name)
+    _add_hyperparameters(w, cfg)
+    w.add_vocab_size(len(tok["tokens"]))
+    tensor_kind, file_kind = DTYPES[dtype]
+    qtype = gguf.GGMLQuantizationType[tensor_kind]
+    w.add_file_type(gguf.LlamaFileType[file_kind])
+    _add_tokenizer(w, tok, cfg)
+    for name, t in converted_tensors(model_dir, cfg):
+        _add_tensor(w, name, t.numpy(), qtype)
+    _write_and_close(w)
     tmp.replace(out_path)
     return out_path
 

@@ -12,18 +12,20 @@ import contextlib
 import shlex
 import sys
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from tqdm import tqdm
 
 from saguaro.bench import prompts, provenance, report
-from saguaro.bench.aggregate import aggregate
+from saguaro.bench.aggregate import Row, aggregate
 from saguaro.bench.backends import Backend, HFAssistedBackend, SaguaroBackend, peer_backend
-from saguaro.bench.check import check_greedy
+from saguaro.bench.check import check_greedy, not_checked
 from saguaro.bench.config import DRAFT_MODEL_MODES, PEER_MODES, BenchConfig, parse_config
 from saguaro.bench.measure import measure
-from saguaro.bench.plan import Plan, batch_count, build_variants
+from saguaro.bench.plan import Plan, Variant, batch_count, build_variants
+from saguaro.bench.prompts import PromptSet
 from saguaro.bench.tables import correctness_banner, markdown_table
 from saguaro.config import EngineConfig, resolve_model_dirs
 from saguaro.errors import SaguaroError
@@ -68,63 +70,114 @@ def load_backends(
     return backends
 
 
-def run_bench(cfg: BenchConfig, command: list[str]) -> int:
-    """Load the prompts and engines, measure, check, aggregate and write the report; the exit
-    code."""
-    started = time.time()
-    target_dir, draft_dir = model_dirs(cfg)
-    variants = build_variants(cfg)
-    # Room for the longest prompt, the output and one round of speculation: K proposals and the
-    # bonus token (AR: the one token of a step).
-    lookahead = max(cfg.ks) + 1 if any(v.k for v in variants) else 1
-    context = min(
-        ModelConfig.from_dir(d).max_position_embeddings for d in (target_dir, draft_dir) if d
-    )
+@dataclass(frozen=True)
+class _Prepared:
+    """What the measurement runs on: the plan, the models' directories and the engines' context
+    length."""
+
+    plan: Plan
+    target_dir: Path
+    draft_dir: Path | None
+    max_model_len: int
+
+
+def _lookahead(cfg: BenchConfig, variants: list[Variant]) -> int:
+    """Tokens a request may need past its prompt and output: one round of speculation, K
+    proposals and the bonus token (AR: the one token of a step)."""
+    return max(cfg.ks) + 1 if any(v.k for v in variants) else 1
+
+
+def _load_prompts(
+    cfg: BenchConfig, target_dir: Path, context: int, lookahead: int
+) -> list[PromptSet]:
+    """The prompt sets, each prompt cut to leave room in ``context`` for the output and
+    ``lookahead``; enough prompts for whole batches at every batch size."""
     max_prompt = context - cfg.max_tokens - lookahead
     if max_prompt < 1:
         raise ValueError(f"--max-tokens {cfg.max_tokens} leaves no room for a prompt ({context})")
     count = max(batch_count(cfg.num_prompts, b) for b in cfg.batch_sizes)
-    prompt_sets = prompts.prepare_prompts(cfg, Tokenizer(target_dir), max_prompt, count)
+    return prompts.prepare_prompts(cfg, Tokenizer(target_dir), max_prompt, count)
+
+
+def _prepare(cfg: BenchConfig) -> _Prepared:
+    """Resolve the models, build the variants and load the prompts: the plan (its config with
+    the device resolved) and the context length its engines need."""
+    target_dir, draft_dir = model_dirs(cfg)
+    variants = build_variants(cfg)
+    lookahead = _lookahead(cfg, variants)
+    context = min(
+        ModelConfig.from_dir(d).max_position_embeddings for d in (target_dir, draft_dir) if d
+    )
+    prompt_sets = _load_prompts(cfg, target_dir, context, lookahead)
     longest = max(len(t) for ps in prompt_sets for t in ps.token_ids)
     max_model_len = min(context, longest + cfg.max_tokens + lookahead)
     cfg = replace(cfg, device=resolve_device(cfg.device))
-    plan = Plan(cfg, variants, prompt_sets)
+    return _Prepared(Plan(cfg, variants, prompt_sets), target_dir, draft_dir, max_model_len)
 
-    with contextlib.ExitStack() as stack:
-        backends = load_backends(cfg, plan, target_dir, draft_dir, max_model_len, stack)
-        machine = provenance.machine_info()
-        measured = measure(plan, backends)
-    runs = measured.runs
-    variants = [v for v in variants if v.label not in measured.failed]
 
-    correctness = (
-        check_greedy(runs, variants)
-        if cfg.synthetic_acceptance is None
-        else {"ok": None, "checked": 0, "mismatches": [], "note": "synthetic acceptance"}
-    )
-    rows = aggregate(runs, variants)
-    meta = {
+def _metadata(
+    prep: _Prepared,
+    command: list[str],
+    machine: dict[str, Any],
+    started: float,
+    failed: dict[str, str],
+) -> dict[str, Any]:
+    """The report's provenance: command, config, variants, machine, versions, models, prompts,
+    timing and the variants that failed."""
+    return {
         "command": shlex.join(command),
         "argv": command,
-        "config": asdict(cfg),
-        "variants": [asdict(v) for v in plan.variants],
+        "config": asdict(prep.plan.cfg),
+        "variants": [asdict(v) for v in prep.plan.variants],
         "machine": machine,
         "versions": provenance.versions(),
         "git": provenance.git_info(),
-        "models": provenance.model_info(target_dir, draft_dir),
-        "prompts": prompts.summary(prompt_sets),
-        "max_model_len": max_model_len,
+        "models": provenance.model_info(prep.target_dir, prep.draft_dir),
+        "prompts": prompts.summary(prep.plan.prompt_sets),
+        "max_model_len": prep.max_model_len,
         "started_at": time.strftime(TIMESTAMP, time.localtime(started)),
         "duration_s": time.time() - started,
-        "failed": measured.failed,
+        "failed": failed,
     }
-    paths = report.write_all(Path(cfg.out), meta, rows, runs, correctness)
+
+
+def _exit_code(
+    rows: list[Row], paths: list[Path], correctness: dict[str, Any], failed: bool
+) -> int:
+    """Print the results table and where they were written (and any greedy mismatch): the exit
+    code."""
     print(markdown_table(rows))
     print(f"wrote {', '.join(str(p) for p in paths)}", file=sys.stderr)
     if correctness["ok"] is False:
         print(correctness_banner(correctness), file=sys.stderr)
         return EXIT_MISMATCH
-    return EXIT_ERROR if measured.failed else EXIT_OK
+    return EXIT_ERROR if failed else EXIT_OK
+
+
+def run_bench(cfg: BenchConfig, command: list[str]) -> int:
+    """Load the prompts and engines, measure, check, aggregate and write the report; the exit
+    code."""
+    started = time.time()
+    prep = _prepare(cfg)
+    plan, cfg = prep.plan, prep.plan.cfg
+    with contextlib.ExitStack() as stack:
+        backends = load_backends(
+            cfg, plan, prep.target_dir, prep.draft_dir, prep.max_model_len, stack
+        )
+        machine = provenance.machine_info()
+        measured = measure(plan, backends)
+    runs = measured.runs
+    variants = [v for v in plan.variants if v.label not in measured.failed]
+
+    correctness = (
+        check_greedy(runs, variants)
+        if cfg.synthetic_acceptance is None
+        else not_checked("synthetic acceptance")
+    )
+    rows = aggregate(runs, variants)
+    meta = _metadata(prep, command, machine, started, measured.failed)
+    paths = report.write_all(Path(cfg.out), meta, rows, runs, correctness)
+    return _exit_code(rows, paths, correctness, bool(measured.failed))
 
 
 def bench_main(argv: list[str]) -> int:

@@ -55,96 +55,128 @@ class Variant:
         return self.forwards, self.dtype, self.tensor_parallel_size, self.one_core
 
 
+def _ks_of(cfg: BenchConfig, mode: str) -> tuple[int, ...]:
+    """The speculation lengths ``mode`` runs with: only the largest where --largest-k-only names
+    it."""
+    return (max(cfg.ks),) if mode in cfg.largest_k_only else cfg.ks
+
+
+def _ssd_pairs(cfg: BenchConfig) -> list[tuple[int, str]]:
+    """SSD's (K, fan-out) pairs that fit; a fan-out that fits no K is an error."""
+    pairs: list[tuple[int, str]] = []
+    for f in cfg.fanouts:
+        errors: list[str] = []
+        for k in _ks_of(cfg, "ssd"):
+            try:
+                parse_fanout(f, k)
+                pairs.append((k, f))
+            except ValueError as e:
+                errors.append(str(e))
+        if len(errors) == len(_ks_of(cfg, "ssd")):
+            raise ValueError(errors[0])
+    return pairs
+
+
+def _label(
+    cfg: BenchConfig,
+    mode: str,
+    sampling: str,
+    k: int | None = None,
+    f: str | None = None,
+    c: float | None = None,
+) -> str:
+    """A variant's name: its mode and those of K, fan-out, C and sampling method that vary in
+    this run."""
+    parts = [f"k={k}"] if k is not None and len(cfg.ks) > 1 else []
+    parts += [f"f={f}"] if f and len(cfg.fanouts) > 1 else []
+    parts += [f"c={c:g}"] if c is not None and len(cfg.saguaro_cs) > 1 else []
+    parts += [sampling] if len(cfg.samplings) > 1 and mode not in OWN_SAMPLER_MODES else []
+    return f"{mode} {' '.join(parts)}" if parts else mode
+
+
+def _setups(cfg: BenchConfig, own: bool) -> list[tuple[str, int, str]]:
+    """The (forwards, tensor-parallel size, dtype) settings a mode runs under; one where the mode
+    has its own sampler and forwards (``own``)."""
+    if own:
+        return [(cfg.forwards[0], 1, "float32")]
+    return [
+        (fw, tp, dt) for dt in cfg.dtypes for tp in cfg.tensor_parallel_sizes for fw in cfg.forwards
+    ]
+
+
+def _setup_tail(cfg: BenchConfig, fw: str, tp: int, dt: str) -> str:
+    """The label's suffix naming those of forwards, tensor-parallel size and dtype that vary in
+    this run."""
+    tail = f" {fw}" if len(cfg.forwards) > 1 else ""
+    tail += f" tp={tp}" if len(cfg.tensor_parallel_sizes) > 1 else ""
+    tail += f" {dt}" if len(cfg.dtypes) > 1 else ""
+    return tail
+
+
+def _mode_variants(
+    cfg: BenchConfig, mode: str, sm: str, tail: str, ssd_pairs: list[tuple[int, str]]
+) -> list[Variant]:
+    """``mode``'s variants under sampling method ``sm``: one for AR and llama.cpp, one per (K,
+    fan-out, C) for SSD, one per K otherwise; each label ends with ``tail``."""
+    if mode in ("ar", "llama.cpp"):
+        return [Variant(mode, label=_label(cfg, mode, sm) + tail, sampling=sm)]
+    if mode == "ssd":
+        return [
+            Variant("ssd", k, f, _label(cfg, "ssd", sm, k, f, c) + tail, c, sm)
+            for k, f in sorted(ssd_pairs)
+            for c in cfg.saguaro_cs
+        ]
+    return [
+        Variant(mode, k, label=_label(cfg, mode, sm, k) + tail, sampling=sm)
+        for k in _ks_of(cfg, mode)
+    ]
+
+
+def _expand_draft_and_core(cfg: BenchConfig, mode: str, found: list[Variant]) -> list[Variant]:
+    """``found`` per draft dtype, draft lookup and draft stop threshold where given and ``mode``
+    has them, plus their one-core copies with --one-core-baselines."""
+    if cfg.draft_dtypes and mode in DRAFT_MODES:
+        found = [
+            replace(v, draft_dtype=d, label=f"{v.label} draft {d}")
+            for v in found
+            for d in cfg.draft_dtypes
+        ]
+    if cfg.draft_lookups and mode in (*DRAFT_MODES, LOOKUP_MODE):
+        found = [
+            replace(v, draft_lookup=n, label=f"{v.label} lookup {n}")
+            for v in found
+            for n in cfg.draft_lookups
+        ]
+    if cfg.draft_stop_belows and mode in DRAFT_MODES:
+        found = [
+            replace(v, draft_stop_below=p, label=f"{v.label} stop {p:g}")
+            for v in found
+            for p in cfg.draft_stop_belows
+        ]
+    if cfg.one_core_baselines and mode in ONE_CORE_MODES:
+        found += [replace(v, one_core=True, label=f"{v.label} 1 core") for v in found]
+    return found
+
+
 def build_variants(cfg: BenchConfig) -> list[Variant]:
     """AR and llama.cpp once; SD, HF and llama.cpp-sd per K; SSD per (K, fan-out) pair that fits
     (a fixed fan-out lists K+1 counts, so it pairs only with that K) and per Saguaro constant C.
     Each of these per sampling method, except HF and the llama.cpp peers, which have their own
     samplers. A label names a variant by its mode and only the settings that vary in this run."""
-    ssd_pairs: list[tuple[int, str]] = []
-
-    def ks_of(mode: str) -> tuple[int, ...]:
-        return (max(cfg.ks),) if mode in cfg.largest_k_only else cfg.ks
-
-    for f in cfg.fanouts:
-        errors = []
-        for k in ks_of("ssd"):
-            try:
-                parse_fanout(f, k)
-                ssd_pairs.append((k, f))
-            except ValueError as e:
-                errors.append(str(e))
-        if len(errors) == len(ks_of("ssd")):
-            raise ValueError(errors[0])
-    many_k, many_f, many_c = len(cfg.ks) > 1, len(cfg.fanouts) > 1, len(cfg.saguaro_cs) > 1
-    many_s = len(cfg.samplings) > 1
-    many_fw = len(cfg.forwards) > 1
-    many_tp = len(cfg.tensor_parallel_sizes) > 1
-    many_dt = len(cfg.dtypes) > 1
-
-    def label(
-        mode: str, sampling: str, k: int | None = None, f: str | None = None, c: float | None = None
-    ) -> str:
-        parts = ([f"k={k}"] if k is not None and many_k else []) + (
-            [f"f={f}"] if f and many_f else []
-        )
-        parts += [f"c={c:g}"] if c is not None and many_c else []
-        parts += [sampling] if many_s and mode not in OWN_SAMPLER_MODES else []
-        return f"{mode} {' '.join(parts)}" if parts else mode
-
+    ssd_pairs = _ssd_pairs(cfg)
     variants: list[Variant] = []
     for mode in cfg.modes:
         # transformers' assisted generation and the llama.cpp peers have their own samplers and
         # forwards: one variant whatever the method
         own = mode in OWN_SAMPLER_MODES
         for sm in cfg.samplings[:1] if own else cfg.samplings:
-            for fw, tp, dt in (
-                [(cfg.forwards[0], 1, "float32")]
-                if own
-                else [
-                    (fw, tp, dt)
-                    for dt in cfg.dtypes
-                    for tp in cfg.tensor_parallel_sizes
-                    for fw in cfg.forwards
+            for fw, tp, dt in _setups(cfg, own):
+                tail = "" if own else _setup_tail(cfg, fw, tp, dt)
+                found = [
+                    replace(v, forwards=fw, tensor_parallel_size=tp, dtype=dt)
+                    for v in _mode_variants(cfg, mode, sm, tail, ssd_pairs)
                 ]
-            ):
-                tail = f" {fw}" if many_fw and not own else ""
-                tail += f" tp={tp}" if many_tp and not own else ""
-                tail += f" {dt}" if many_dt and not own else ""
-                if mode in ("ar", "llama.cpp"):
-                    found = [Variant(mode, label=label(mode, sm) + tail, sampling=sm)]
-                elif mode == "ssd":
-                    found = [
-                        Variant("ssd", k, f, label("ssd", sm, k, f, c) + tail, c, sm)
-                        for k, f in sorted(ssd_pairs)
-                        for c in cfg.saguaro_cs
-                    ]
-                else:
-                    found = [
-                        Variant(mode, k, label=label(mode, sm, k) + tail, sampling=sm)
-                        for k in ks_of(mode)
-                    ]
-                found = [replace(v, forwards=fw, tensor_parallel_size=tp, dtype=dt) for v in found]
-                if cfg.draft_dtypes and mode in DRAFT_MODES:
-                    found = [
-                        replace(v, draft_dtype=d, label=f"{v.label} draft {d}")
-                        for v in found
-                        for d in cfg.draft_dtypes
-                    ]
-                if cfg.draft_lookups and mode in (*DRAFT_MODES, LOOKUP_MODE):
-                    found = [
-                        replace(v, draft_lookup=n, label=f"{v.label} lookup {n}")
-                        for v in found
-                        for n in cfg.draft_lookups
-                    ]
-                if cfg.draft_stop_belows and mode in DRAFT_MODES:
-                    found = [
-                        replace(v, draft_stop_below=p, label=f"{v.label} stop {p:g}")
-                        for v in found
-                        for p in cfg.draft_stop_belows
-                    ]
-                if cfg.one_core_baselines and mode in ONE_CORE_MODES:
-                    found += [replace(v, one_core=True, label=f"{v.label} 1 core") for v in found]
-                variants += found
+                variants += _expand_draft_and_core(cfg, mode, found)
     return variants
 
 

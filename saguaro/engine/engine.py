@@ -56,6 +56,41 @@ NON_FINITE_LOGITS = "the model produced non-finite logits (NaN or inf) for this 
 
 
 @dataclass
+class StepRounds:
+    """A step's decode rounds as the verifier takes them (``rnd``) and as lists: each round's
+    proposals, and the logits rows scoring its positions (``rows[i][j]`` scores position j of
+    round i; padding repeats the last)."""
+
+    rnd: Round
+    drafts: list[list[int]]
+    rows: list[list[int]]
+
+
+@dataclass
+class Outcomes:
+    """Each round's outcome (docs/design.md §3): k accepted proposals, the target's token t
+    after them, and an error that ends that request alone (None: none)."""
+
+    num_accepted: list[int]
+    next_token: list[int]
+    errors: list[str | None]
+
+    def committed(self, drafts: list[list[int]]) -> list[list[int]]:
+        """Each round's new tokens: its first k proposals, then t."""
+        return [
+            d[:k] + [t] for d, k, t in zip(drafts, self.num_accepted, self.next_token, strict=True)
+        ]
+
+
+def note_proposal(record: RoundRecord, proposal: Proposal, j: int, draft_s: float) -> None:
+    """What a round's record says of its proposal (row ``j`` of ``proposal``) and of the
+    drafting's time, ``draft_s`` (its share)."""
+    record.mode, record.draft_s, record.wait_s = proposal.mode, draft_s, proposal.wait_s
+    record.hit = proposal.hit[j] if proposal.hit else None
+    record.backup = proposal.backup[j] if proposal.backup else None
+
+
+@dataclass
 class LoadedModels:
     target_dir: Path
     draft_dir: Path | None
@@ -515,8 +550,9 @@ class LLMEngine:
 
     def _round(
         self, rounds: list[Scheduled], row: dict[int, int], proposal: Proposal | None, device
-    ) -> tuple[Round, list[list[int]], list[list[int]]]:
-        """The verifier's round, and each sequence's proposals and scored logits rows as lists."""
+    ) -> StepRounds:
+        """The rounds of ``rounds`` for the verifier, their proposals from ``proposal`` (round
+        i's at row ``row[seq_id]``) padded to the longest."""
         k_max = max(s.k for s in rounds)
         # Built as lists and made tensors once: a few small ints per round, where a tensor
         # operator each would cost more than the verification itself.
@@ -565,7 +601,7 @@ class LLMEngine:
             draft_q=None if q is None else q.to(device),
         )
         drafts = [t[: s.k] for t, s in zip(tokens, rounds, strict=True)]
-        return rnd, drafts, rows
+        return StepRounds(rnd, drafts, rows)
 
     def _verify_and_commit(
         self,
@@ -579,44 +615,43 @@ class LLMEngine:
         n = len(rounds)
         seqs = [s.seq for s in rounds]
         verify_start = time.perf_counter()
-        rnd, drafts, rows = self._round(rounds, row, proposal, logits.device)
+        step = self._round(rounds, row, proposal, logits.device)
         generated = [seq.output_token_ids for seq in seqs]
         processors = [seq.processors for seq in seqs]
         # The unprocessed rows are kept only for requests that report their log-probabilities.
         raw = any(s.logprobs is not None and s.params.logprobs_mode == "raw" for s in seqs)
-        processed = apply_processors(logits, processors, generated, drafts, rows, keep=raw)
+        processed = apply_processors(
+            logits, processors, generated, step.drafts, step.rows, keep=raw
+        )
         methods = [seq.params.method(self.cfg.sampling) for seq in seqs]
-        num_accepted, next_token, errors = self._verify(processed, rnd, methods)
+        out = self._verify(processed, step.rnd, methods)
         target_s = clock.seconds()  # read once the outcome's copy has waited for the GPU
-        committed = [d[:k] + [t] for d, k, t in zip(drafts, num_accepted, next_token, strict=True)]
-        logprobs = self._logprobs(seqs, (logits, processed), rnd, rows, committed, errors)
+        committed = out.committed(step.drafts)
+        logprobs = self._logprobs(
+            seqs, (logits, processed), step.rnd, step.rows, committed, out.errors
+        )
         now = time.perf_counter()
         verify_s = (now - verify_start) / n
         for i, s in enumerate(rounds):
             seq = s.seq
-            if errors[i] is not None:
-                self._fail(seq, errors[i], now)
+            if out.errors[i] is not None:
+                self._fail(seq, out.errors[i], now)
                 continue
-            new = committed[i]
             written = len(seq) + s.k  # target KV now covers r, s_1..s_k
-            count = self._commit(seq, new, logprobs[i], now)
-            j = row.get(seq.seq_id) if proposal is not None else None
-            seq.records.append(
-                RoundRecord(
-                    num_drafted=s.k,
-                    num_accepted=num_accepted[i],
-                    token=new[-1],
-                    committed=count,
-                    step=self.num_steps,
-                    mode=proposal.mode if j is not None else "ar",
-                    hit=proposal.hit[j] if j is not None and proposal.hit else None,
-                    backup=proposal.backup[j] if j is not None and proposal.backup else None,
-                    target_s=target_s / n,
-                    draft_s=draft_s / len(row) if j is not None else 0.0,
-                    wait_s=proposal.wait_s if j is not None else 0.0,
-                    verify_s=verify_s,
-                )
+            count = self._commit(seq, committed[i], logprobs[i], now)
+            record = RoundRecord(
+                num_drafted=s.k,
+                num_accepted=out.num_accepted[i],
+                token=committed[i][-1],
+                committed=count,
+                step=self.num_steps,
+                target_s=target_s / n,
+                verify_s=verify_s,
             )
+            j = row.get(seq.seq_id) if proposal is not None else None
+            if proposal is not None and j is not None:
+                note_proposal(record, proposal, j, draft_s / len(row))
+            seq.records.append(record)
             self._settle(seq, written, now)
 
     def _commit(
@@ -679,12 +714,9 @@ class LLMEngine:
                 out[i].append(lp)
         return out
 
-    def _verify(
-        self, logits: torch.Tensor, rnd: Round, methods: list[str]
-    ) -> tuple[list[int], list[int], list[str | None]]:
+    def _verify(self, logits: torch.Tensor, rnd: Round, methods: list[str]) -> Outcomes:
         """Verify every round, the rounds of each sampling method together; if that raises,
-        verify each of them alone, so that one request's failure ends that request only.
-        Returns per round k, t and an error or None."""
+        verify each of them alone, so that one request's failure ends that request only."""
         n = len(methods)
         outcomes: dict[tuple[int, ...], VerifyResult | Exception] = {}
         for method in sorted(set(methods)):
@@ -714,7 +746,7 @@ class LLMEngine:
                 num_accepted[i], next_token[i] = accepted[j], tokens[j]
                 if invalid[j]:
                     errors[i] = NON_FINITE_LOGITS
-        return num_accepted, next_token, errors
+        return Outcomes(num_accepted, next_token, errors)
 
     def _fail(self, seq: Sequence, why: str, now: float) -> None:
         """End one request with an error; the rest of its batch is untouched."""

@@ -32,6 +32,18 @@ def embedding_digest(embedding: torch.Tensor) -> str:
     return hashlib.sha256(data).hexdigest()[:16]
 
 
+def has_embedding(model_dir: Path) -> bool:
+    """Whether the directory's weights hold an input embedding (a draft written without one,
+    as the repository ships it, does not); reads the files' headers only."""
+    from safetensors import safe_open
+
+    for path in safetensors_files(model_dir):
+        with safe_open(str(path), "pt") as f:
+            if EMBED in f.keys():
+                return True
+    return False
+
+
 def assemble_draft(shipped: Path, target_dir: Path, out: Path) -> Path:
     """A whole draft directory in ``out`` from one written without embeddings (``shipped``) and
     its target: the target's embedding and tokenizer, checked against the digest the draft

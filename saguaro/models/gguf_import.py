@@ -54,8 +54,11 @@ PRE_TOKENIZERS: dict[str, tuple[str | None, bool]] = {
     "llama3": (_LLAMA3, False),
     "qwen2": (_QWEN2, False),
 }
-# GGUF token types (gguf.TokenType): control tokens are special, user-defined ones are added.
-_CONTROL, _USER_DEFINED = 3, 4
+# GGUF token types (gguf.TokenType): control tokens are special, user-defined ones are added;
+# a file without types has only normal tokens.
+_NORMAL, _CONTROL, _USER_DEFINED = 1, 3, 4
+# The context length of a file that does not give one.
+_DEFAULT_CONTEXT_LENGTH = 2048
 
 
 @dataclass(frozen=True)
@@ -123,7 +126,9 @@ def hf_config(g: GGUFFile) -> tuple[dict[str, Any], dict[str, Any]]:
         "head_dim": int(g.fields.get(f"{arch}.attention.key_length", hidden // heads)),
         "rms_norm_eps": float(g.need(f"{arch}.attention.layer_norm_rms_epsilon")),
         "rope_theta": float(g.fields.get(f"{arch}.rope.freq_base", 10000.0)),
-        "max_position_embeddings": int(g.fields.get(f"{arch}.context_length", 2048)),
+        "max_position_embeddings": int(
+            g.fields.get(f"{arch}.context_length", _DEFAULT_CONTEXT_LENGTH)
+        ),
         "tie_word_embeddings": "output.weight" not in names,
         "attention_bias": "blk.0.attn_q.bias" in names,
         "hidden_act": "silu",
@@ -192,48 +197,120 @@ def _pre_tokenizer(g: GGUFFile) -> dict[str, Any]:
     return {"type": "Sequence", "pretokenizers": [*steps, byte_level]}
 
 
-def hf_tokenizer(g: GGUFFile) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``tokenizer.json`` and ``tokenizer_config.json`` of the file's byte-level BPE vocabulary."""
+@dataclass(frozen=True)
+class _Vocab:
+    """A GGUF file's byte-level BPE vocabulary: tokens in id order, their GGUF token types, the
+    merges, the ids of its BOS and EOS tokens (None: the file names none), and whether BOS is
+    added before the text."""
+
+    tokens: list[str]
+    types: list[int]
+    merges: list[str]
+    bos_id: int | None
+    eos_id: int | None
+    add_bos: bool
+
+    def token(self, i: int | None) -> str | None:
+        """The text of token ``i``; None where ``i`` is None."""
+        return self.tokens[i] if i is not None else None
+
+
+def _read_vocab(g: GGUFFile) -> _Vocab:
+    """The file's vocabulary; only byte-level BPE (llama.cpp's ``gpt2``) is read."""
     model = g.need("tokenizer.ggml.model")
     if model != "gpt2":
         raise ModelLoadError(
             f"{g.path}: tokenizer model {model!r} is not imported (only byte-level BPE, 'gpt2')"
         )
     tokens = list(g.need("tokenizer.ggml.tokens"))
-    types = list(g.fields.get("tokenizer.ggml.token_type", [1] * len(tokens)))
-    merges = list(g.fields.get("tokenizer.ggml.merges", []))
-    added = [
+    bos_id = g.fields.get("tokenizer.ggml.bos_token_id")
+    return _Vocab(
+        tokens=tokens,
+        types=list(g.fields.get("tokenizer.ggml.token_type", [_NORMAL] * len(tokens))),
+        merges=list(g.fields.get("tokenizer.ggml.merges", [])),
+        bos_id=bos_id,
+        eos_id=g.fields.get("tokenizer.ggml.eos_token_id"),
+        add_bos=bool(g.fields.get("tokenizer.ggml.add_bos_token", False)) and bos_id is not None,
+    )
+
+
+def _added_tokens(v: _Vocab) -> list[dict[str, Any]]:
+    """``tokenizer.json``'s added tokens: the control (special) and user-defined tokens."""
+    return [
         {
             "id": i,
-            "content": tokens[i],
+            "content": v.tokens[i],
             "single_word": False,
             "lstrip": False,
             "rstrip": False,
-            "normalized": types[i] != _CONTROL,
-            "special": types[i] == _CONTROL,
+            "normalized": v.types[i] != _CONTROL,
+            "special": v.types[i] == _CONTROL,
         }
-        for i in range(len(tokens))
-        if types[i] in (_CONTROL, _USER_DEFINED)
+        for i in range(len(v.tokens))
+        if v.types[i] in (_CONTROL, _USER_DEFINED)
     ]
-    bos_id = g.fields.get("tokenizer.ggml.bos_token_id")
-    eos_id = g.fields.get("tokenizer.ggml.eos_token_id")
-    add_bos = bool(g.fields.get("tokenizer.ggml.add_bos_token", False)) and bos_id is not None
-    post: dict[str, Any] | None = None
-    if add_bos:
-        bos = tokens[bos_id]
-        post = {
-            "type": "TemplateProcessing",
-            "single": [
-                {"SpecialToken": {"id": bos, "type_id": 0}},
-                {"Sequence": {"id": "A", "type_id": 0}},
-            ],
-            "pair": [
-                {"SpecialToken": {"id": bos, "type_id": 0}},
-                {"Sequence": {"id": "A", "type_id": 0}},
-                {"Sequence": {"id": "B", "type_id": 1}},
-            ],
-            "special_tokens": {bos: {"id": bos, "ids": [bos_id], "tokens": [bos]}},
-        }
+
+
+def _bos_post_processor(bos: str, bos_id: int) -> dict[str, Any]:
+    """The post-processor putting the BOS token ``bos`` (id ``bos_id``) before the text."""
+    return {
+        "type": "TemplateProcessing",
+        "single": [
+            {"SpecialToken": {"id": bos, "type_id": 0}},
+            {"Sequence": {"id": "A", "type_id": 0}},
+        ],
+        "pair": [
+            {"SpecialToken": {"id": bos, "type_id": 0}},
+            {"Sequence": {"id": "A", "type_id": 0}},
+            {"Sequence": {"id": "B", "type_id": 1}},
+        ],
+        "special_tokens": {bos: {"id": bos, "ids": [bos_id], "tokens": [bos]}},
+    }
+
+
+def _bpe_model(v: _Vocab) -> dict[str, Any]:
+    """``tokenizer.json``'s byte-level BPE model: the vocabulary and its merges."""
+    return {
+        "type": "BPE",
+        "dropout": None,
+        "unk_token": None,
+        "continuing_subword_prefix": None,
+        "end_of_word_suffix": None,
+        "fuse_unk": False,
+        "byte_fallback": False,
+        "ignore_merges": False,
+        "vocab": {t: i for i, t in enumerate(v.tokens)},
+        "merges": v.merges,
+    }
+
+
+def _tokenizer_config(g: GGUFFile, v: _Vocab) -> dict[str, Any]:
+    """``tokenizer_config.json``: the special tokens, whether BOS is added, the context length
+    and the chat template where the file has one."""
+    config: dict[str, Any] = {
+        "bos_token": v.token(v.bos_id),
+        "eos_token": v.token(v.eos_id),
+        "add_bos_token": v.add_bos,
+        "model_max_length": int(
+            g.fields.get(
+                f"{g.need('general.architecture')}.context_length", _DEFAULT_CONTEXT_LENGTH
+            )
+        ),
+    }
+    pad_id = g.fields.get("tokenizer.ggml.padding_token_id")
+    if pad_id is not None:
+        config["pad_token"] = v.tokens[pad_id]
+    template = g.fields.get("tokenizer.chat_template")
+    if template:
+        config["chat_template"] = template
+    return config
+
+
+def hf_tokenizer(g: GGUFFile) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``tokenizer.json`` and ``tokenizer_config.json`` of the file's byte-level BPE vocabulary."""
+    v = _read_vocab(g)
+    added = _added_tokens(v)
+    post = _bos_post_processor(v.tokens[v.bos_id], v.bos_id) if v.add_bos else None
     tokenizer = {
         "version": "1.0",
         "truncation": None,
@@ -248,34 +325,9 @@ def hf_tokenizer(g: GGUFFile) -> tuple[dict[str, Any], dict[str, Any]]:
             "trim_offsets": True,
             "use_regex": True,
         },
-        "model": {
-            "type": "BPE",
-            "dropout": None,
-            "unk_token": None,
-            "continuing_subword_prefix": None,
-            "end_of_word_suffix": None,
-            "fuse_unk": False,
-            "byte_fallback": False,
-            "ignore_merges": False,
-            "vocab": {t: i for i, t in enumerate(tokens)},
-            "merges": merges,
-        },
+        "model": _bpe_model(v),
     }
-    config: dict[str, Any] = {
-        "bos_token": tokens[bos_id] if bos_id is not None else None,
-        "eos_token": tokens[eos_id] if eos_id is not None else None,
-        "add_bos_token": add_bos,
-        "model_max_length": int(
-            g.fields.get(f"{g.need('general.architecture')}.context_length", 2048)
-        ),
-    }
-    pad_id = g.fields.get("tokenizer.ggml.padding_token_id")
-    if pad_id is not None:
-        config["pad_token"] = tokens[pad_id]
-    template = g.fields.get("tokenizer.chat_template")
-    if template:
-        config["chat_template"] = template
-    return tokenizer, config
+    return tokenizer, _tokenizer_config(g, v)
 
 
 @contextlib.contextmanager

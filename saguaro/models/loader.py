@@ -210,25 +210,37 @@ def load_model(
     return model.to(device).eval()
 
 
-def load_dense(
-    model_dir: str | Path, dtype: str | torch.dtype, tp: TensorParallel = SINGLE
-) -> CausalLM:
-    """The checkpoint's weights in ``dtype`` on the CPU (rank ``tp.rank``'s slices)."""
-    model_dir = Path(model_dir)
-    if not model_dir.is_dir():
-        raise ModelLoadError(f"model directory {str(model_dir)!r} does not exist")
-    cfg = ModelConfig.from_dir(model_dir)
-    files = safetensors_files(model_dir)
-    torch_dtype = resolve_dtype(dtype)
-    tp.check(cfg)
-    with torch.device("meta"):
-        model = CausalLM(cfg, tp)
-    params = dict(model.named_parameters())
-    if cfg.draft_vocab_size is not None:  # the reduced head's token ids: a buffer, read as one
+def _named_params(model: CausalLM, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """The tensors the checkpoint fills, by name: the parameters, and a reduced head's token
+    ids (a buffer, read as one)."""
+    params: dict[str, torch.Tensor] = dict(model.named_parameters())
+    if cfg.draft_vocab_size is not None:
         params["lm_head.token_ids"] = model.head_token_ids
+    return params
+
+
+def _fused(
+    pieces: dict[str, list[torch.Tensor | None]], model_dir: Path
+) -> dict[str, torch.Tensor]:
+    """Each fused weight, its parts (in ``FUSED`` order) concatenated along the rows."""
+    fused: dict[str, torch.Tensor] = {}
+    for key, parts in pieces.items():
+        if any(p is None for p in parts):
+            raise ModelLoadError(f"{model_dir}: incomplete fused weight {key!r}")
+        fused[key] = torch.cat(parts, dim=0)  # type: ignore[arg-type]
+    return fused
+
+
+def _read_checkpoint(
+    files: list[Path],
+    pick: Callable[[str], Slice | None] | None,
+    params: dict[str, torch.Tensor],
+    model_dir: Path,
+) -> dict[str, torch.Tensor]:
+    """Every tensor of ``files`` under the model's name, q/k/v and gate/up fused; a tensor the
+    model has no place for is refused, except rotary tables (the model computes its own)."""
     filled: dict[str, torch.Tensor] = {}
     pieces: dict[str, list[torch.Tensor | None]] = {}
-    pick = rank_slices(cfg, tp) if tp.size > 1 else None
     for hf_name, tensor in iter_tensors(files, pick):
         name = hf_name.removeprefix("model.")
         m = _LAYER_RE.match(hf_name)
@@ -243,14 +255,23 @@ def load_dense(
                 continue
             raise ModelLoadError(f"{model_dir}: unexpected tensor {hf_name!r} in checkpoint")
         filled[name] = tensor
-    for key, parts in pieces.items():
-        if any(p is None for p in parts):
-            raise ModelLoadError(f"{model_dir}: incomplete fused weight {key!r}")
-        filled[key] = torch.cat(parts, dim=0)  # type: ignore[arg-type]
-    if cfg.tie_word_embeddings or "lm_head.weight" not in filled:
+    filled.update(_fused(pieces, model_dir))
+    return filled
+
+
+def _drop_tied_head(filled: dict[str, torch.Tensor], cfg: ModelConfig, model_dir: Path) -> None:
+    """Remove ``lm_head.weight`` from ``filled`` where the head is the embedding (tied); an
+    untied head must be in the checkpoint."""
+    if cfg.tie_word_embeddings:
         filled.pop("lm_head.weight", None)
-        if not cfg.tie_word_embeddings:
-            raise ModelLoadError(f"{model_dir}: lm_head.weight missing and embeddings not tied")
+    elif "lm_head.weight" not in filled:
+        raise ModelLoadError(f"{model_dir}: lm_head.weight missing and embeddings not tied")
+
+
+def _check_filled(
+    filled: dict[str, torch.Tensor], params: dict[str, torch.Tensor], model_dir: Path
+) -> None:
+    """Raise unless ``filled`` holds every tensor of ``params``, each in its shape."""
     missing = sorted(set(params) - set(filled))
     if missing:
         raise ModelLoadError(
@@ -262,12 +283,42 @@ def load_dense(
                 f"{model_dir}: tensor {name!r} has shape {tuple(tensor.shape)}, "
                 f"config implies {tuple(params[name].shape)}"
             )
+
+
+def _assign(
+    model: CausalLM,
+    filled: dict[str, torch.Tensor],
+    dtype: torch.dtype,
+    cfg: ModelConfig,
+    model_dir: Path,
+) -> None:
+    """Put the checked tensors of ``filled`` in ``model`` (the parameters in ``dtype``) and tie
+    its head to the embedding where the config says so."""
     head_ids = filled.pop("lm_head.token_ids", None)
-    model.load_state_dict(
-        {k: v.to(torch_dtype) for k, v in filled.items()}, strict=False, assign=True
-    )
+    model.load_state_dict({k: v.to(dtype) for k, v in filled.items()}, strict=False, assign=True)
     if head_ids is not None:
         model.head_token_ids = checked_head_ids(head_ids, cfg.vocab_size, model_dir)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
+
+
+def load_dense(
+    model_dir: str | Path, dtype: str | torch.dtype, tp: TensorParallel = SINGLE
+) -> CausalLM:
+    """The checkpoint's weights in ``dtype`` on the CPU (rank ``tp.rank``'s slices)."""
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise ModelLoadError(f"model directory {str(model_dir)!r} does not exist")
+    cfg = ModelConfig.from_dir(model_dir)
+    files = safetensors_files(model_dir)
+    torch_dtype = resolve_dtype(dtype)
+    tp.check(cfg)
+    with torch.device("meta"):
+        model = CausalLM(cfg, tp)
+    params = _named_params(model, cfg)
+    pick = rank_slices(cfg, tp) if tp.size > 1 else None
+    filled = _read_checkpoint(files, pick, params, model_dir)
+    _drop_tied_head(filled, cfg, model_dir)
+    _check_filled(filled, params, model_dir)
+    _assign(model, filled, torch_dtype, cfg, model_dir)
     return model

@@ -17,6 +17,8 @@ from pathlib import Path
 import torch
 
 from saguaro.errors import ModelLoadError, SaguaroError
+from saguaro.models.draft_dir import assemble_draft, has_embedding
+from saguaro.models.tokenizer import Tokenizer
 from saguaro.options import add_options, from_args
 from saguaro.placement import resolve_device
 from saguaro.train.distill import DistillConfig, Distiller
@@ -26,6 +28,7 @@ from saguaro.train.draft_data import (
     answer_pairs,
     answer_path,
     code_pairs,
+    draft_pairs,
     generate_rollouts,
     score_answers,
     shard_path,
@@ -73,9 +76,12 @@ def rollout_stage(args: argparse.Namespace, cfg: RolloutConfig, run_dir: Path) -
 
     from saguaro.bench.datasets import file_prompts
     from saguaro.models.config import ModelConfig
-    from saguaro.models.tokenizer import Tokenizer
 
-    scored = (("answers", cfg.answer_shards, answer_pairs), ("code", cfg.code_shards, code_pairs))
+    scored = (
+        ("answers", cfg.answer_shards, answer_pairs),
+        ("code", cfg.code_shards, code_pairs),
+        ("draft", cfg.draft_shards, lambda tok, c: on_policy_pairs(args, tok, c, run_dir)),
+    )
     rolled = all(shard_path(run_dir, i).is_file() for i in range(cfg.shards))
     if rolled and all(
         answer_path(run_dir, i, kind).is_file() for kind, n, _ in scored for i in range(n)
@@ -101,6 +107,29 @@ def rollout_stage(args: argparse.Namespace, cfg: RolloutConfig, run_dir: Path) -
             pairs = pairs_of(tokenizer, cfg)
             done = score_answers(model, pairs, run_dir, shards, left, kind) == shards
     return done
+
+
+def on_policy_pairs(
+    args: argparse.Namespace, tokenizer: Tokenizer, cfg: RolloutConfig, run_dir: Path
+) -> list[tuple[list[int], list[int]]]:
+    """The ``--init`` draft's own continuations of the training prompts after the rollouts'
+    (of ``--prompts``' in their order, cycled), the draft made whole first, in the run
+    directory, where it was written without the embedding."""
+    from saguaro.bench.datasets import file_prompts
+
+    if not args.init:
+        raise ValueError("--draft-shards needs --init: the draft that writes them")
+    draft = Path(args.init)
+    if not has_embedding(draft):
+        draft = assemble_draft(draft, args.target, run_dir / "init-draft")
+    count = cfg.draft_shards * SHARD
+    if args.prompts is not None:
+        pool = [tokenizer.encode(p.text) for p in file_prompts(args.prompts)]
+        prompts = [pool[k % len(pool)] for k in range(count)]
+    else:
+        first = cfg.shards * SHARD
+        prompts = training_prompts(tokenizer, cfg, first + count)[first:]
+    return draft_pairs(draft, prompts, cfg)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,8 +31,10 @@ import torch
 from tqdm import tqdm
 
 from saguaro.options import opt
+from saguaro.sampling import SamplingParams
 
 SHARD = 128  # sequences per shard file: one batch of the target
+SEED_STRIDE = 1_000_003  # a run's sampling seeds: rollout_seed * SEED_STRIDE + index
 # Prompts longer than this many tokens are left out rather than cut: a cut question is not one
 # the target would be asked.
 MAX_PROMPT_TOKENS = 256
@@ -65,6 +67,11 @@ class RolloutConfig:
         f"shards of {SHARD} functions of the standard library's training split, their bodies "
         "scored by the target as written (teacher forcing)",
     )
+    draft_shards: int = opt(
+        0,
+        f"shards of {SHARD} continuations the --init draft writes itself, scored by the target "
+        "(teacher forcing): on-policy data, where the draft's own chains go wrong",
+    )
     rollout_seed: int = opt(0, "prompt order and sampling noise")
     rollout_dtype: Literal["float32", "bfloat16"] = opt(
         "bfloat16", "the target's precision as it writes (bfloat16 is faster on most CPUs)"
@@ -78,11 +85,14 @@ class RolloutConfig:
         if path.is_file():
             saved = json.loads(path.read_text())
             saved["temperatures"] = tuple(saved["temperatures"])
-            counts = {f: getattr(cfg, f) for f in ("shards", "answer_shards", "code_shards")}
+            counts = {f: getattr(cfg, f) for f in SHARD_COUNTS}
             return dataclasses.replace(cls(**{**dataclasses.asdict(cls()), **saved}), **counts)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(dataclasses.asdict(cfg)))
         return cfg
+
+
+SHARD_COUNTS = ("shards", "answer_shards", "code_shards", "draft_shards")
 
 
 def chat_prompts(tokenizer) -> Iterator[list[int]]:
@@ -255,7 +265,7 @@ def generate_rollouts(
             break
         batch = prompts[i * SHARD : (i + 1) * SHARD]
         temps = [cfg.temperatures[j % len(cfg.temperatures)] for j in range(len(batch))]
-        shard = rollout_batch(model, batch, temps, cfg, stop, cfg.rollout_seed * 1_000_003 + i)
+        shard = rollout_batch(model, batch, temps, cfg, stop, cfg.rollout_seed * SEED_STRIDE + i)
         save_whole(dataclasses.asdict(shard), shard_path(run_dir, i))
     return sum(shard_path(run_dir, i).is_file() for i in range(shards))
 
@@ -294,6 +304,33 @@ def code_pairs(tokenizer, cfg: RolloutConfig) -> list[tuple[list[int], list[int]
                 pairs.append((prompt, body))
     random.Random(cfg.rollout_seed).shuffle(pairs)
     return pairs
+
+
+def draft_pairs(
+    draft_dir: Path, prompts: list[list[int]], cfg: RolloutConfig
+) -> list[tuple[list[int], list[int]]]:
+    """(prompt, continuation) ids where the draft in ``draft_dir`` writes the continuation
+    itself, on saguaro's engine: prompt k at the rollouts' temperature for k, seeded by k, up to
+    ``cfg.new_tokens``. Scored by the target, they teach the draft at the contexts its own
+    proposals make (on-policy distillation); a continuation is the same tokens however the
+    engine batches it."""
+    from saguaro.api import LLM
+
+    temps = cfg.temperatures
+    params = [
+        SamplingParams(
+            temperature=temps[k % len(temps)],
+            max_tokens=cfg.new_tokens,
+            seed=cfg.rollout_seed * SEED_STRIDE + k,
+        )
+        for k in range(len(prompts))
+    ]
+    llm = LLM(model=str(draft_dir), mode="ar")
+    try:
+        outs = llm.generate(prompts, params, use_tqdm=True)
+    finally:
+        llm.close()
+    return [(p, o.token_ids) for p, o in zip(prompts, outs, strict=True) if o.token_ids]
 
 
 @torch.no_grad()

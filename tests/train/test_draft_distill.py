@@ -18,7 +18,9 @@ from saguaro.train.distill import DistillConfig, Distiller, batches, distill_los
 from saguaro.train.draft_cli import main as train_draft
 from saguaro.train.draft_data import (
     RolloutConfig,
+    answer_path,
     code_pairs,
+    draft_pairs,
     generate_rollouts,
     rollout_batch,
     score_batch,
@@ -199,6 +201,41 @@ def test_train_draft_writes_a_draft_that_speculates_exactly(target_dir, tmp_path
         want = [o.token_ids for o in ar.generate(["ab", "zz top"], greedy)]
     with LLM(model=str(target_dir), draft=str(out), mode="sd", max_model_len=128) as sd:
         assert [o.token_ids for o in sd.generate(["ab", "zz top"], greedy)] == want
+
+
+def test_a_drafts_own_continuations_are_what_it_generates(target, target_dir):
+    """On-policy pairs: the prompt, then what the model writes after it (here the target stands
+    for a draft: any model directory writes them), greedy at T = 0, seeded at T > 0."""
+    cfg = RolloutConfig(new_tokens=8, temperatures=(0.0, 0.7), rollout_seed=3)
+    pairs = draft_pairs(target_dir, PROMPTS, cfg)
+    assert [p for p, _ in pairs] == PROMPTS
+    for k, (p, cont) in enumerate(pairs):
+        assert 0 < len(cont) <= 8
+        if k % 2 == 0:
+            assert cont == transformers_greedy(target, p, 8)[: len(cont)]
+    assert draft_pairs(target_dir, PROMPTS, cfg) == pairs
+    assert draft_pairs(target_dir, PROMPTS, RolloutConfig(new_tokens=8, rollout_seed=4)) != pairs
+
+
+def test_train_draft_trains_on_its_init_drafts_own_text(target, target_dir, tmp_path):
+    """``--draft-shards``: the ``--init`` draft (written without the embedding, as the
+    repository ships one) writes continuations, the target scores them, the draft trains on
+    them; without ``--init`` there is no draft to write them."""
+    written = write_draft(
+        cut_draft(target, (0,), list(range(64))), target_dir, tmp_path / "init", {},
+        embeddings=False,
+    )  # fmt: skip
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in ("ab", "x=1")))
+    run, out = tmp_path / "run", tmp_path / "draft"
+    args = ["--target", str(target_dir), "--out", str(out), "--run-dir", str(run)]
+    args += ["--prompts", str(prompts), "--shards", "0", "--draft-shards", "1"]
+    args += ["--new-tokens", "12", "--epochs", "1", "--batch-tokens", "512"]
+    assert train_draft([*args, "--init", str(written)]) == 0
+    shard = torch.load(answer_path(run, 0, "draft"))
+    assert len(shard["sequences"]) == 128 and all(len(t) > 0 for t in shard["top_ids"])
+    assert json.loads((out / "training.json").read_text())["steps"] > 0
+    assert train_draft([*args, "--run-dir", str(tmp_path / "run2")]) == 2
 
 
 def test_train_draft_refuses_a_directory_that_is_not_a_model(tmp_path, capsys):
