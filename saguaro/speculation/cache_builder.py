@@ -405,8 +405,9 @@ class CacheBuilder:
                     row.append(token)
                 tokens[i] = drawn[i]
             clock.stop()
-            depths_s += clock.seconds()
-            self.costs.observe_depth(num_branches, clock.seconds())
+            seconds = clock.seconds()
+            depths_s += seconds
+            self.costs.observe_depth(num_branches, seconds)
         for i in live:
             q = out_q.get(i)
             for j, key in enumerate(branches[i]):
