@@ -25,13 +25,17 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from tqdm import tqdm
 
 from saguaro.options import opt
 from saguaro.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+    from transformers.modeling_outputs import CausalLMOutputWithPast
 
 SHARD = 128  # sequences per shard file: one batch of the target
 SEED_STRIDE = 1_000_003  # a run's sampling seeds: rollout_seed * SEED_STRIDE + index
@@ -45,6 +49,9 @@ TOP_K = 64
 # Characters of code read to cut ``new_tokens`` tokens from: code runs about 4.4 characters a
 # token in SmolLM2's tokenizer, and tokenizing the rest of a file would cost more than scoring.
 CODE_CHARS_PER_TOKEN = 8
+# What greedy rows (temperature 0) divide their logits by: their sample is discarded, so this
+# only keeps the division finite.
+MIN_TEMPERATURE = 1e-6
 
 
 def floats(text: str) -> tuple[float, ...]:
@@ -192,57 +199,113 @@ def rollout_batch(
     """The target (a transformers ``*ForCausalLM``) continues every prompt at once: prompts
     left-padded, each row sampled at its own temperature (0: greedy) from a seeded generator,
     a row done after a stop token (kept) or ``cfg.new_tokens``."""
-    from saguaro.train.rollouts import cache_name
-
     device = next(model.parameters()).device
-    rows, width = len(prompts), max(map(len, prompts))
-    ids = torch.zeros(rows, width, dtype=torch.long)
-    mask = torch.zeros(rows, width, dtype=torch.long)
-    for r, p in enumerate(prompts):
-        ids[r, width - len(p) :] = torch.tensor(p)
-        mask[r, width - len(p) :] = 1
-    ids, mask = ids.to(device), mask.to(device)
-    pos = (mask.cumsum(1) - 1).clamp(min=0)
     gen = torch.Generator(device=device).manual_seed(seed)
     temp = torch.tensor(temps, device=device)[:, None]
-    name = cache_name(model)
-    out = model(
-        input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1
-    )
-    last = pos[:, -1:]
-    alive = torch.ones(rows, dtype=torch.bool, device=device)
+    decoder = _Decoder.prefill(model, prompts, device)
+    alive = torch.ones(len(prompts), dtype=torch.bool, device=device)
     stop_ids = torch.tensor(sorted(stop), dtype=torch.long, device=device)
-    tokens, top_ids, top_logp, alive_at = [], [], [], []
+    written = _Written()
     for _ in range(cfg.new_tokens):
-        logp = out.logits[:, -1].float().log_softmax(-1)
-        top = logp.topk(min(TOP_K, logp.shape[-1]), dim=-1)
-        noise = -torch.empty_like(logp).exponential_(generator=gen).log()  # Gumbel
-        sampled = (logp / temp.clamp(min=1e-6) + noise).argmax(-1)
-        tok = torch.where(temp[:, 0] > 0, sampled, logp.argmax(-1))
-        tokens.append(tok.cpu())
-        top_ids.append(top.indices.int().cpu())
-        top_logp.append(top.values.half().cpu())
-        alive_at.append(alive.cpu())
+        logp = decoder.next_logp()
+        tok = _next_tokens(logp, temp, gen)
+        written.add(tok, logp, alive)
         alive = alive & ~torch.isin(tok, stop_ids)
         if not alive.any():
             break
-        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
-        last = last + 1
+        decoder.advance(tok)
+    return written.shard(prompts)
+
+
+def _next_tokens(logp: torch.Tensor, temp: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """Each row's next token from its log-probabilities ``logp`` [rows, vocab]: the Gumbel-max
+    sample ``argmax(logp / T + g)`` at its temperature ``T`` (``temp`` [rows, 1], ``g`` drawn
+    from ``gen``), or ``argmax(logp)`` where ``T`` is 0."""
+    noise = -torch.empty_like(logp).exponential_(generator=gen).log()  # Gumbel
+    sampled = (logp / temp.clamp(min=MIN_TEMPERATURE) + noise).argmax(-1)
+    return torch.where(temp[:, 0] > 0, sampled, logp.argmax(-1))
+
+
+@dataclass
+class _Decoder:
+    """A transformers model decoding left-padded rows with its KV cache: its last output
+    ``out`` (logits and cache), the attention mask so far, each row's last position ``last``
+    [rows, 1], and ``cache``, the name of the cache's argument and output field."""
+
+    model: PreTrainedModel
+    out: CausalLMOutputWithPast
+    mask: torch.Tensor
+    last: torch.Tensor
+    cache: str
+
+    @classmethod
+    def prefill(
+        cls, model: PreTrainedModel, prompts: list[list[int]], device: torch.device
+    ) -> _Decoder:
+        """The decoder after one forward over ``prompts``, left-padded with 0 and masked, each
+        row's positions counted from its first token."""
+        from saguaro.train.rollouts import cache_name
+
+        rows, width = len(prompts), max(map(len, prompts))
+        ids = torch.zeros(rows, width, dtype=torch.long)
+        mask = torch.zeros(rows, width, dtype=torch.long)
+        for r, p in enumerate(prompts):
+            ids[r, width - len(p) :] = torch.tensor(p)
+            mask[r, width - len(p) :] = 1
+        ids, mask = ids.to(device), mask.to(device)
+        pos = (mask.cumsum(1) - 1).clamp(min=0)
+        name = cache_name(model)
         out = model(
-            input_ids=tok[:, None],
-            attention_mask=mask,
-            position_ids=last,
-            use_cache=True,
-            **{name: getattr(out, name)},
+            input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1
         )
-    n = torch.stack(alive_at, 1).sum(1).tolist()
-    toks, tids, tlp = torch.stack(tokens, 1), torch.stack(top_ids, 1), torch.stack(top_logp, 1)
-    return Shard(
-        [p + toks[r, : n[r]].tolist() for r, p in enumerate(prompts)],
-        [len(p) for p in prompts],
-        [tids[r, : n[r]].clone() for r in range(rows)],
-        [tlp[r, : n[r]].clone() for r in range(rows)],
-    )
+        return cls(model, out, mask, pos[:, -1:], name)
+
+    def next_logp(self) -> torch.Tensor:
+        """Each row's log-probabilities [rows, vocab] (fp32) of the token after its last."""
+        return self.out.logits[:, -1].float().log_softmax(-1)
+
+    def advance(self, tok: torch.Tensor) -> None:
+        """Feed each row its next token ``tok`` [rows]."""
+        self.mask = torch.cat([self.mask, torch.ones_like(self.mask[:, :1])], 1)
+        self.last = self.last + 1
+        self.out = self.model(
+            input_ids=tok[:, None],
+            attention_mask=self.mask,
+            position_ids=self.last,
+            use_cache=True,
+            **{self.cache: getattr(self.out, self.cache)},
+        )
+
+
+@dataclass
+class _Written:
+    """What a batch of rollouts has written, one entry per step, on the CPU: each row's token,
+    the target's ``TOP_K`` likeliest tokens and their log-probabilities where it chose it, and
+    whether the row was still writing (a row's stop token is its last)."""
+
+    tokens: list[torch.Tensor] = dataclasses.field(default_factory=list)
+    top_ids: list[torch.Tensor] = dataclasses.field(default_factory=list)
+    top_logp: list[torch.Tensor] = dataclasses.field(default_factory=list)
+    alive: list[torch.Tensor] = dataclasses.field(default_factory=list)
+
+    def add(self, tok: torch.Tensor, logp: torch.Tensor, alive: torch.Tensor) -> None:
+        """Record one step: the tokens ``tok`` chosen from ``logp`` [rows, vocab]."""
+        top = logp.topk(min(TOP_K, logp.shape[-1]), dim=-1)
+        self.tokens.append(tok.cpu())
+        self.top_ids.append(top.indices.int().cpu())
+        self.top_logp.append(top.values.half().cpu())
+        self.alive.append(alive.cpu())
+
+    def shard(self, prompts: list[list[int]]) -> Shard:
+        """The rows after ``prompts``, each cut after the steps it was writing at."""
+        n = torch.stack(self.alive, 1).sum(1).tolist()
+        toks, tids, tlp = (torch.stack(s, 1) for s in (self.tokens, self.top_ids, self.top_logp))
+        return Shard(
+            [p + toks[r, : n[r]].tolist() for r, p in enumerate(prompts)],
+            [len(p) for p in prompts],
+            [tids[r, : n[r]].clone() for r in range(len(prompts))],
+            [tlp[r, : n[r]].clone() for r in range(len(prompts))],
+        )
 
 
 def generate_rollouts(

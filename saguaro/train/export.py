@@ -80,11 +80,26 @@ def _spec_line(spec: dict[str, int], params: int) -> str:
 
 
 def render_card(role: str, meta: dict[str, Any], metrics: dict[str, Any] | None) -> str:
+    """The README.md of `role`'s directory in an export described by `meta`: the pair, its
+    data, its training with the commands that reproduce it, and the held-out evaluation
+    (`metrics`; None before `eval` has run on these weights)."""
     # through FitConfig: older exports' configs name their one earlier stage `prior_fit`
     cfg = FitConfig.from_dict(meta["config"]).to_dict()
-    params, corpus = meta["params"], meta["corpus"]
-    other = "draft" if role == "target" else "target"
     lines = [
+        *_intro_lines(role),
+        *_model_lines(cfg, meta["params"]),
+        *_data_lines(meta["corpus"]),
+        *_training_lines(cfg, meta),
+        *_reproduce_lines(cfg, meta),
+        *_evaluation_lines(metrics),
+    ]
+    return "\n".join(lines)
+
+
+def _intro_lines(role: str) -> list[str]:
+    """The card's title and what the pair is."""
+    other = "draft" if role == "target" else "target"
+    return [
         f"# saguaro code-pair {role}",
         "",
         f"A small Llama-architecture Python code model, the {role} of a speculative-decoding "
@@ -92,6 +107,12 @@ def render_card(role: str, meta: dict[str, Any], metrics: dict[str, Any] | None)
         "share one tokenizer. Such a pair is a small, matched pair for experiments; it is not "
         "a useful code assistant.",
         "",
+    ]
+
+
+def _model_lines(cfg: dict[str, Any], params: dict[str, int]) -> list[str]:
+    """The Models section: both shapes and what they share."""
+    return [
         "## Models",
         "",
         f"- target: {_spec_line(cfg['target'], params['target'])}",
@@ -99,6 +120,12 @@ def render_card(role: str, meta: dict[str, Any], metrics: dict[str, Any] | None)
         "- both: tied embeddings, RoPE theta 10000, RMSNorm, SiLU MLP, fp32 weights, "
         f"trained at context {cfg['ctx']}",
         "",
+    ]
+
+
+def _data_lines(corpus: dict[str, Any]) -> list[str]:
+    """The Data section: the corpus, its split and the tokenizer."""
+    return [
         "## Data",
         "",
         f"The `*.py` files of the CPython {corpus['python']} standard library (tests included, "
@@ -112,22 +139,19 @@ def render_card(role: str, meta: dict[str, Any], metrics: dict[str, Any] | None)
         "Encoding prepends `<|endoftext|>` (the post-processor and `tokenizer_config.json` "
         "agree); decoding reproduces source text byte for byte.",
         "",
+    ]
+
+
+def _training_lines(cfg: dict[str, Any], meta: dict[str, Any]) -> list[str]:
+    """The Training section: optimizer, schedule and tokens, then each setting and earlier
+    stage beyond a plain run."""
+    return [
         "## Training",
         "",
         f"Seed {cfg['seed']}, AdamW (betas 0.9/0.95, weight decay {cfg['weight_decay']}), "
         f"{cfg['warmup_steps']} warmup steps then cosine decay to {cfg['min_lr_ratio']} of peak, "
         f"batches of {cfg['batch']} x {cfg['ctx']} tokens. The target learns by next-token "
-        + (
-            f"cross-entropy (peak lr {cfg['lr_target']}) for {meta['target_tokens_seen']:,} "
-            "tokens. The draft is distilled from it (KL to the target's softmax, peak lr "
-            f"{cfg['lr_draft']}): on each co-training step it learns from the target's logits "
-            "of that same batch"
-            + (", then alone against the finished target, " if cfg["draft_tokens"] else ", ")
-            if cfg["tokens"]
-            else f"cross-entropy, {meta['target_tokens_seen']:,} tokens, all in earlier stages: "
-            "this stage trained only the draft, distilled from the fixed target (KL to the "
-            f"target's softmax, peak lr {cfg['lr_draft']}), "
-        )
+        + _objectives(cfg, meta)
         + f"{meta['tokens_seen']:,} tokens in all (step {meta['step']} of "
         f"{meta['total_steps']}).",
         "",
@@ -136,6 +160,32 @@ def render_card(role: str, meta: dict[str, Any], metrics: dict[str, Any] | None)
         *_mix_lines(cfg),
         *_lineage(cfg),
         *_replans(meta.get("replans", [])),
+    ]
+
+
+def _objectives(cfg: dict[str, Any], meta: dict[str, Any]) -> str:
+    """The training paragraph's middle, after "The target learns by next-token ": the target's
+    loss and tokens, then how the draft learned from it in this stage (co-trained, then alone
+    where the stage had a draft-only phase; only alone where the stage did not train the
+    target)."""
+    if not cfg["tokens"]:
+        return (
+            f"cross-entropy, {meta['target_tokens_seen']:,} tokens, all in earlier stages: "
+            "this stage trained only the draft, distilled from the fixed target (KL to the "
+            f"target's softmax, peak lr {cfg['lr_draft']}), "
+        )
+    return (
+        f"cross-entropy (peak lr {cfg['lr_target']}) for {meta['target_tokens_seen']:,} "
+        "tokens. The draft is distilled from it (KL to the target's softmax, peak lr "
+        f"{cfg['lr_draft']}): on each co-training step it learns from the target's logits "
+        "of that same batch"
+        + (", then alone against the finished target, " if cfg["draft_tokens"] else ", ")
+    )
+
+
+def _reproduce_lines(cfg: dict[str, Any], meta: dict[str, Any]) -> list[str]:
+    """The commands that replay every stage, then export and evaluate."""
+    return [
         "Reproduce (CPU, hours; the run resumes where it stopped):",
         "",
         "```",
@@ -144,14 +194,15 @@ def render_card(role: str, meta: dict[str, Any], metrics: dict[str, Any] | None)
         "python -m saguaro.train --run-dir RUN eval --out OUT",
         "```",
         "",
-        "## Evaluation (held-out split)",
-        "",
     ]
+
+
+def _evaluation_lines(metrics: dict[str, Any] | None) -> list[str]:
+    """The Evaluation section: `metrics`, or how to produce them."""
+    head = ["## Evaluation (held-out split)", ""]
     if metrics is None:
-        lines += ["Not evaluated yet: run the `eval` command above.", ""]
-    else:
-        lines += _metric_lines(metrics)
-    return "\n".join(lines)
+        return [*head, "Not evaluated yet: run the `eval` command above.", ""]
+    return [*head, *_metric_lines(metrics)]
 
 
 def continuation(src: Path) -> dict[str, Any]:

@@ -166,6 +166,49 @@ def mixed_label_loss(
     return F.nll_loss(logp_t, labels.reshape(-1)) + weight * soft
 
 
+def _text_ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy of `logits` [..., vocab] against `labels`, in fp32."""
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), labels.reshape(-1))
+
+
+def _descend(
+    opt: torch.optim.Optimizer,
+    sched: torch.optim.lr_scheduler.LRScheduler,
+    model: torch.nn.Module,
+    loss: torch.Tensor,
+    grad_clip: float,
+) -> None:
+    """One step of `opt` down `loss`'s gradient, its norm clipped to `grad_clip`, then one
+    step of the learning-rate schedule."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    opt.step()
+    sched.step()
+
+
+@dataclass
+class _Rollouts:
+    """This step's greedy continuations by the target, `ids` [rollouts, prefix + new tokens]
+    (the training prefix included), and `repeats`, true at their tokens in a repeated n-gram
+    (`repeat_mask`)."""
+
+    ids: torch.Tensor
+    repeats: torch.Tensor
+
+
+@dataclass
+class _TargetPass:
+    """The target's forwards of one step: its `logits` on the text batch, their CE
+    (`text_loss`), the `loss` it descends in phase 1, and its detached logits on the rollouts
+    (`roll_logits`; None without rollouts)."""
+
+    logits: torch.Tensor
+    text_loss: torch.Tensor
+    loss: torch.Tensor
+    roll_logits: torch.Tensor | None
+
+
 def init_from_export(src: Path, tok: Tokenizer, models: dict[str, torch.nn.Module]) -> None:
     """Load the weights in `src/<role>` (one file or shards) into each model; the tokenizers
     must be identical."""
@@ -277,82 +320,119 @@ class Trainer:
         return self.step >= self.cfg.total_steps
 
     def train_step(self) -> dict[str, float]:
+        """One step on this step's batch: the target's update (phase 1 only), then the
+        draft's. Returns `loss_t` (the target's text CE), `kl_d` (the draft's whole loss),
+        `loss_d` (the draft's text CE, before its update) and the enabled terms' metrics."""
         cfg = self.cfg
         x, y = (t.to(self.device) for t in self.sampler.batch_at(self.step))
         cotrain = self.step < cfg.cotrain_steps
         metrics: dict[str, float] = {}
-        roll = None
-        if self.prefixes is not None:
-            prefixes = self.prefixes.batch_at(self.step)[0].to(self.device)
-            roll = greedy_rollouts(self.target, prefixes, cfg.rollout_tokens)
-            roll_mask = repeat_mask(roll, cfg.rollout_prefix)
-            metrics["rep"] = roll_mask[:, cfg.rollout_prefix :].float().mean().item()
+        roll = self._rollouts(metrics)
         # The draft reads the batch first: its logits (detached) may enter the target's labels,
         # and its own update below comes after the target's, from the same forward.
         self.draft.train()
         logits_d = self.draft(input_ids=x).logits
+        target = self._target_pass(x, y, logits_d, roll, cotrain, metrics)
+        if cotrain:
+            _descend(self.opt_t, self.sched_t, self.target, target.loss, cfg.grad_clip)
+        loss_d = self._draft_loss(logits_d, y, target, roll, metrics)
+        _descend(self.opt_d, self.sched_d, self.draft, loss_d, cfg.grad_clip)
+        with torch.no_grad():
+            ce_d = _text_ce(logits_d, y)
+        self.step += 1
+        return {
+            "loss_t": target.text_loss.item(),
+            "kl_d": loss_d.item(),
+            "loss_d": ce_d.item(),
+            **metrics,
+        }
+
+    def _rollouts(self, metrics: dict[str, float]) -> _Rollouts | None:
+        """The target's greedy continuations of this step's prefixes (None without
+        `rollouts`); records `rep`, the share of their new tokens in a repeated n-gram."""
+        if self.prefixes is None:
+            return None
+        cfg = self.cfg
+        prefixes = self.prefixes.batch_at(self.step)[0].to(self.device)
+        ids = greedy_rollouts(self.target, prefixes, cfg.rollout_tokens)
+        repeats = repeat_mask(ids, cfg.rollout_prefix)
+        metrics["rep"] = repeats[:, cfg.rollout_prefix :].float().mean().item()
+        return _Rollouts(ids, repeats)
+
+    def _target_pass(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        logits_d: torch.Tensor,
+        roll: _Rollouts | None,
+        cotrain: bool,
+        metrics: dict[str, float],
+    ) -> _TargetPass:
+        """The target's forwards of this step, with gradients in phase 1 (`cotrain`), where
+        its loss is the text CE (or `mixed_label_loss`) + `unlikelihood` x the rollouts'
+        unlikelihood + `ditto` x the pseudo-repetition loss, each where enabled."""
+        cfg = self.cfg
         self.target.train(cotrain)
+        roll_logits = None
         with torch.set_grad_enabled(cotrain):
-            logits_t = self.target(input_ids=x).logits
-            loss_t = F.cross_entropy(logits_t.reshape(-1, logits_t.size(-1)).float(), y.reshape(-1))
-            loss = loss_t
+            logits = self.target(input_ids=x).logits
+            text_loss = _text_ce(logits, y)
+            loss = text_loss
             if cotrain and cfg.draft_mix:
-                loss = mixed_label_loss(logits_t, y, logits_d, cfg.draft_mix)
+                loss = mixed_label_loss(logits, y, logits_d, cfg.draft_mix)
                 metrics["mix"] = loss.item()
             if roll is not None:
                 with torch.set_grad_enabled(cotrain and bool(cfg.unlikelihood)):
-                    roll_logits_t = self.target(input_ids=roll).logits
+                    roll_logits = self.target(input_ids=roll.ids).logits
                 if cotrain and cfg.unlikelihood:
-                    ul = unlikelihood_loss(roll_logits_t, roll, roll_mask, cfg.rollout_prefix)
+                    ul = unlikelihood_loss(roll_logits, roll.ids, roll.repeats, cfg.rollout_prefix)
                     loss = loss + cfg.unlikelihood * ul
                     metrics["ul"] = ul.item()
-                roll_logits_t = roll_logits_t.detach()
+                roll_logits = roll_logits.detach()
             if cotrain and cfg.ditto:
-                # Its own seed stream, like the rollouts' prefixes.
-                seq, periods = pseudo_repeats(
-                    self.tokens, self.step, cfg.batch, cfg.rollout_prefix, cfg.seed + 2
-                )
-                seq = seq.to(self.device)
-                rep = ditto_loss(
-                    self.target(input_ids=seq).logits,
-                    seq,
-                    periods,
-                    cfg.rollout_prefix,
-                    cfg.ditto_lambda,
-                )
+                rep = self._ditto_loss()
                 loss = loss + cfg.ditto * rep
                 metrics["ditto"] = rep.item()
-        if cotrain:
-            self.opt_t.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(self.target.parameters(), cfg.grad_clip)
-            self.opt_t.step()
-            self.sched_t.step()
-        logits_t = logits_t.detach()
+        return _TargetPass(logits, text_loss, loss, roll_logits)
 
-        loss_d = distill_loss(logits_d, logits_t, y, cfg.ce_weight)
-        if roll is not None:
-            # On-policy: the positions that predict the continuation, the target's own text.
-            own = slice(cfg.rollout_prefix - 1, -1)
-            roll_logits_d = self.draft(input_ids=roll).logits
-            labels = roll[:, cfg.rollout_prefix :]
-            # The continuation is the target's argmax at each position, so the CE term teaches
-            # exactly what greedy acceptance checks: the draft's argmax equal to the target's.
-            kl_roll = distill_loss(
-                roll_logits_d[:, own], roll_logits_t[:, own], labels, cfg.rollout_ce
-            )
-            metrics["kl_text"] = loss_d.item()
-            loss_d = loss_d + kl_roll
-            metrics["kl_roll"] = kl_roll.item()
-        self.opt_d.zero_grad(set_to_none=True)
-        loss_d.backward()
-        torch.nn.utils.clip_grad_norm_(self.draft.parameters(), cfg.grad_clip)
-        self.opt_d.step()
-        self.sched_d.step()
-        with torch.no_grad():
-            ce_d = F.cross_entropy(logits_d.reshape(-1, logits_d.size(-1)).float(), y.reshape(-1))
-        self.step += 1
-        return {"loss_t": loss_t.item(), "kl_d": loss_d.item(), "loss_d": ce_d.item(), **metrics}
+    def _ditto_loss(self) -> torch.Tensor:
+        """The target's pseudo-repetition loss (`ditto_loss`) on this step's DITTO rows."""
+        cfg = self.cfg
+        # Its own seed stream, like the rollouts' prefixes.
+        seq, periods = pseudo_repeats(
+            self.tokens, self.step, cfg.batch, cfg.rollout_prefix, cfg.seed + 2
+        )
+        seq = seq.to(self.device)
+        logits = self.target(input_ids=seq).logits
+        return ditto_loss(logits, seq, periods, cfg.rollout_prefix, cfg.ditto_lambda)
+
+    def _draft_loss(
+        self,
+        logits_d: torch.Tensor,
+        y: torch.Tensor,
+        target: _TargetPass,
+        roll: _Rollouts | None,
+        metrics: dict[str, float],
+    ) -> torch.Tensor:
+        """The draft's loss: `distill_loss` to the target's logits of the same text batch,
+        plus, with rollouts, to its logits on their continuations (recorded as `kl_text` and
+        `kl_roll`)."""
+        cfg = self.cfg
+        loss = distill_loss(logits_d, target.logits.detach(), y, cfg.ce_weight)
+        if roll is None or target.roll_logits is None:
+            return loss
+        # On-policy: the positions that predict the continuation, the target's own text.
+        own = slice(cfg.rollout_prefix - 1, -1)
+        roll_logits_d = self.draft(input_ids=roll.ids).logits
+        labels = roll.ids[:, cfg.rollout_prefix :]
+        # The continuation is the target's argmax at each position, so the CE term teaches
+        # exactly what greedy acceptance checks: the draft's argmax equal to the target's.
+        kl_roll = distill_loss(
+            roll_logits_d[:, own], target.roll_logits[:, own], labels, cfg.rollout_ce
+        )
+        metrics["kl_text"] = loss.item()
+        metrics["kl_roll"] = kl_roll.item()
+        return loss + kl_roll
 
     def fit(
         self,
