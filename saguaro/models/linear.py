@@ -79,13 +79,21 @@ class PackedEmbedding(nn.Module):
 def packed_embedding(model: nn.Module, weights: dict[str, PackedWeight]) -> PackedEmbedding | None:
     """The model's embedding held packed where that changes none of its rows: a GGUF file's own
     blocks (``weights["embed_tokens"]``), or a float32 table that int8 groups of 32 hold exactly
-    (one dequantized from Q8_0, as SmolLM2's is in its draft); None otherwise. It spares the
-    dense table: for a 49,152 x 576 vocabulary, 113 MB of float32 for 30 MB of blocks, or none
-    where the blocks are the tied head's."""
+    (one dequantized from Q8_0, as SmolLM2's is in its draft); None otherwise, and where a tied
+    head on dense weights holds the table anyway. It spares the dense table: for a 49,152 x 576
+    vocabulary, 113 MB of float32 for 30 MB of blocks, or none where the blocks are the tied
+    head's."""
     dense = model.embed_tokens
     if getattr(dense, "tp", None) is not None and dense.tp.size > 1:
         return None
-    w = weights.get("embed_tokens") or exact_q8(dense.weight.data)
+    if "embed_tokens" in weights:
+        return PackedEmbedding(weights["embed_tokens"], dense.dtype)
+    head = model.lm_head
+    if model.config.tie_word_embeddings and not (
+        isinstance(head, KernelLinear) and head.weight.quantized
+    ):
+        return None
+    w = exact_q8(dense.weight.data)
     return None if w is None else PackedEmbedding(w, dense.dtype)
 
 

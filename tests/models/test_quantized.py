@@ -105,6 +105,7 @@ def test_the_gguf_model_runs_the_files_blocks_bit_for_bit(source, tmp_path, dtyp
     assert isinstance(quantized.embed_tokens, PackedEmbedding)
     assert quantized.embed_tokens.codes is quantized.lm_head.codes
     dense = load_model(imported, quantization="none", kernels=True)
+    assert not isinstance(dense.embed_tokens, PackedEmbedding)  # its tied head holds the table
     ids = torch.tensor([[0, 5, 17], [3, 3, 1]])
     table = load_model(imported).embed_tokens.weight
     assert torch.equal(quantized.embed_tokens(ids), table[ids])
