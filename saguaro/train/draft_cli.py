@@ -117,8 +117,6 @@ def on_policy_pairs(
     directory, where it was written without the embedding."""
     from saguaro.bench.datasets import file_prompts
 
-    if not args.init:
-        raise ValueError("--draft-shards needs --init: the draft that writes them")
     draft = Path(args.init)
     if not has_embedding(draft):
         draft = assemble_draft(draft, args.target, run_dir / "init-draft")
@@ -149,7 +147,10 @@ def train_draft(args: argparse.Namespace) -> int:
         raise ModelLoadError(f"{args.target}: not a model directory (no config.json)")
     run_dir = args.run_dir or args.out.with_name(args.out.name + "-run")
     start = time.monotonic()
-    rollouts = RolloutConfig.recorded(run_dir, from_args(RolloutConfig, args))
+    asked = from_args(RolloutConfig, args)
+    if asked.draft_shards and not args.init:  # before anything is written or paid for
+        raise ValueError("--draft-shards needs --init: the draft that writes them")
+    rollouts = RolloutConfig.recorded(run_dir, asked)
     if not rollout_stage(args, rollouts, run_dir):
         print(f"rollouts incomplete; run again to resume ({run_dir})")
         return 0

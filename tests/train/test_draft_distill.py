@@ -236,6 +236,7 @@ def test_train_draft_trains_on_its_init_drafts_own_text(target, target_dir, tmp_
     assert len(shard["sequences"]) == 128 and all(len(t) > 0 for t in shard["top_ids"])
     assert json.loads((out / "training.json").read_text())["steps"] > 0
     assert train_draft([*args, "--run-dir", str(tmp_path / "run2")]) == 2
+    assert not (tmp_path / "run2").exists()
 
 
 def test_train_draft_refuses_a_directory_that_is_not_a_model(tmp_path, capsys):
