@@ -39,10 +39,18 @@ class PackedWeight:
 
     def check(self) -> None:
         """Refuse what the kernel would misread (once, where a weight enters a model)."""
-        if self.quantized and any(t.dtype != torch.float32 for t in (self.scales, self.mins)):
-            raise ValueError("a quantized weight's scales and mins are held as float32")
+        self.check_scales()
         if self.fmt == "q8" and self.mins is not None and bool(self.mins.any()):
             raise ValueError("a q8 weight is symmetric: its mins must be zero")
+
+    def check_scales(self) -> None:
+        """Refuse scales and mins in another dtype than the float32 the kernel reads (as a cast
+        module's would be); cheap enough for every call."""
+        if self.quantized and any(t.dtype != torch.float32 for t in (self.scales, self.mins)):
+            raise ValueError(
+                "a quantized weight's scales and mins are held as float32, not "
+                f"{self.scales.dtype} and {self.mins.dtype}"
+            )
 
     @property
     def quantized(self) -> bool:
@@ -87,8 +95,7 @@ def _linear_arg(w: PackedWeight) -> _Linear:
         return x.data_ptr() if x is not None else None
 
     group = w.group or w.k
-    if w.quantized and w.scales.dtype != torch.float32:  # a module cast by .to(dtype), say
-        raise ValueError(f"a quantized weight's scales are held as float32, not {w.scales.dtype}")
+    w.check_scales()  # a module cast by .to(dtype) after it was checked, say
     return _Linear(w.codes.data_ptr(), ptr(w.scales), ptr(w.mins), w.n, w.k, group, FORMATS[w.fmt])
 
 

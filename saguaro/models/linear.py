@@ -84,7 +84,7 @@ def packed_embedding(model: nn.Module, weights: dict[str, PackedWeight]) -> Pack
     vocabulary, 113 MB of float32 for 30 MB of blocks, or none where the blocks are the tied
     head's."""
     dense = model.embed_tokens
-    if getattr(dense, "tp", None) is not None and dense.tp.size > 1:
+    if dense.tp.size > 1:
         return None
     if "embed_tokens" in weights:
         return PackedEmbedding(weights["embed_tokens"], dense.dtype)
