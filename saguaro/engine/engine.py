@@ -672,15 +672,16 @@ class LLMEngine:
         return count
 
     def _settle(self, seq: Sequence, written: int, now: float) -> None:
-        """Release a finished ``seq``, or roll its KV back to its tokens: the target wrote
+        """Roll ``seq``'s KV back to its tokens and hash its full blocks for the prefix cache
+        (a finished one's too, before it is released: its last round's KV serves a later
+        prompt that starts with its text), then release it if it finished. The target wrote
         ``written`` positions, and those past the last accepted proposal hold rejected tokens."""
-        if seq.is_finished:
-            seq.finish_time = now
-            self._release(seq)
-            return
         seq.num_computed_tokens = min(written, len(seq) - 1)
         self.block_manager.trim(seq, len(seq))
         self._register(seq)
+        if seq.is_finished:
+            seq.finish_time = now
+            self._release(seq)
 
     def _logprobs(
         self,

@@ -75,6 +75,29 @@ def test_prefix_cache_reuses_shared_prefix(tiny_llama):
     assert other.metrics["cached_prompt_tokens"] == 0
 
 
+@pytest.mark.parametrize("decodes", [False, True])
+def test_a_finished_requests_last_round_serves_the_next_turn_from_the_prefix_cache(
+    tiny_llama, decodes
+):
+    """The blocks a request filled in its last round are hashed before it frees them: that
+    round is its prompt's last chunk (one token asked), or a decode step that fills a block.
+    The next turn (the context, its reply and more) finds every full block of the first
+    request's written KV cached."""
+    block, chunk = 16, 64
+    llm = LLM(model=str(tiny_llama), max_model_len=512, block_size=block,
+              max_num_batched_tokens=chunk)  # fmt: skip
+    ids = llm.tokenizer.encode("class Foo:\n    def method(self, a, b, c):\n" * 6)
+    assert len(ids) % chunk > block  # the last chunk fills a block of its own
+    # decoding: the last step writes the position that completes a block
+    max_tokens = block - len(ids) % block + 1 if decodes else 1
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    first = llm.generate([ids], params)[0]
+    written = len(ids) + max_tokens - 1  # every token has KV but the last one drawn
+    turn = ids + first.token_ids + ids[:5]
+    second = llm.generate([turn], SamplingParams(temperature=0, max_tokens=2))[0]
+    assert second.metrics["cached_prompt_tokens"] == block * (written // block)
+
+
 def test_preemption_keeps_generated_text(tiny_llama):
     params = [
         SamplingParams(temperature=0.9, seed=i, max_tokens=60, ignore_eos=True) for i in range(4)
