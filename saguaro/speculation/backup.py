@@ -48,11 +48,12 @@ def neural_backup(
             s.coupled,
             s.processors,
             s.num_prompt,
+            s.copy_index(cfg.lookup),
         )
         for s, k in zip(seqs, ks, strict=True)
     ]
     propose_fn = _propose_fn(seqs, cfg, fanout)
-    drafts = decode_chains(runner, chains, propose_fn, cfg.lookup, cfg.stop_below)
+    drafts = decode_chains(runner, chains, propose_fn, cfg.stop_below)
     q = drafts.q
     qs: list[SparseQ | None] = []
     for i, (seq, k) in enumerate(zip(seqs, drafts.counts, strict=True)):

@@ -55,6 +55,7 @@ from saguaro.sampling.processors import Processors, RowsOf, process_draft_rows, 
 from saguaro.sampling.reduce import argmax_rows, top_probability_rows, topk_rows
 from saguaro.speculation import protocol as P
 from saguaro.speculation.fanout import FanoutEstimator
+from saguaro.speculation.ngram import CopyIndex, Lookup
 from saguaro.speculation.planner import BuildCosts, plan_build
 
 MAX_BUDGET = 64  # the planner's largest B: branches per sequence the KV pool is sized for
@@ -120,6 +121,14 @@ class DraftSeq:
     ranked: list[list[int]] = field(default_factory=list)  # per outcome k: candidate ranking
     processors: Processors | None = None  # the request's, applied to the draft's rows too
     num_prompt: int = 0  # token_ids[num_prompt:] are generated (what the processors count)
+    copies: CopyIndex | None = None  # its context's n-grams, made on first use
+
+    def copy_index(self, lookup: Lookup | None) -> CopyIndex | None:
+        """Where ``lookup``'s rule copies from after this sequence's committed tokens (None: no
+        lookup)."""
+        if lookup is not None and self.copies is None:
+            self.copies = lookup.index()
+        return self.copies
 
     def processed(
         self, logits: torch.Tensor, drafts: list[int], first: int | None = None
@@ -360,8 +369,8 @@ class CacheBuilder:
         """``top`` with the token the chains' lookup would copy after ``s_1..s_k`` first: where
         the context recurs, the target's own next token is that copy more often than it is
         the draft's favourite (docs/bench-draft)."""
-        lookup = self.cfg.lookup
-        copy = None if lookup is None else lookup.next_token(seq.token_ids + seq.spec[:k])
+        copies = seq.copy_index(self.cfg.lookup)
+        copy = None if copies is None else copies.next_token(seq.token_ids, seq.spec[:k])
         return top if copy is None else [copy, *(t for t in top if t != copy)]
 
     def _decode_branches(
@@ -457,20 +466,22 @@ class CacheBuilder:
         token that followed it replaces the drawn one, a point mass in its q: the rule of the
         draft's chains in a backup (saguaro.speculation.sd.decode_chains), so that a hit proposes
         what a backup would have. Returns the (sequence, branch) pairs copied."""
-        lookup, copied = self.cfg.lookup, set()
-        if lookup is None:
-            return copied
+        copied: set[tuple[int, int]] = set()
         for i, tokens in drawn.items():
-            seq, q = seqs[i], out_q.get(i)
+            seq = seqs[i]
+            if (copies := seq.copy_index(self.cfg.lookup)) is None:
+                continue
+            rows, made = [], []
             for j, ((k, t), so_far) in enumerate(zip(branches[i], out_tokens[i], strict=True)):
-                copy = lookup.next_token(seq.token_ids + seq.spec[:k] + [t] + so_far)
-                if copy is None:
-                    continue
-                tokens[j] = copy
-                copied.add((i, j))
-                if q is not None:
-                    q.ids[j, depth], q.probs[j, depth] = 0, 0.0
-                    q.ids[j, depth, 0], q.probs[j, depth, 0] = copy, 1.0
+                copy = copies.next_token(seq.token_ids, seq.spec[:k] + [t] + so_far)
+                if copy is not None:
+                    tokens[j] = copy
+                    copied.add((i, j))
+                    rows.append(j)
+                    made.append(copy)
+            if rows and (q := out_q.get(i)) is not None:
+                at, mass = torch.tensor(rows), SparseQ.point_mass(torch.tensor(made), q.width)
+                q.ids[at, depth], q.probs[at, depth] = mass.ids, mass.probs
         return copied
 
     def _stop(

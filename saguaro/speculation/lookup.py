@@ -7,7 +7,7 @@ import torch
 
 from saguaro.core.proposal import Proposal, Proposer
 from saguaro.core.sequence import Sequence
-from saguaro.speculation.ngram import Lookup
+from saguaro.speculation.ngram import CopyIndexes, Lookup
 
 
 class LookupProposer(Proposer):
@@ -16,22 +16,19 @@ class LookupProposer(Proposer):
     suffix. A copy is a point mass, so q is None and verification is exact as for any proposal
     (docs/design.md §3): s is accepted with probability p(s), and on rejection the recovery token
     is drawn from p with s removed. No model runs and no KV is kept; an index of each sequence's
-    n-grams, kept as it grows, tells which sequences have a copy without reading their contexts."""
+    n-grams, kept as it grows, finds the copies without reading their contexts."""
 
     def __init__(self, lookup: Lookup) -> None:
-        self.lookup = lookup
-        self.recurrence = lookup.recurrence()
+        self.copies = CopyIndexes(lookup)
 
     def has_copy(self, seq: Sequence) -> bool:
         """Whether ``seq``'s context has a copy now (then its chain runs to k: docs/design.md
         §3, "Copies")."""
-        return self.recurrence.recurs(seq.seq_id, seq.token_ids)
+        return self.copies.of(seq.seq_id).next_token(seq.token_ids) is not None
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> Proposal:
-        chains = [
-            self.lookup.chain(s.token_ids, k) if self.has_copy(s) else []
-            for s, k in zip(seqs, ks, strict=True)
-        ]
+        of = self.copies.of
+        chains = [of(s.seq_id).chain(s.token_ids, k) for s, k in zip(seqs, ks, strict=True)]
         tokens = torch.zeros(len(seqs), max(ks, default=0), dtype=torch.int64)
         for row, chain in zip(tokens, chains, strict=True):
             row[: len(chain)] = torch.tensor(chain, dtype=torch.int64)
@@ -39,4 +36,4 @@ class LookupProposer(Proposer):
         return Proposal(tokens, counts, mode="lookup")
 
     def release(self, seq: Sequence) -> None:
-        self.recurrence.forget(seq.seq_id)
+        self.copies.forget(seq.seq_id)

@@ -1,6 +1,6 @@
 """Copies from the sequence's own context: SSD's fast backup (docs/design.md §7), the draft
-chains' copies and SD with copies alone (§3, "Copies"), and an incremental index of where the
-chains' rule finds one.
+chains' copies and SD with copies alone (§3, "Copies"), and an index of a sequence's n-grams
+that answers the chains' rule without reading the whole context.
 
 No model runs: the proposal copies what followed the most recent earlier occurrence of the
 context's last few tokens. It is deterministic, so verification uses the point-mass rule (§3).
@@ -72,17 +72,9 @@ class Lookup:
         got = prompt_lookup(tokens, 1, self.max_ngram, self.min_ngram)
         return got[0] if got else None
 
-    def chain(self, tokens: Sequence[int], k: int) -> list[int]:
-        """Up to ``k`` copies in a row after ``tokens``, each made after the ones before it; the
-        chain ends at the first depth with none."""
-        out: list[int] = []
-        while len(out) < k and (t := self.next_token([*tokens, *out])) is not None:
-            out.append(t)
-        return out
-
-    def recurrence(self) -> Recurrence:
-        """An incremental index of whether this rule finds a copy after a sequence's tokens."""
-        return Recurrence(self.min_ngram)
+    def index(self) -> CopyIndex:
+        """This rule for one sequence, its committed tokens indexed as they grow."""
+        return CopyIndex(self)
 
     @classmethod
     def of(cls, min_ngram: int) -> Lookup | None:
@@ -90,28 +82,82 @@ class Lookup:
         return cls(min_ngram, max(min_ngram, LOOKUP_MAX_NGRAM)) if min_ngram else None
 
 
-class Recurrence:
-    """Whether a sequence's context ends in an n-gram of ``n`` tokens that occurred earlier in
-    it, kept per sequence as its tokens grow: each call indexes only the tokens added since the
-    last, where :meth:`Lookup.next_token` reads the whole context. A :class:`Lookup` whose
-    shortest n-gram is ``n`` copies exactly where this holds (a longer recurring suffix contains
-    a recurring one of ``n`` tokens). A sequence's tokens must only grow (committed tokens do);
-    ``forget`` it when it ends."""
+class CopyIndex:
+    """:meth:`Lookup.next_token` for one sequence, after its committed tokens and a short tail
+    (the drafted or branch tokens after them), without reading the whole context: the n-grams of
+    the committed tokens, n from ``min_ngram`` to ``max_ngram``, are indexed as the tokens
+    arrive, each at its most recent end. The committed tokens must only grow (they do); a
+    shorter list than the one indexed is indexed afresh.
 
-    def __init__(self, n: int) -> None:
-        self.n = n
-        self.seen: dict[int, tuple[int, set[tuple[int, ...]]]] = {}  # id -> (indexed, n-grams)
+    Why it equals the rule on ``committed + tail`` (C and T tokens, L = C + T): the rule copies
+    after the most recent end i <= L - 2 of the longest n-gram (n <= max_ngram) ending the
+    context that occurred before. Trying n downwards, the first n with an occurrence is that
+    longest one; its most recent end is either in the tail's reach (C - 1 <= i <= L - 2: at
+    most T + 1 ends, compared directly, latest first) or at i <= C - 2, where an n-gram lies
+    wholly in the committed tokens and the index holds its latest end."""
 
-    def recurs(self, seq_id: int, tokens: Sequence[int]) -> bool:
-        """Whether ``tokens`` (sequence ``seq_id``'s) end in an n-gram that occurred before."""
-        indexed, grams = self.seen.get(seq_id, (0, set()))
-        if indexed > len(tokens):  # not the tokens indexed before: start over
-            indexed, grams = 0, set()
-        # the n-grams ending before the last token: the suffix itself is no earlier occurrence
-        for end in range(max(indexed, self.n - 1), len(tokens) - 1):
-            grams.add(tuple(tokens[end - self.n + 1 : end + 1]))
-        self.seen[seq_id] = (max(indexed, len(tokens) - 1), grams)
-        return len(tokens) > self.n and tuple(tokens[-self.n :]) in grams
+    def __init__(self, lookup: Lookup) -> None:
+        self.lookup = lookup
+        self.indexed = 0  # n-grams ending before this committed index are in `latest`
+        self.latest: dict[int, dict[tuple[int, ...], int]] = {
+            n: {} for n in range(lookup.max_ngram, lookup.min_ngram - 1, -1)
+        }
+
+    def next_token(self, committed: list[int], tail: Sequence[int] = ()) -> int | None:
+        """The token the rule copies after ``committed + tail``; None where none recurs."""
+        self._index(committed)
+        c = len(committed)
+        size = c + len(tail)
+        # enough committed tokens for an n-gram ending at C - 1, then the tail
+        start = max(0, c - self.lookup.max_ngram)
+        window = committed[start:] + list(tail)
+        for n, latest in self.latest.items():
+            if size <= n:
+                continue
+            suffix = window[-n:]
+            for i in range(size - 2 - start, max(c - 1, n - 1) - 1 - start, -1):
+                if window[i - n + 1 : i + 1] == suffix:
+                    return window[i + 1]
+            end = latest.get(tuple(suffix))
+            if end is not None:
+                return committed[end + 1]
+        return None
+
+    def chain(self, committed: list[int], k: int) -> list[int]:
+        """Up to ``k`` copies in a row after ``committed``, each made after the ones before it;
+        the chain ends at the first depth with none."""
+        out: list[int] = []
+        while len(out) < k and (t := self.next_token(committed, out)) is not None:
+            out.append(t)
+        return out
+
+    def _index(self, committed: list[int]) -> None:
+        """Index the n-grams ending at committed indices up to C - 2 (the one ending at C - 1 is
+        the context's own suffix when the tail is empty: no earlier occurrence)."""
+        end = len(committed) - 1
+        if end < self.indexed:
+            self.indexed = 0
+            for latest in self.latest.values():
+                latest.clear()
+        for i in range(self.indexed, end):
+            for n, latest in self.latest.items():
+                if i >= n - 1:
+                    latest[tuple(committed[i - n + 1 : i + 1])] = i
+        self.indexed = max(self.indexed, end)
+
+
+class CopyIndexes:
+    """A :class:`CopyIndex` per sequence id, made on first use; ``forget`` a sequence when it
+    ends."""
+
+    def __init__(self, lookup: Lookup) -> None:
+        self.lookup = lookup
+        self.by_seq: dict[int, CopyIndex] = {}
+
+    def of(self, seq_id: int) -> CopyIndex:
+        if (index := self.by_seq.get(seq_id)) is None:
+            index = self.by_seq[seq_id] = self.lookup.index()
+        return index
 
     def forget(self, seq_id: int) -> None:
-        self.seen.pop(seq_id, None)
+        self.by_seq.pop(seq_id, None)

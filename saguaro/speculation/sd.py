@@ -27,7 +27,7 @@ from saguaro.sampling import SamplingParams, SamplingTensors, SparseQ, propose, 
 from saguaro.sampling.coupled import propose_coupled
 from saguaro.sampling.processors import Processors, RowsOf, process_rows
 from saguaro.sampling.reduce import argmax_rows, top_probability_rows
-from saguaro.speculation.ngram import Lookup
+from saguaro.speculation.ngram import CopyIndex, CopyIndexes, Lookup
 
 # (draft logits [m, V], chain indices of the m rows, depth, positions [m]) -> tokens, q (None:
 # the proposals need no q, as under coupled sampling)
@@ -49,6 +49,7 @@ class Chain:
     coupled: bool = False  # coupled sampling: propose q's perturbed argmax, no q needed
     processors: Processors | None = None  # the request's, applied to the draft's rows too
     num_prompt: int = 0  # token_ids[num_prompt:] are generated (what the processors count)
+    copies: CopyIndex | None = None  # its context's copies (docs/design.md §3); None: no lookup
 
     def tail(self, start: int, drafted: list[int]) -> list[int]:
         """The chain's context, its committed tokens then ``drafted``, from index ``start``."""
@@ -165,7 +166,6 @@ def decode_chains(
     runner: ModelRunner,
     chains: list[Chain],
     propose_fn: ProposeFn,
-    lookup: Lookup | None = None,
     stop_below: float = 0.0,
 ) -> Drafts:
     """Autoregressively draft up to ``chain.k`` tokens for every chain, batched: at most K
@@ -176,8 +176,8 @@ def decode_chains(
     every rule of verification still holds.
 
     q is None when every chain is greedy (each q is then a point mass at the argmax, which is
-    all verification needs) or the proposals need no q (coupled sampling). Where ``lookup``
-    copies a depth's proposal from the chain's context (a point mass, docs/design.md §3), the
+    all verification needs) or the proposals need no q (coupled sampling). Where a chain's
+    ``copies`` copy a depth's proposal from its context (a point mass, docs/design.md §3), the
     chain skips that depth's forward; its next forward feeds the copied tokens with its own.
     The lookup reads the context on the host, so each depth's tokens come back there even where
     that waits for the device.
@@ -186,7 +186,7 @@ def decode_chains(
     """
     n, k_max = len(chains), max(c.k for c in chains)
     stays = (
-        lookup is None
+        all(c.copies is None for c in chains)
         and transfer.reads_wait(runner.device)
         and all(c.processors is None for c in chains)
         and not stop_below
@@ -198,7 +198,7 @@ def decode_chains(
     copied: list[tuple[int, int, int]] = []  # (chain, depth, token)
     active = [i for i, c in enumerate(chains) if c.k > 0]
     for depth in range(k_max):
-        copies = _copies(chains, drafted, active, depth, lookup)
+        copies = _copies(chains, drafted, active, depth)
         run = [i for i in active if i not in copies]
         if run:
             q, logits = _draft_depth(runner, chains, drafted, run, depth, fed, propose_fn, q)
@@ -216,14 +216,16 @@ def decode_chains(
     return Drafts(drafted.tokens(), q, counts, fed)
 
 
-def _copies(
-    chains: list[Chain], drafted: Drafted, active: list[int], depth: int, lookup: Lookup | None
-) -> dict[int, int]:
-    """The chains whose proposal at ``depth`` ``lookup`` copies from their context, and it."""
-    if lookup is None:
-        return {}
-    found = {i: lookup.next_token(chains[i].token_ids + drafted.lists[i][:depth]) for i in active}
-    return {i: t for i, t in found.items() if t is not None}
+def _copies(chains: list[Chain], drafted: Drafted, active: list[int], depth: int) -> dict[int, int]:
+    """The chains whose proposal at ``depth`` their ``copies`` copy from their context, and it."""
+    found: dict[int, int] = {}
+    for i in active:
+        copies = chains[i].copies
+        if copies is not None:
+            t = copies.next_token(chains[i].token_ids, drafted.lists[i][:depth])
+            if t is not None:
+                found[i] = t
+    return found
 
 
 def _draft_depth(
@@ -287,7 +289,7 @@ class DraftProposer(Proposer):
         self.runner = runner
         self.top_m = top_m
         self.sampling = sampling  # the engine's method; a request may name its own
-        self.lookup = lookup
+        self.copies = CopyIndexes(lookup) if lookup is not None else None
         self.stop_below = stop_below  # decode_chains' confidence stop
         self.computed: dict[int, int] = {}  # seq_id -> tokens with draft KV (committed + proposed)
 
@@ -310,11 +312,12 @@ class DraftProposer(Proposer):
                 s.params.method(self.sampling) == "coupled",
                 s.processors,
                 s.num_prompt_tokens,
+                None if self.copies is None else self.copies.of(s.seq_id),
             )
             for s, k in zip(seqs, ks, strict=True)
         ]
         propose_fn = plain_proposals(chains, self.top_m)
-        drafts = decode_chains(self.runner, chains, propose_fn, self.lookup, self.stop_below)
+        drafts = decode_chains(self.runner, chains, propose_fn, self.stop_below)
         for s, k, fed in zip(seqs, ks, drafts.fed, strict=True):
             if k > 0:  # a sequence drafted for nothing keeps the KV it had
                 self.computed[s.seq_id] = fed
@@ -325,3 +328,5 @@ class DraftProposer(Proposer):
 
     def release(self, seq: Sequence) -> None:
         self.computed.pop(seq.seq_id, None)
+        if self.copies is not None:
+            self.copies.forget(seq.seq_id)

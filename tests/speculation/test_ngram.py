@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from saguaro.speculation.ngram import LOOKUP_MAX_NGRAM, Lookup, prompt_lookup
+from saguaro.speculation.ngram import LOOKUP_MAX_NGRAM, CopyIndexes, Lookup, prompt_lookup
 
 
 def test_longest_suffix_most_recent_occurrence():
@@ -74,33 +74,52 @@ def test_a_chain_of_copies_is_each_copy_after_the_ones_before():
     lookup = Lookup(2)
     tokens = [5, 1, 2, 3, 4, 9, 1, 2]
     # (1, 2) -> 3, then (2, 3) -> 4, then (3, 4) -> 9, then (4, 9) -> 1
-    assert lookup.chain(tokens, 4) == [3, 4, 9, 1]
-    assert lookup.chain(tokens, 2) == [3, 4]
-    assert lookup.chain(tokens, 0) == []
+    assert lookup.index().chain(tokens, 4) == [3, 4, 9, 1]
+    assert lookup.index().chain(tokens, 2) == [3, 4]
+    assert lookup.index().chain(tokens, 0) == []
     # the chain ends at the first depth without a recurring suffix: (7, 8) has not occurred
-    assert lookup.chain([7, 8], 3) == []
+    assert lookup.index().chain([7, 8], 3) == []
     rng = random.Random(0)
     for _ in range(200):
         ctx = [rng.randrange(4) for _ in range(rng.randrange(1, 30))]
-        got, want = lookup.chain(ctx, 5), []
+        got, want = lookup.index().chain(ctx, 5), []
         while len(want) < 5 and (t := lookup.next_token(ctx + want)) is not None:
             want.append(t)
         assert got == want
 
 
-@pytest.mark.parametrize("n", [1, 2, 3])
-def test_the_incremental_recurrence_finds_a_copy_exactly_where_the_lookup_does(n):
-    """Sequences grown by 0-3 tokens a call over 5 token values: the index, reading only what
-    was added, answers as the lookup does reading the whole context."""
-    lookup = Lookup.of(n)
-    rng = random.Random(n)
-    for _ in range(100):
-        index, tokens = lookup.recurrence(), []
+@pytest.mark.parametrize("min_ngram, max_ngram", [(1, 1), (1, 3), (2, 4), (3, 4), (4, 4)])
+def test_the_index_copies_what_the_rule_copies_reading_the_whole_context(min_ngram, max_ngram):
+    """Committed tokens grown by 0-3 tokens a call over 3-5 token values, each call with a tail
+    of 0-8 tokens: the index, reading only what was committed since and the tail, answers as
+    the rule does reading ``committed + tail``."""
+    lookup = Lookup(min_ngram, max_ngram)
+    rng = random.Random(10 * min_ngram + max_ngram)
+    checked = copied = 0
+    for _ in range(60):
+        values = rng.randrange(3, 6)
+        index, committed = lookup.index(), []
         for _ in range(40):
-            tokens += [rng.randrange(5) for _ in range(rng.randrange(4))]
-            assert index.recurs(7, tokens) == (lookup.next_token(tokens) is not None), tokens
-    index.recurs(8, [1, 2, 1, 2])
-    index.forget(7)
-    assert set(index.seen) == {8}
-    # other tokens under a known id (shorter than those indexed): indexed afresh
-    assert index.recurs(8, [3, 4]) is False and index.recurs(8, [3, 4, 5, 3, 4, 5]) is True
+            committed += [rng.randrange(values) for _ in range(rng.randrange(4))]
+            tail = [rng.randrange(values) for _ in range(rng.randrange(9))]
+            want = lookup.next_token(committed + tail)
+            assert index.next_token(committed, tail) == want, (committed, tail)
+            checked, copied = checked + 1, copied + (want is not None)
+    assert 0.1 * checked < copied < checked  # both answers were tested, many times
+
+
+def test_an_index_given_fewer_committed_tokens_than_it_indexed_starts_over():
+    lookup = Lookup(2)
+    index = lookup.index()
+    assert index.next_token([1, 2, 3, 1, 2]) == 3
+    # other tokens, shorter than those indexed: (1, 2) -> 3 is forgotten
+    assert index.next_token([4, 1, 2]) is None
+    assert index.next_token([4, 1, 2, 5, 4, 1, 2]) == 5
+
+
+def test_copy_indexes_keep_one_index_per_sequence_until_it_is_forgotten():
+    indexes = CopyIndexes(Lookup(2))
+    assert indexes.of(7) is indexes.of(7) and indexes.of(8) is not indexes.of(7)
+    indexes.forget(7)
+    indexes.forget(9)  # never seen: nothing to do
+    assert set(indexes.by_seq) == {8}

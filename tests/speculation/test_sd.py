@@ -135,14 +135,14 @@ def test_sd_under_preemption_recomputes_draft_kv_from_the_prefix_hit(tiny_llama,
 def count_lookups(monkeypatch) -> dict[bool, int]:
     """Counts, from now on, the chains' lookups that found a token to copy (True) or none."""
     found = {True: 0, False: 0}
-    real = ngram.Lookup.next_token
+    real = ngram.CopyIndex.next_token
 
-    def spy(self, tokens):
-        t = real(self, tokens)
+    def spy(self, committed, tail=()):
+        t = real(self, committed, tail)
         found[t is not None] += 1
         return t
 
-    monkeypatch.setattr(ngram.Lookup, "next_token", spy)
+    monkeypatch.setattr(ngram.CopyIndex, "next_token", spy)
     return found
 
 
@@ -165,9 +165,16 @@ def test_greedy_sd_with_context_copies_equals_ar(
 
 def test_greedy_sd_with_copies_alone_equals_ar(tiny_llama, ar_reference, monkeypatch):
     """draft="lookup": no draft model is loaded, every proposal is a copy from the context (a
-    chain of them, up to K), rounds without one verify no proposal (the proposer's index tells
-    them apart without a lookup), and the text is AR's."""
-    found = count_lookups(monkeypatch)
+    chain of them, up to K), rounds without one verify no proposal, and the text is AR's."""
+    chains = []  # (copies made, k asked)
+    chain = ngram.CopyIndex.chain
+
+    def spy(self, committed, k):
+        made = chain(self, committed, k)
+        chains.append((len(made), k))
+        return made
+
+    monkeypatch.setattr(ngram.CopyIndex, "chain", spy)
     llm = LLM(
         model=str(tiny_llama), draft="lookup", num_speculative_tokens=4, draft_lookup=1,
         max_model_len=256, max_num_seqs=8,
@@ -177,7 +184,8 @@ def test_greedy_sd_with_copies_alone_equals_ar(tiny_llama, ar_reference, monkeyp
     for batch in (1, 3, 8):
         outs = llm.generate(PROMPTS[:batch], params)
         assert [o.token_ids for o in outs] == [ar_reference[p].token_ids for p in PROMPTS[:batch]]
-    assert found[True] > 0 and found[False] == 0  # a chain, once started, copies to K
+    # a chain, once started, copies to K: a copied token's earlier occurrence recurs with it
+    assert any(0 < n == k for n, k in chains) and all(n in (0, k) for n, k in chains)
     assert 0 < llm.last_run["accepted"] < llm.last_run["drafted"]
     assert llm.last_run["choices"].get("lookup:0", 0) > 0  # rounds with no copy to propose
     assert {k.split(":")[0] for k in llm.last_run["choices"]} <= {"ar", "lookup"}
