@@ -20,7 +20,11 @@ target's next request is already on its way (``stop``, checked before each depth
 first): branches keep the depths decoded so far. A late cache would stall the target for the rest
 of the build; a shallower one costs only tokens on a hit. An empty one would turn every outcome
 into a miss, so the first depth always runs. A fan-out or budget fixed by the user is built in
-full.
+full. For the same reason a sequence more than ``CATCH_UP_CHUNK`` committed tokens ahead of its
+draft KV (a new long prompt) first catches up, that many tokens a forward, ``stop`` checked
+before each after the first; if it holds, the build ends with nothing cached (misses, and a
+sequence still behind gets the fast backup: a neural one would read the rest of its context on
+the target's time).
 
 :meth:`CacheBuilder.match_outcome` reads the target's committed tokens back as an outcome and
 returns the branch prepared for it, if any.
@@ -69,6 +73,10 @@ REPLAN_EVERY = 4
 # K-token runs of draft KV a sequence may hold past its context: the glue's speculation, d <= K
 # scratch slots for each of up to MAX_BUDGET branches, and one spare.
 SCRATCH_RUNS = MAX_BUDGET + 2
+# Committed tokens the draft reads per forward while a sequence catches up (a new long prompt):
+# a target whose next request comes meanwhile waits for at most one such forward, so it is kept
+# near what one verification's window holds on a CPU core (docs/bench-draft).
+CATCH_UP_CHUNK = 64
 
 # A prepared branch: its tokens, and the exact q they were drawn from (None: point masses).
 Branch = tuple[list[int], SparseQ | None]
@@ -122,6 +130,10 @@ class DraftSeq:
     processors: Processors | None = None  # the request's, applied to the draft's rows too
     num_prompt: int = 0  # token_ids[num_prompt:] are generated (what the processors count)
     copies: CopyIndex | None = None  # its context's n-grams, made on first use
+
+    def behind(self) -> int:
+        """Committed tokens without draft KV."""
+        return len(self.token_ids) - self.computed
 
     def copy_index(self, lookup: Lookup | None) -> CopyIndex | None:
         """Where ``lookup``'s rule copies from after this sequence's committed tokens (None: no
@@ -301,8 +313,14 @@ class CacheBuilder:
     def build(self, seqs: list[DraftSeq], stop: Callable[[], bool] | None = None) -> None:
         """Plan, then glue, candidates and branch decoding for ``seqs``; ``stop`` (polled before
         each depth after the first) ends the build with the depths decoded so far."""
-        t0, clock = time.perf_counter(), ForwardClock(self.runner)
+        t0 = time.perf_counter()
         self._plan(len(seqs))
+        if stop is not None and not self._catch_up(seqs, stop):
+            self.glue_s, self.branch_s, self.build_s = 0.0, 0.0, time.perf_counter() - t0
+            self.cut = True  # nothing cached: the target is waiting
+            return
+        # the planner's costs leave the catch-up out: it is not part of a build's steady cost
+        t_glue, clock = time.perf_counter(), ForwardClock(self.runner)
         glue_logits = self._glue(seqs)
         t1 = time.perf_counter()
         branches: list[list[tuple[int, int]]] = []
@@ -314,8 +332,28 @@ class CacheBuilder:
         depths_s = self._decode_branches(seqs, branches, stop)
         t2 = time.perf_counter()
         clock.stop()
-        self.glue_s, self.branch_s, self.build_s = t1 - t0, t2 - t1, t2 - t0
+        self.glue_s, self.branch_s, self.build_s = t1 - t_glue, t2 - t1, t2 - t0
         self.costs.fixed.update(clock.seconds() - depths_s)
+
+    def _catch_up(self, seqs: list[DraftSeq], stop: Callable[[], bool]) -> bool:
+        """Feed the committed tokens of sequences more than ``CATCH_UP_CHUNK`` behind to the
+        draft, that many a forward, until none is or ``stop()`` holds (checked before each
+        forward after the first, so that every build makes progress). Returns whether none is
+        behind."""
+        chunks = 0
+        while far := [s for s in seqs if s.behind() > CATCH_UP_CHUNK]:
+            if chunks and stop():
+                return False
+            chunks += 1
+            queries = []
+            for seq in far:
+                self.bm.allocate(seq, len(seq.token_ids) + self.k)
+                end = seq.computed + CATCH_UP_CHUNK
+                feed = seq.token_ids[seq.computed : end]
+                queries.append(self.runner.sequence_query(seq.block_table, seq.computed, feed, 1))
+                seq.computed = seq.written = end  # committed tokens: their KV stays valid
+            self.runner.forward(queries)
+        return True
 
     def _glue(self, seqs: list[DraftSeq]) -> torch.Tensor:
         """One forward over each sequence's unseen committed tokens and its speculation; the

@@ -33,7 +33,7 @@ from saguaro.sampling.processors import Processors
 from saguaro.sampling.structured import GrammarCompiler
 from saguaro.speculation import protocol as P
 from saguaro.speculation.backup import fast_backup, neural_backup
-from saguaro.speculation.cache_builder import CacheBuilder, DraftSeq, kv_blocks
+from saguaro.speculation.cache_builder import CATCH_UP_CHUNK, CacheBuilder, DraftSeq, kv_blocks
 
 log = logging.getLogger("saguaro.worker")
 
@@ -108,11 +108,10 @@ class DraftWorker:
         specs = {seq.seq_id: spec for seq, spec in order}
         misses = [seq for seq, spec in order if not spec.hit]
         clock = ForwardClock(self.runner)
-        if misses:
-            self._backup(misses, req.backup, specs)
+        neural = self._backup(misses, req.backup, specs) if misses else 0
         clock.stop()
         backup_s = clock.seconds()
-        if misses and req.backup == "neural":
+        if misses and neural == len(misses):
             self.builder.observe_backup(backup_s)
         self.pending = [seq for seq, _ in order]
         if not self.cfg.lane:
@@ -169,18 +168,26 @@ class DraftWorker:
             log.warning("request %d is drafted without its processors: %s", u.seq_id, e)
             return None
 
-    def _backup(self, misses: list[DraftSeq], kind: str, specs: dict[int, P.SeqSpec]) -> None:
-        if kind == "fast":
-            for seq in misses:
+    def _backup(self, misses: list[DraftSeq], kind: str, specs: dict[int, P.SeqSpec]) -> int:
+        """Speculate for ``misses`` with the backup ``kind``; a sequence still catching up
+        (cache_builder.CATCH_UP_CHUNK) gets the fast one, since the draft would first read the
+        rest of its context on the target's time. Returns how many got the neural one."""
+        near = kind == "neural"
+        neural = [s for s in misses if near and s.behind() <= CATCH_UP_CHUNK]
+        chosen = {s.seq_id for s in neural}
+        for seq in misses:
+            if seq.seq_id not in chosen:
                 fast_backup(seq, self.cfg)
                 specs[seq.seq_id].tokens = list(seq.spec)
                 specs[seq.seq_id].backup = "fast"
-            return
+        if not neural:
+            return 0
         fanout = self.builder.fanout(self.cfg.k)
-        qs = neural_backup(misses, self.runner, self.bm, self.cfg, fanout)
-        for seq, q in zip(misses, qs, strict=True):
+        qs = neural_backup(neural, self.runner, self.bm, self.cfg, fanout)
+        for seq, q in zip(neural, qs, strict=True):
             spec = specs[seq.seq_id]
             spec.tokens, spec.q, spec.backup = list(seq.spec), q, "neural"
+        return len(neural)
 
     def build_pending(self, stop: Callable[[], bool] | None = None) -> None:
         """Build the cache for the sequences of the last reply; while planning online, ``stop``

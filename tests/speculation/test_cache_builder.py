@@ -15,6 +15,7 @@ from saguaro.sampling import SamplingParams as Params
 from saguaro.speculation import cache_builder
 from saguaro.speculation import protocol as P
 from saguaro.speculation.cache_builder import (
+    CATCH_UP_CHUNK,
     MAX_BUDGET,
     REPLAN_EVERY,
     SCRATCH_RUNS,
@@ -249,6 +250,41 @@ def test_a_build_cut_short_keeps_the_depths_decoded(tiny_draft):
         assert reply.cut and reply.specs[0].hit and reply.specs[0].tokens == branch
     fixed = built([2, 1, 1, 2], stop_after=0)
     assert not fixed.builder.cut and {len(b) for b, _ in fixed.seqs[0].cache.values()} == {k}
+
+
+def test_a_long_prompt_catches_up_a_chunk_a_build_while_the_target_rings(tiny_draft):
+    """A new sequence more than CATCH_UP_CHUNK tokens ahead of its draft KV is answered by the
+    fast backup (a neural one would read its whole prompt first), and a build the target's next
+    request interrupts feeds the draft one chunk and caches nothing. Caught up, the cache and a
+    neural backup are the draft's own greedy continuations, as after one long glue."""
+    k = 3
+    prompt = [(7 * i) % 199 + 1 for i in range(2 * CATCH_UP_CHUNK + 10)]
+    worker = make_worker(tiny_draft, k, "auto")
+    reference = LLM(model=str(tiny_draft), max_model_len=256)
+    greedy = SamplingParams(temperature=0, max_tokens=k, ignore_eos=True)
+    reply = worker.handle(P.RoundRequest([P.SeqUpdate(0, prompt, new=True)], backup="neural"))
+    assert reply.specs[0].backup == "fast"
+    seq = worker.seqs[0]
+    worker.build_pending(stop=lambda: True)  # rung: one chunk, then the build ends
+    assert worker.builder.cut and seq.cache == {}
+    assert seq.computed == seq.written == CATCH_UP_CHUNK
+    context = [*prompt, 9]  # the target's round: its own token after the fast speculation
+    reply = worker.handle(P.RoundRequest([P.SeqUpdate(0, [9])], backup="neural"))
+    assert reply.specs[0].backup == "fast" and seq.behind() > CATCH_UP_CHUNK
+    worker.build_pending(stop=lambda: False)  # the rest of the prompt, then the whole build
+    assert not worker.builder.cut and seq.cache
+    for (kk, t), (tokens, _) in seq.cache.items():
+        prefix = context + seq.spec[:kk] + [t]
+        assert tokens == reference.generate([prefix], greedy)[0].token_ids, (kk, t)
+    (kk, t), (branch, _) = max(seq.cache.items())  # the longest outcome
+    context += seq.spec[:kk] + [t]
+    reply = worker.handle(P.RoundRequest([P.SeqUpdate(0, seq.spec[:kk] + [t])], backup="neural"))
+    assert reply.specs[0].hit and reply.specs[0].tokens == branch
+    worker.build_pending(stop=lambda: False)
+    miss = [x for x in range(1, 200) if (0, x) not in seq.cache][0]
+    reply = worker.handle(P.RoundRequest([P.SeqUpdate(0, [miss])], backup="neural"))
+    assert reply.specs[0].backup == "neural"
+    assert seq.spec == reference.generate([[*context, miss]], greedy)[0].token_ids
 
 
 def test_sequences_of_every_kind_built_together_get_what_they_get_alone(tiny_draft):
