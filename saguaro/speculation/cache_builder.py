@@ -21,10 +21,10 @@ first): branches keep the depths decoded so far. A late cache would stall the ta
 of the build; a shallower one costs only tokens on a hit. An empty one would turn every outcome
 into a miss, so the first depth always runs. A fan-out or budget fixed by the user is built in
 full. For the same reason a sequence more than ``CATCH_UP_CHUNK`` committed tokens ahead of its
-draft KV (a new long prompt) first catches up, that many tokens a forward, ``stop`` checked
-before each after the first; if it holds, the build ends with nothing cached (misses, and a
-sequence still behind gets the fast backup: a neural one would read the rest of its context on
-the target's time).
+draft KV (a new long prompt) is left out of the build and catches up after it, that many tokens
+a forward, ``stop`` checked before each after the first; it gets no cache until it has (misses,
+served by the fast backup: a neural one would read the rest of its context on the target's
+time).
 
 :meth:`CacheBuilder.match_outcome` reads the target's committed tokens back as an outcome and
 returns the branch prepared for it, if any.
@@ -312,15 +312,26 @@ class CacheBuilder:
 
     def build(self, seqs: list[DraftSeq], stop: Callable[[], bool] | None = None) -> None:
         """Plan, then glue, candidates and branch decoding for ``seqs``; ``stop`` (polled before
-        each depth after the first) ends the build with the depths decoded so far."""
+        each depth after the first) ends the build with the depths decoded so far. With ``stop``,
+        sequences far behind catch up instead, after the others' caches."""
         t0 = time.perf_counter()
         self._plan(len(seqs))
-        if stop is not None and not self._catch_up(seqs, stop):
-            self.glue_s, self.branch_s, self.build_s = 0.0, 0.0, time.perf_counter() - t0
-            self.cut = True  # nothing cached: the target is waiting
+        far = [s for s in seqs if s.behind() > CATCH_UP_CHUNK] if stop is not None else []
+        if far:  # the others' caches first, then the catch-up in what is left of the window
+            self._cache([s for s in seqs if s.behind() <= CATCH_UP_CHUNK], stop, t0)
+            caught_up = self._catch_up(far, stop)
+            self.cut = self.cut or not caught_up
+        else:
+            self._cache(seqs, stop, t0)
+
+    def _cache(self, seqs: list[DraftSeq], stop: Callable[[], bool] | None, t0: float) -> None:
+        """Glue, candidates and branch decoding for ``seqs``, timed from ``t0`` (the build's
+        start: its plan counts with the glue)."""
+        self.glue_s = self.branch_s = self.build_s = 0.0
+        self.cut = False
+        if not seqs:
             return
-        # the planner's costs leave the catch-up out: it is not part of a build's steady cost
-        t_glue, clock = time.perf_counter(), ForwardClock(self.runner)
+        clock = ForwardClock(self.runner)
         glue_logits = self._glue(seqs)
         t1 = time.perf_counter()
         branches: list[list[tuple[int, int]]] = []
@@ -332,13 +343,14 @@ class CacheBuilder:
         depths_s = self._decode_branches(seqs, branches, stop)
         t2 = time.perf_counter()
         clock.stop()
-        self.glue_s, self.branch_s, self.build_s = t1 - t_glue, t2 - t1, t2 - t0
+        self.glue_s, self.branch_s, self.build_s = t1 - t0, t2 - t1, t2 - t0
         self.costs.fixed.update(clock.seconds() - depths_s)
 
     def _catch_up(self, seqs: list[DraftSeq], stop: Callable[[], bool]) -> bool:
         """Feed the committed tokens of sequences more than ``CATCH_UP_CHUNK`` behind to the
         draft, that many a forward, until none is or ``stop()`` holds (checked before each
-        forward after the first, so that every build makes progress). Returns whether none is
+        forward after the first, so that every build makes progress; the planner's costs and the
+        build's reported times leave it out, as no steady build pays it). Returns whether none is
         behind."""
         chunks = 0
         while far := [s for s in seqs if s.behind() > CATCH_UP_CHUNK]:

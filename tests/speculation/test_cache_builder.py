@@ -255,8 +255,8 @@ def test_a_build_cut_short_keeps_the_depths_decoded(tiny_draft):
 def test_a_long_prompt_catches_up_a_chunk_a_build_while_the_target_rings(tiny_draft):
     """A new sequence more than CATCH_UP_CHUNK tokens ahead of its draft KV is answered by the
     fast backup (a neural one would read its whole prompt first), and a build the target's next
-    request interrupts feeds the draft one chunk and caches nothing. Caught up, the cache and a
-    neural backup are the draft's own greedy continuations, as after one long glue."""
+    request interrupts feeds the draft one chunk. Caught up, the neural backup and the cache are
+    the draft's own greedy continuations, as after one long glue."""
     k = 3
     prompt = [(7 * i) % 199 + 1 for i in range(2 * CATCH_UP_CHUNK + 10)]
     worker = make_worker(tiny_draft, k, "auto")
@@ -271,20 +271,37 @@ def test_a_long_prompt_catches_up_a_chunk_a_build_while_the_target_rings(tiny_dr
     context = [*prompt, 9]  # the target's round: its own token after the fast speculation
     reply = worker.handle(P.RoundRequest([P.SeqUpdate(0, [9])], backup="neural"))
     assert reply.specs[0].backup == "fast" and seq.behind() > CATCH_UP_CHUNK
-    worker.build_pending(stop=lambda: False)  # the rest of the prompt, then the whole build
-    assert not worker.builder.cut and seq.cache
+    worker.build_pending(stop=lambda: False)  # the rest of the prompt; its cache next time
+    assert not worker.builder.cut and seq.cache == {} and seq.behind() <= CATCH_UP_CHUNK
+    context += [11]
+    reply = worker.handle(P.RoundRequest([P.SeqUpdate(0, [11])], backup="neural"))
+    assert reply.specs[0].backup == "neural"
+    assert seq.spec == reference.generate([context], greedy)[0].token_ids
+    worker.build_pending(stop=lambda: False)
+    assert seq.cache
     for (kk, t), (tokens, _) in seq.cache.items():
         prefix = context + seq.spec[:kk] + [t]
         assert tokens == reference.generate([prefix], greedy)[0].token_ids, (kk, t)
     (kk, t), (branch, _) = max(seq.cache.items())  # the longest outcome
-    context += seq.spec[:kk] + [t]
     reply = worker.handle(P.RoundRequest([P.SeqUpdate(0, seq.spec[:kk] + [t])], backup="neural"))
     assert reply.specs[0].hit and reply.specs[0].tokens == branch
+
+
+def test_a_sequence_catching_up_leaves_the_others_their_caches(tiny_draft):
+    """A long prompt joining a batch catches up after the other sequences' caches are built:
+    when the target rings, they keep their first depth, and it has read one chunk."""
+    worker = make_worker(tiny_draft, 3, "auto")
+    long = [(7 * i) % 199 + 1 for i in range(2 * CATCH_UP_CHUNK + 10)]
+    worker.handle(P.RoundRequest([P.SeqUpdate(0, [5, 17, 99, 3], new=True)], backup="neural"))
     worker.build_pending(stop=lambda: False)
-    miss = [x for x in range(1, 200) if (0, x) not in seq.cache][0]
-    reply = worker.handle(P.RoundRequest([P.SeqUpdate(0, [miss])], backup="neural"))
-    assert reply.specs[0].backup == "neural"
-    assert seq.spec == reference.generate([[*context, miss]], greedy)[0].token_ids
+    short = worker.seqs[0]
+    miss = next(x for x in range(1, 200) if (0, x) not in short.cache)
+    updates = [P.SeqUpdate(0, [miss]), P.SeqUpdate(1, long, new=True)]
+    reply = worker.handle(P.RoundRequest(updates, backup="neural"))
+    assert [s.backup for s in reply.specs] == ["neural", "fast"]
+    worker.build_pending(stop=lambda: True)
+    assert short.cache and {len(tokens) for tokens, _ in short.cache.values()} == {1}
+    assert worker.seqs[1].cache == {} and worker.seqs[1].computed == CATCH_UP_CHUNK
 
 
 def test_sequences_of_every_kind_built_together_get_what_they_get_alone(tiny_draft):
