@@ -135,6 +135,11 @@ class DraftSeq:
         """Committed tokens without draft KV."""
         return len(self.token_ids) - self.computed
 
+    def catching_up(self) -> bool:
+        """Whether the draft is too far behind to build for this sequence or to back it up
+        with the draft: it first reads the rest in ``CATCH_UP_CHUNK``-token forwards."""
+        return self.behind() > CATCH_UP_CHUNK
+
     def copy_index(self, lookup: Lookup | None) -> CopyIndex | None:
         """Where ``lookup``'s rule copies from after this sequence's committed tokens (None: no
         lookup)."""
@@ -316,9 +321,9 @@ class CacheBuilder:
         sequences far behind catch up instead, after the others' caches."""
         t0 = time.perf_counter()
         self._plan(len(seqs))
-        far = [s for s in seqs if s.behind() > CATCH_UP_CHUNK] if stop is not None else []
+        far = [s for s in seqs if s.catching_up()] if stop is not None else []
         if far:  # the others' caches first, then the catch-up in what is left of the window
-            self._cache([s for s in seqs if s.behind() <= CATCH_UP_CHUNK], stop, t0)
+            self._cache([s for s in seqs if not s.catching_up()], stop, t0)
             caught_up = self._catch_up(far, stop)
             self.cut = self.cut or not caught_up
         else:
@@ -353,7 +358,7 @@ class CacheBuilder:
         build's reported times leave it out, as no steady build pays it). Returns whether none is
         behind."""
         chunks = 0
-        while far := [s for s in seqs if s.behind() > CATCH_UP_CHUNK]:
+        while far := [s for s in seqs if s.catching_up()]:
             if chunks and stop():
                 return False
             chunks += 1

@@ -33,7 +33,7 @@ from saguaro.sampling.processors import Processors
 from saguaro.sampling.structured import GrammarCompiler
 from saguaro.speculation import protocol as P
 from saguaro.speculation.backup import fast_backup, neural_backup
-from saguaro.speculation.cache_builder import CATCH_UP_CHUNK, CacheBuilder, DraftSeq, kv_blocks
+from saguaro.speculation.cache_builder import CacheBuilder, DraftSeq, kv_blocks
 
 log = logging.getLogger("saguaro.worker")
 
@@ -170,10 +170,9 @@ class DraftWorker:
 
     def _backup(self, misses: list[DraftSeq], kind: str, specs: dict[int, P.SeqSpec]) -> int:
         """Speculate for ``misses`` with the backup ``kind``; a sequence still catching up
-        (cache_builder.CATCH_UP_CHUNK) gets the fast one, since the draft would first read the
-        rest of its context on the target's time. Returns how many got the neural one."""
-        near = kind == "neural"
-        neural = [s for s in misses if near and s.behind() <= CATCH_UP_CHUNK]
+        (``DraftSeq.catching_up``) gets the fast one, since the draft would first read the rest
+        of its context on the target's time. Returns how many got the neural one."""
+        neural = [s for s in misses if kind == "neural" and not s.catching_up()]
         chosen = {s.seq_id for s in neural}
         for seq in misses:
             if seq.seq_id not in chosen:
