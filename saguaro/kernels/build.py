@@ -1,7 +1,7 @@
-"""Compile ``cpu_kernels.c`` once per machine and load it with ctypes.
+"""Compile ``cpu_kernels.c`` and ``quant_kernels.c`` once per machine and load them with ctypes.
 
 The library is built with the system C compiler into ``$SAGUARO_CACHE/kernels`` (default
-``~/.cache/saguaro/kernels``), named by the hash of the source and flags, so a changed source
+``~/.cache/saguaro/kernels``), named by the hash of the sources and flags, so a changed source
 builds anew and concurrent builds never overwrite each other's file (each writes a temporary
 file and renames it). It links the OpenMP runtime by its soname, which resolves to the one
 PyTorch has already loaded, so the two share one thread pool.
@@ -24,7 +24,7 @@ from saguaro.errors import ModelLoadError
 if TYPE_CHECKING:
     import torch
 
-SOURCE = Path(__file__).with_name("cpu_kernels.c")
+SOURCES = [Path(__file__).with_name(name) for name in ("cpu_kernels.c", "quant_kernels.c")]
 # x86-64-v3 (AVX2, FMA, F16C) is what the kernels need; v4 adds AVX-512 where the CPU has it.
 # Either way the lane-wise vector code computes the same bits (see the source's header).
 BASE_FLAGS = ["-O3", "-fPIC", "-shared", "-fopenmp", "-ffp-contract=fast", "-mfma", "-mf16c"]
@@ -43,9 +43,11 @@ SIGNATURES = {
     + [C_INT],
     "saguaro_hash_words": [C_PTR, C_PTR, C_PTR, C_INT64, C_INT64, C_PTR],
     "saguaro_sample_rows": [C_PTR, C_INT64, C_INT64, C_PTR, C_PTR, C_PTR, C_PTR, C_INT],
+    "saguaro_quant_linear": [C_PTR, C_INT64, C_INT64, C_PTR, C_INT64, C_INT, C_PTR, C_INT],
 }
 
-RESTYPES = {"saguaro_rope_cache": C_INT, "saguaro_layers": C_INT}  # the others return nothing
+# the others return nothing
+RESTYPES = {"saguaro_rope_cache": C_INT, "saguaro_layers": C_INT, "saguaro_quant_linear": C_INT}
 
 
 def cache_dir() -> Path:
@@ -70,7 +72,7 @@ def compile_library(out: Path, flags: list[str]) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=out.parent, suffix=".so")
     os.close(fd)
-    cmd = [compiler, *flags, "-o", tmp, str(SOURCE), "-lm"]
+    cmd = [compiler, *flags, "-o", tmp, *map(str, SOURCES), "-lm"]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         Path(tmp).unlink(missing_ok=True)
@@ -90,7 +92,8 @@ def build(flags: tuple[str, ...]) -> ctypes.CDLL:
     generic linear paths side by side this way)."""
     import torch  # noqa: F401  (loads the OpenMP runtime the library shares)
 
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
+    sources = b"".join(source.read_bytes() for source in SOURCES)
+    digest = hashlib.sha256(sources + " ".join(flags).encode()).hexdigest()[:16]
     path = cache_dir() / f"cpu_kernels-{digest}.so"
     if not path.is_file():
         compile_library(path, list(flags))

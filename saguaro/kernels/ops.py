@@ -17,6 +17,9 @@ BLOCK = 32  # weights per kernel block: K and every group size are multiples of 
 LANES = 16  # floats per vector: RMSNorm's width and the head dimension are multiples of it
 MAX_HEAD_DIM = 256
 FORMATS = {"f32": 0, "bf16": 1, "q8": 2, "q4": 3}
+# GGUF's blocks kept whole (saguaro.models.quant.RAW_TYPES), run by quant_kernels.c
+RAW_FORMATS = {"q4_k": 4, "q5_k": 5, "q6_k": 6, "q5_0": 7, "q5_1": 8}
+FORMATS |= RAW_FORMATS
 
 
 @dataclass
@@ -27,7 +30,9 @@ class PackedWeight:
     "q4": ``codes`` uint8 [n, k / 2], byte j of each 16-byte block holding codes j (low nibble)
     and j + 16 (high nibble) of its 32 weights. For both, weight = scale * code + min with one
     scale and min per ``group`` weights of a row ([n, k / group] each, float16 values held as
-    float32). q8 is symmetric: its mins are all zero and the kernel does not read them."""
+    float32). q8 is symmetric: its mins are all zero and the kernel does not read them.
+    :data:`RAW_FORMATS`: ``codes`` uint8 [n, row bytes], each row GGUF's blocks of ``group``
+    weights as the file stores them (scales inside); ``scales`` and ``mins`` None."""
 
     fmt: str
     codes: torch.Tensor
@@ -46,7 +51,8 @@ class PackedWeight:
     def check_scales(self) -> None:
         """Refuse scales and mins in another dtype than the float32 the kernel reads (as a cast
         module's would be); cheap enough for every call."""
-        if self.quantized and any(t.dtype != torch.float32 for t in (self.scales, self.mins)):
+        floats = () if self.raw or not self.quantized else (self.scales, self.mins)
+        if any(t.dtype != torch.float32 for t in floats):
             raise ValueError(
                 "a quantized weight's scales and mins are held as float32, not "
                 f"{self.scales.dtype} and {self.mins.dtype}"
@@ -54,7 +60,12 @@ class PackedWeight:
 
     @property
     def quantized(self) -> bool:
-        return self.fmt in ("q8", "q4")
+        return self.fmt in ("q8", "q4") or self.raw
+
+    @property
+    def raw(self) -> bool:
+        """Whether ``codes`` are GGUF blocks as stored (:data:`RAW_FORMATS`)."""
+        return self.fmt in RAW_FORMATS
 
     @property
     def dtype(self) -> torch.dtype:
@@ -109,11 +120,26 @@ def linear(x: torch.Tensor, w: PackedWeight, lib: ctypes.CDLL | None = None) -> 
     out = torch.empty(m, w.n, dtype=torch.float32)
     if m == 0:
         return out
+    if w.raw:
+        return _quant_linear(x, w, out, lib or library())
     a = _linear_arg(w)
     (lib or library()).saguaro_linear(
         x.data_ptr(), m, a.k, a.codes, a.scales, a.mins, a.n, a.group, a.fmt, out.data_ptr(),
         _threads(),
     )  # fmt: skip
+    return out
+
+
+def _quant_linear(x: torch.Tensor, w: PackedWeight, out: torch.Tensor, lib: ctypes.CDLL):
+    """GGUF's blocks as stored, against ``x`` rounded to int8 row by row (``quant_kernels.c``)."""
+    if not w.codes.is_contiguous() or w.codes.dtype != torch.uint8:
+        raise ValueError("a raw GGUF weight's codes are one contiguous uint8 tensor")
+    failed = lib.saguaro_quant_linear(
+        x.data_ptr(), x.shape[0], w.k, w.codes.data_ptr(), w.n, FORMATS[w.fmt], out.data_ptr(),
+        _threads(),
+    )  # fmt: skip
+    if failed:
+        raise MemoryError("linear kernel: no memory for the rounded activation")
     return out
 
 

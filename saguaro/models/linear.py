@@ -14,7 +14,7 @@ from torch import nn
 
 from saguaro.kernels import ops
 from saguaro.kernels.ops import PackedWeight
-from saguaro.models.quant import SCHEMES, dequantize, exact_q8, quantize
+from saguaro.models.quant import SCHEMES, concat_rows, dequantize, exact_q8, quantize
 
 # Dense weight dtypes the linear kernel reads as they are.
 DENSE_FORMATS = {torch.float32: "f32", torch.bfloat16: "bf16"}
@@ -50,6 +50,34 @@ class KernelLinear(nn.Module):
         return f"in={self.k}, out={self.n}, format={self.fmt}, group={self.group}"
 
 
+class PartsLinear(nn.Module):
+    """A fused layer whose parts the file stores in different formats (a Q4_K query beside a
+    Q6_K value, say): each part its own :class:`KernelLinear`, their outputs side by side in
+    the fused order, then the bias."""
+
+    def __init__(self, parts: list[PackedWeight], bias: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.parts = nn.ModuleList(KernelLinear(p) for p in parts)
+        self.n, self.k = sum(p.n for p in parts), parts[0].k
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.cat([part(x) for part in self.parts], dim=-1)
+        return y if self.bias is None else y + self.bias
+
+
+def kernel_linear(
+    weight: PackedWeight | list[PackedWeight], bias: torch.Tensor | None
+) -> KernelLinear | PartsLinear:
+    """One module for a weight, or for a fused weight's parts: concatenated where they share a
+    format and group, side by side otherwise."""
+    if isinstance(weight, PackedWeight):
+        return KernelLinear(weight, bias)
+    if len({(p.fmt, p.group) for p in weight}) == 1:
+        return KernelLinear(concat_rows(weight), bias)
+    return PartsLinear(weight, bias)
+
+
 class PackedEmbedding(nn.Module):
     """A token embedding held as a quantized :class:`PackedWeight` (row t: token t), the tied LM
     head's own blocks where there is one: a looked-up row is dequantized, which gives exactly
@@ -66,9 +94,13 @@ class PackedEmbedding(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         flat = ids.reshape(-1)
+
+        def take(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t[flat]
+
         rows = PackedWeight(
-            self.fmt, self.codes[flat], len(flat), self.k, self.group, self.scales[flat],
-            self.mins[flat],
+            self.fmt, self.codes[flat], len(flat), self.k, self.group, take(self.scales),
+            take(self.mins),
         )  # fmt: skip
         return dequantize(rows).to(self.dtype).view(*ids.shape, self.k)
 
@@ -122,13 +154,14 @@ def kernel_fits(module: nn.Module) -> bool:
 def use_kernels(
     model: nn.Module,
     scheme: str = "none",
-    weights: dict[str, PackedWeight] | None = None,
+    weights: dict[str, PackedWeight | list[PackedWeight]] | None = None,
     everywhere: bool = True,
 ) -> list[str]:
     """Put ``model`` (a loaded :class:`saguaro.models.llama.CausalLM`) on saguaro's kernels: every
     linear layer becomes a :class:`KernelLinear`, from ``weights[name]`` where given (a GGUF
-    file's blocks) and otherwise from its dense weight as ``scheme`` says; with ``everywhere``,
-    norms, SwiGLU and attention switch to their kernels too. Returns the modules whose shapes the
+    file's blocks; a list: a fused layer's parts, :func:`kernel_linear`) and otherwise from its
+    dense weight as ``scheme`` says; with ``everywhere``, norms, SwiGLU and attention switch to
+    their kernels too. Returns the modules whose shapes the
     kernels do not take (widths not a multiple of 32 or heads of 16), which stay on torch: the
     model's logits are then not batch-invariant."""
     if scheme != "none" and scheme not in SCHEMES:
@@ -150,7 +183,7 @@ def use_kernels(
             continue
         w = weights.get(name) or packed(linear.weight.data, scheme)
         bias = None if linear.bias is None else linear.bias.data
-        setattr(parent, leaf, KernelLinear(w, bias))
+        setattr(parent, leaf, kernel_linear(w, bias))
     embedding = packed_embedding(model, weights)
     if embedding is not None:
         model.embed_tokens = embedding

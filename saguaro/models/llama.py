@@ -67,7 +67,7 @@ class DecoderLayer(nn.Module):
 
     def kernel_weights(self) -> ops.DecoderWeights | None:
         """The layer as the layer kernel runs it, where every part of it runs on the kernels in
-        float32 one rank (no bias, no q/k norm); otherwise None."""
+        float32 one rank (no bias, no q/k norm, no GGUF blocks kept whole); otherwise None."""
         attn, mlp = self.self_attn, self.mlp
         norms = (self.input_layernorm, self.post_attention_layernorm)
         projections = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
@@ -75,7 +75,10 @@ class DecoderLayer(nn.Module):
             attn.kernels
             and mlp.kernels
             and all(n.kernels and n.weight.dtype == torch.float32 for n in norms)
-            and all(isinstance(p, KernelLinear) and p.bias is None for p in projections)
+            and all(
+                isinstance(p, KernelLinear) and p.bias is None and not p.weight.raw
+                for p in projections
+            )
             and attn.q_norm is None
             and attn.tp.size == 1
         ):

@@ -10,6 +10,10 @@ a dense weight at load time or mapped exactly from a GGUF file's blocks.
   float16; Q8_0 (d, 32 signed bytes) to int8 groups of 32 with m = 0. The codes keep the file's
   byte layout. :func:`dequantize` then gives exactly GGUF's dequantized weights (d q is exact in
   float32, so d q + m rounds once either way).
+- **GGUF blocks kept whole** (:data:`RAW_TYPES`: Q4_K, Q5_K, Q6_K, Q5_0, Q5_1): ``codes`` are a
+  row's blocks byte for byte ([n, k / block * bytes]); no scales or minima outside them. The
+  kernel multiplies them with integer dot products against the activation quantized row by row
+  (``quant_kernels.c``); :func:`dequantize` gives ``gguf.quants.dequantize``'s weights.
 """
 
 from __future__ import annotations
@@ -24,6 +28,15 @@ INT4_LEVELS, INT8_LEVELS = 15, 127
 SCHEMES = {"int4": (4, 32), "int4-g64": (4, 64), "int4-g128": (4, 128), "int8": (8, 0)}
 # GGUF block type -> bytes per 32-weight block
 GGUF_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
+# GGUF block types kept as raw blocks: format name -> (GGML type, weights a block, bytes a block)
+RAW_TYPES = {
+    "q4_k": ("Q4_K", 256, 144),
+    "q5_k": ("Q5_K", 256, 176),
+    "q6_k": ("Q6_K", 256, 210),
+    "q5_0": ("Q5_0", 32, 22),
+    "q5_1": ("Q5_1", 32, 24),
+}
+RAW_FORMAT = {ggml: fmt for fmt, (ggml, _, _) in RAW_TYPES.items()}  # GGML type -> format
 EXACT_Q8_ROWS = 4096  # rows exact_q8 quantizes and checks at a time
 
 
@@ -47,7 +60,14 @@ def codes_of(w: PackedWeight) -> torch.Tensor:
 
 
 def dequantize(w: PackedWeight) -> torch.Tensor:
-    """The float32 [n, k] weight ``w`` stands for (the kernel multiplies by these exactly)."""
+    """The float32 [n, k] weight ``w`` stands for (the float kernels multiply by these exactly;
+    the raw-block formats' integer kernel by these with its activation rounded to int8)."""
+    if w.fmt in RAW_TYPES:
+        from gguf import GGMLQuantizationType, quants
+
+        kind = GGMLQuantizationType[RAW_TYPES[w.fmt][0]]
+        values = quants.dequantize(w.codes.numpy(), kind)
+        return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).view(w.n, w.k)
     if not w.quantized:
         return w.codes.to(torch.float32)
     d = w.scales.to(torch.float32).repeat_interleave(w.group, dim=1)
@@ -128,6 +148,18 @@ def from_gguf_blocks(data: np.ndarray, kind: str, n: int, k: int) -> PackedWeigh
             raise ValueError("a Q4_0 scale too large for float16 once multiplied by 8")
         codes = blocks[:, :, 2:]
     return PackedWeight("q4", codes.reshape(n, k // 2).contiguous(), n, k, BLOCK, d, m)
+
+
+def from_gguf_raw(data: np.ndarray, kind: str, n: int, k: int) -> PackedWeight:
+    """A GGUF tensor's blocks (``kind`` one of :data:`RAW_FORMAT`'s types; ``n`` rows of ``k``)
+    kept as they are. ``data`` may be a read-only map of the file: it is not copied, and the
+    kernels only read it."""
+    fmt = RAW_FORMAT[kind]
+    _, block, size = RAW_TYPES[fmt]
+    if k % block:
+        raise ValueError(f"a {kind} row of {k} weights is not whole blocks of {block}")
+    raw = np.asarray(data, dtype=np.uint8).reshape(n, k // block * size)
+    return PackedWeight(fmt, torch.from_numpy(raw), n, k, block)
 
 
 def concat_rows(parts: list[PackedWeight]) -> PackedWeight:

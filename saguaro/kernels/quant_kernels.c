@@ -1,0 +1,553 @@
+/* GGUF's block formats run as stored: integer dot products of the weights' codes with the
+ * activation rounded to int8, row by row.
+ *
+ * Formats (``codes`` is a weight row's blocks byte for byte, as the file holds them):
+ *   Q4_K, Q5_K  super-blocks of 256: float16 d and dmin, eight 6-bit sub-block scales s_j and
+ *               minima m_j (32 weights each), 4- or 5-bit codes q; w = d s_j q - dmin m_j.
+ *   Q6_K        super-blocks of 256: sixteen int8 scales s_j (16 weights each), 6-bit codes,
+ *               float16 d; w = d s_j (q - 32).
+ *   Q5_0, Q5_1  blocks of 32: float16 d (and m), 5-bit codes; w = d (q - 16), or d q + m.
+ *
+ * The activation. Each row x of the input is rounded by blocks of its own (256 weights for the
+ * super-block formats, 32 for the others): a block's scale is e = max|x| / 127 and its codes
+ * p = rint(x * 127 / max|x|), so x ~ e p with |p| <= 127. A row's codes depend on that row
+ * alone, so a row's result never depends on what else shares the call (batch invariance).
+ *
+ * The dot product of a weight row with an activation row, for one super-block of Q4_K:
+ *   sum_i w_i x_i ~ sum_j sum_{i in j} (d s_j q_i - dmin m_j) e p_i
+ *                 = (d e) sum_j s_j (sum_{i in j} q_i p_i)  -  (dmin e) sum_j m_j P_j,
+ * with P_j = sum_{i in j} p_i (precomputed with the activation). Both sums over j are integers,
+ * exact in int32 (|q p| <= 63 * 127, at most 256 of them times |s_j| <= 128), so the float
+ * work is a handful of operations per 256 weights instead of one per weight. Q6_K's offset is
+ * the same shape: (d e) sum_j s_j (sum q_i p_i - 32 P_j); Q5_1's minimum m e P per block.
+ *
+ * Exactness of the order. Integer sums are exact in any order; the float steps are fixed. A
+ * block's integer sum is kept as 8 lanes, lane l holding the products of bytes 4l .. 4l + 3 of
+ * every 32 weights (what AVX2's vpmaddubsw + vpmaddwd give); Q6_K's offset joins them as
+ * integers (lane l less 32 (s_2l P_2l + s_2l+1 P_2l+1)). Each lane is converted to float and
+ * folded in by one FMA per block, f_l = fma(d e, (float) lane_l, f_l), in block order; Q4_K's and
+ * Q5_K's minima the same way in lanes of their own, c_l = fma(dmin e, m_l (P_2l + P_2l+1), c_l)
+ * over the sixteen 16-sums P; Q5_1's minimum in one float, c = fmaf(m e, P, c). The result is
+ * tree(f) - tree(c) (Q5_1: tree(f) + c), tree((0+4, 1+5, 2+6, 3+7), then (0+2, 1+3), then 0+1).
+ * The generic C below computes exactly these lanes, so the AVX2 and generic builds give the
+ * same bits, and so does a row whatever tile it sits in.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define QINLINE static inline __attribute__((always_inline))
+
+enum { FMT_Q4K = 4, FMT_Q5K = 5, FMT_Q6K = 6, FMT_Q50 = 7, FMT_Q51 = 8 };
+enum { SUPER = 256, SMALL = 32, SUB = 16, QLANES = 8, TILE_ROWS = 8, COL_CHUNK = 16 };
+enum { Q4K_BYTES = 144, Q5K_BYTES = 176, Q6K_BYTES = 210, Q50_BYTES = 22, Q51_BYTES = 24 };
+enum { PREFETCH_AHEAD = 4 }; /* weight rows prefetched ahead of the one being multiplied */
+
+#if defined(__AVX2__) && !defined(SAGUARO_GENERIC)
+#define QUANT_AVX2 1
+#endif
+
+/* ---- The activation, rounded row by row ---- */
+
+/* A row's int8 codes [k], one scale per block [k / block], and per block the sums the formats'
+ * corrections need: for 256-blocks the sum of each 16 codes (int16 [k / 16]), for 32-blocks
+ * the sum of the block's codes (int32 [k / 32]). */
+typedef struct {
+    const int8_t *p;
+    const float *e;
+    const int16_t *sum16;
+    const int32_t *sum32;
+} XRow;
+
+static float f16_to_f32(const uint8_t *b) {
+    uint16_t h;
+    memcpy(&h, b, 2);
+    return _cvtsh_ss(h);
+}
+
+/* Block [x, x + n) of a row: its scale, and its codes into p. */
+static float round_block(const float *x, int64_t n, int8_t *p) {
+    float amax = 0.0f;
+    for (int64_t i = 0; i < n; i++) amax = fmaxf(amax, fabsf(x[i]));
+    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    for (int64_t i = 0; i < n; i++) p[i] = (int8_t)rintf(x[i] * inv);
+    return amax / 127.0f;
+}
+
+/* Rows of x [m, k] rounded by blocks of `block` into one buffer; rows[r] points into it. */
+static void *round_rows(const float *x, int64_t m, int64_t k, int64_t block, XRow *rows) {
+    const int64_t blocks = k / block;
+    const size_t per_row = (size_t)k + sizeof(float) * blocks + sizeof(int16_t) * (k / SUB) +
+                           sizeof(int32_t) * blocks + 64;
+    uint8_t *buf = malloc(per_row * (size_t)m);
+    if (buf == NULL) return NULL;
+    for (int64_t r = 0; r < m; r++) {
+        uint8_t *base = buf + per_row * r;
+        int8_t *p = (int8_t *)base;
+        float *e = (float *)(((uintptr_t)(base + k) + 3) & ~(uintptr_t)3);
+        int32_t *sum32 = (int32_t *)(e + blocks);
+        int16_t *sum16 = (int16_t *)(sum32 + blocks);
+        for (int64_t b = 0; b < blocks; b++) {
+            e[b] = round_block(x + r * k + b * block, block, p + b * block);
+            int32_t s = 0;
+            for (int64_t i = 0; i < block; i++) s += p[b * block + i];
+            sum32[b] = s;
+        }
+        for (int64_t j = 0; j < k / SUB; j++) {
+            int32_t s = 0;
+            for (int i = 0; i < SUB; i++) s += p[j * SUB + i];
+            sum16[j] = (int16_t)s;
+        }
+        rows[r] = (XRow){p, e, sum16, sum32};
+    }
+    return buf;
+}
+
+/* ---- Unpacking ---- */
+
+/* Q4_K / Q5_K's eight 6-bit scales (bytes 0-7 of out) and minima (bytes 8-15) from their 12
+ * bytes: scale j < 4 is the low 6 bits of byte j, minimum j < 4 of byte j + 4; scale and
+ * minimum j >= 4 take the nibbles of byte j + 4 below the top 2 bits of bytes j - 4 and j. */
+static void scales_k4(const uint8_t *q, uint8_t out[16]) {
+    enum { LOW6 = 0x3f3f3f3f, LOW4 = 0x0f0f0f0f, LOW2 = 0x03030303 };
+    uint32_t u[3], v[4];
+    memcpy(u, q, 12);
+    v[0] = u[0] & LOW6;
+    v[1] = (u[2] & LOW4) | (((u[0] >> 6) & LOW2) << 4);
+    v[2] = u[1] & LOW6;
+    v[3] = ((u[2] >> 4) & LOW4) | (((u[1] >> 6) & LOW2) << 4);
+    memcpy(out, v, 16);
+}
+
+/* The lane sums' fixed tree. */
+static float tree8(const float f[QLANES]) {
+    float t[4], u[2];
+    for (int l = 0; l < 4; l++) t[l] = f[l] + f[l + 4];
+    for (int l = 0; l < 2; l++) u[l] = t[l] + t[l + 2];
+    return u[0] + u[1];
+}
+
+#ifdef QUANT_AVX2
+typedef __m256i Codes; /* 32 codes of one group, as unsigned or signed bytes */
+typedef __m256i IntLanes;
+typedef __m256i Scale16; /* a group's scales: 16 int16, one per pair of bytes */
+typedef __m256 Lanes;
+
+QINLINE __m256i load32(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+
+/* 32 bits -> 32 bytes, 0xFF where the bit is set (byte i <- bit i). */
+QINLINE __m256i bits_to_bytes(uint32_t bits) {
+    const __m256i shuf = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2,
+                                          2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i mask = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    const __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), shuf);
+    return _mm256_cmpeq_epi8(_mm256_and_si256(v, mask), mask);
+}
+
+/* Lanes of sum q_i p_i (q unsigned, at most 63) times the group's 16-bit scales. */
+QINLINE IntLanes dot_scaled(Codes q, const int8_t *p, Scale16 s) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(q, load32(p)), s);
+}
+
+/* Lanes of sum q_i p_i for signed q, given |q| and q (its signs go onto p: vpsignb). */
+QINLINE IntLanes dot_signed(Codes absq, Codes q, const int8_t *p) {
+    const __m256i sp = _mm256_sign_epi8(load32(p), q);
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(absq, sp), _mm256_set1_epi16(1));
+}
+
+QINLINE IntLanes zero_lanes(void) { return _mm256_setzero_si256(); }
+QINLINE IntLanes add_lanes(IntLanes a, IntLanes b) { return _mm256_add_epi32(a, b); }
+QINLINE IntLanes sub_lanes(IntLanes a, IntLanes b) { return _mm256_sub_epi32(a, b); }
+QINLINE IntLanes times32(IntLanes a) { return _mm256_slli_epi32(a, 5); }
+QINLINE Lanes fold(Lanes f, float de, IntLanes acc) {
+    return _mm256_fmadd_ps(_mm256_set1_ps(de), _mm256_cvtepi32_ps(acc), f);
+}
+QINLINE Lanes zero_f(void) { return _mm256_setzero_ps(); }
+QINLINE float tree_lanes(Lanes f) {
+    float t[QLANES];
+    _mm256_storeu_ps(t, f);
+    return tree8(t);
+}
+
+/* Lanes l of a[2l] b[2l] + a[2l + 1] b[2l + 1] for 16 int16 a (in a register) and b (memory). */
+QINLINE IntLanes pair_sums(__m256i a, const int16_t *b) { return _mm256_madd_epi16(a, load32(b)); }
+
+/* A super-block's 16-bit scales: Q4_K's / Q5_K's eight in both halves of a register, each
+ * group's taken by one byte shuffle; Q6_K's sixteen (groups 0-3 from the first eight, 4-7
+ * from the last), each group's two (first 16 weights, last 16) by one shuffle. */
+typedef struct {
+    __m256i lo, hi;
+} Scales;
+
+QINLINE Scales scales_of8(const uint8_t sc[8]) {
+    const __m256i v = _mm256_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc));
+    const __m256i both = _mm256_permute2x128_si256(v, v, 0x00);
+    return (Scales){both, both};
+}
+
+QINLINE Scales scales_of16(const int8_t *sc) {
+    const __m256i v = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
+    return (Scales){_mm256_permute2x128_si256(v, v, 0x00), _mm256_permute2x128_si256(v, v, 0x11)};
+}
+
+/* Group g's scale from scales_of8: int16 g everywhere. */
+QINLINE Scale16 scale_k4(Scales s, int g) {
+    const __m256i pick = _mm256_set1_epi16((short)(0x0100 + 0x0202 * g));
+    return _mm256_shuffle_epi8(s.lo, pick);
+}
+
+/* Group g's scales from scales_of16: int16 2g' in the first half, 2g' + 1 in the second. */
+QINLINE Scale16 scale_q6(Scales s, int g) {
+    const int j = 2 * (g % 4);
+    const __m256i pick = _mm256_setr_m128i(_mm_set1_epi16((short)(0x0100 + 0x0202 * j)),
+                                           _mm_set1_epi16((short)(0x0100 + 0x0202 * (j + 1))));
+    return _mm256_shuffle_epi8(g < 4 ? s.lo : s.hi, pick);
+}
+
+QINLINE Scale16 scale_ones(void) { return _mm256_set1_epi16(1); }
+
+/* Q4_K's / Q5_K's minima paired for pair_sums: m_l, m_l for l = 0..7. */
+QINLINE __m256i minima_pairs(const uint8_t mn[8]) {
+    const __m128i m8 = _mm_loadl_epi64((const __m128i *)mn);
+    return _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
+}
+
+/* The 32 codes of group g (0..7) of a Q4_K / Q5_K super-block, unsigned. */
+QINLINE Codes group_k(const uint8_t *qs, const uint8_t *qh, int g) {
+    const __m256i v = load32(qs + 32 * (g / 2));
+    const __m256i low = _mm256_set1_epi8(0xF);
+    Codes q = (g & 1) ? _mm256_and_si256(_mm256_srli_epi16(v, 4), low) : _mm256_and_si256(v, low);
+    if (qh != NULL) {
+        const __m256i h = _mm256_and_si256(_mm256_srli_epi16(load32(qh), g), _mm256_set1_epi8(1));
+        q = _mm256_or_si256(q, _mm256_slli_epi16(h, 4));
+    }
+    return q;
+}
+
+/* The 32 codes (0..63) of group g of a Q6_K super-block. */
+QINLINE Codes group_q6(const uint8_t *b, int g) {
+    const int h = g / 4, t = g % 4;
+    const __m256i v = load32(b + 64 * h + 32 * (t & 1));
+    const __m256i low = _mm256_set1_epi8(0xF);
+    const __m256i nib =
+        (t >> 1) ? _mm256_and_si256(_mm256_srli_epi16(v, 4), low) : _mm256_and_si256(v, low);
+    const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(load32(b + 128 + 32 * h), 2 * t),
+                                        _mm256_set1_epi8(3));
+    return _mm256_or_si256(nib, _mm256_slli_epi16(hb, 4));
+}
+
+/* The 32 codes of a Q5_0 / Q5_1 block (unsigned 0..31). */
+QINLINE Codes block_q5(const uint8_t *qs, uint32_t qh) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)qs);
+    const __m256i both = _mm256_set_m128i(_mm_srli_epi16(v, 4), v);
+    const __m256i q = _mm256_and_si256(both, _mm256_set1_epi8(0xF));
+    return _mm256_or_si256(q, _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10)));
+}
+
+/* Q5_0's codes made signed (q - 16), and their magnitudes, for dot_signed. */
+QINLINE void signed_q5(Codes q, Codes *sq, Codes *absq) {
+    *sq = _mm256_sub_epi8(q, _mm256_set1_epi8(16));
+    *absq = _mm256_abs_epi8(*sq);
+}
+
+#else
+/* The generic build: the same lanes in plain C. */
+typedef struct {
+    uint8_t b[32];
+} Codes;
+typedef struct {
+    int32_t l[QLANES];
+} IntLanes;
+typedef struct {
+    float l[QLANES];
+} Lanes;
+typedef struct {
+    int16_t s[16];
+} Scale16;
+typedef struct {
+    int16_t s[16];
+} Scales;
+
+/* Lane l: pairs (4l, 4l + 1) and (4l + 2, 4l + 3), each pair's sum times that int16 lane's
+ * scale, as vpmaddubsw (q unsigned times p signed) then vpmaddwd do. */
+QINLINE IntLanes dot_scaled(Codes q, const int8_t *p, Scale16 s) {
+    IntLanes out;
+    for (int l = 0; l < QLANES; l++) {
+        int32_t acc = 0;
+        for (int h = 0; h < 2; h++) {
+            const int i = 4 * l + 2 * h;
+            acc += (int32_t)(q.b[i] * p[i] + q.b[i + 1] * p[i + 1]) * s.s[2 * l + h];
+        }
+        out.l[l] = acc;
+    }
+    return out;
+}
+
+QINLINE IntLanes dot_signed(Codes absq, Codes q, const int8_t *p) {
+    IntLanes out;
+    for (int l = 0; l < QLANES; l++) {
+        int32_t acc = 0;
+        for (int i = 4 * l; i < 4 * l + 4; i++) acc += (int32_t)(int8_t)q.b[i] * p[i];
+        out.l[l] = acc;
+    }
+    (void)absq;
+    return out;
+}
+
+QINLINE IntLanes zero_lanes(void) { return (IntLanes){{0}}; }
+QINLINE IntLanes add_lanes(IntLanes a, IntLanes b) {
+    for (int l = 0; l < QLANES; l++) a.l[l] += b.l[l];
+    return a;
+}
+QINLINE IntLanes sub_lanes(IntLanes a, IntLanes b) {
+    for (int l = 0; l < QLANES; l++) a.l[l] -= b.l[l];
+    return a;
+}
+QINLINE IntLanes times32(IntLanes a) {
+    for (int l = 0; l < QLANES; l++) a.l[l] *= 32;
+    return a;
+}
+QINLINE Lanes fold(Lanes f, float de, IntLanes acc) {
+    for (int l = 0; l < QLANES; l++) f.l[l] = fmaf(de, (float)acc.l[l], f.l[l]);
+    return f;
+}
+QINLINE Lanes zero_f(void) { return (Lanes){{0}}; }
+QINLINE float tree_lanes(Lanes f) { return tree8(f.l); }
+
+QINLINE IntLanes pair_sums(Scales a, const int16_t *b) {
+    IntLanes out;
+    for (int l = 0; l < QLANES; l++) out.l[l] = a.s[2 * l] * b[2 * l] + a.s[2 * l + 1] * b[2 * l + 1];
+    return out;
+}
+
+QINLINE Scales scales_of8(const uint8_t sc[8]) {
+    Scales s;
+    for (int i = 0; i < 16; i++) s.s[i] = i < 8 ? sc[i] : 0;
+    return s;
+}
+
+QINLINE Scales scales_of16(const int8_t *sc) {
+    Scales s;
+    for (int i = 0; i < 16; i++) s.s[i] = sc[i];
+    return s;
+}
+
+QINLINE Scale16 scale_k4(Scales s, int g) {
+    Scale16 r;
+    for (int i = 0; i < 16; i++) r.s[i] = s.s[g];
+    return r;
+}
+
+QINLINE Scale16 scale_q6(Scales s, int g) {
+    Scale16 r;
+    for (int i = 0; i < 16; i++) r.s[i] = s.s[2 * g + (i >= 8)];
+    return r;
+}
+
+QINLINE Scale16 scale_ones(void) {
+    Scale16 r;
+    for (int i = 0; i < 16; i++) r.s[i] = 1;
+    return r;
+}
+
+QINLINE Scales minima_pairs(const uint8_t mn[8]) {
+    Scales s;
+    for (int i = 0; i < 16; i++) s.s[i] = mn[i / 2];
+    return s;
+}
+
+QINLINE Codes group_k(const uint8_t *qs, const uint8_t *qh, int g) {
+    Codes c;
+    for (int i = 0; i < 32; i++) {
+        const uint8_t v = qs[32 * (g / 2) + i];
+        c.b[i] = (g & 1) ? v >> 4 : v & 0xF;
+        if (qh != NULL) c.b[i] |= ((qh[i] >> g) & 1) << 4;
+    }
+    return c;
+}
+
+QINLINE Codes group_q6(const uint8_t *b, int g) {
+    const int h = g / 4, t = g % 4;
+    Codes c;
+    for (int i = 0; i < 32; i++) {
+        const uint8_t v = b[64 * h + 32 * (t & 1) + i];
+        const uint8_t nib = (t >> 1) ? v >> 4 : v & 0xF;
+        c.b[i] = nib | (((b[128 + 32 * h + i] >> (2 * t)) & 3) << 4);
+    }
+    return c;
+}
+
+QINLINE Codes block_q5(const uint8_t *qs, uint32_t qh) {
+    Codes c;
+    for (int i = 0; i < 16; i++) {
+        c.b[i] = (qs[i] & 0xF) | ((qh >> i) & 1) << 4;
+        c.b[i + 16] = (qs[i] >> 4) | ((qh >> (i + 16)) & 1) << 4;
+    }
+    return c;
+}
+
+QINLINE void signed_q5(Codes q, Codes *sq, Codes *absq) {
+    for (int i = 0; i < 32; i++) sq->b[i] = (uint8_t)(int8_t)(q.b[i] - 16);
+    *absq = *sq; /* the generic dot_signed reads the signed codes alone */
+}
+#endif
+
+/* ---- One weight row against a tile of nr activation rows ---- */
+
+/* Q4_K / Q5_K (with_high: Q5_K's fifth bits, 32 bytes before the codes). Group-major: each
+ * group's codes and scale are made once and used by every row. */
+QINLINE void tile_k45(const uint8_t *w, int64_t blocks, int with_high, const XRow *x, int nr,
+                      float *y) {
+    const int bytes = with_high ? Q5K_BYTES : Q4K_BYTES;
+    Lanes f[TILE_ROWS], c[TILE_ROWS];
+    for (int r = 0; r < nr; r++) f[r] = zero_f(), c[r] = zero_f();
+    for (int64_t sb = 0; sb < blocks; sb++) {
+        const uint8_t *b = w + sb * bytes;
+        const float d = f16_to_f32(b), dmin = f16_to_f32(b + 2);
+        uint8_t scm[16];
+        scales_k4(b + 4, scm);
+        const Scales s = scales_of8(scm);
+        const uint8_t *qh = with_high ? b + 16 : NULL, *qs = b + 16 + (with_high ? 32 : 0);
+        IntLanes acc[TILE_ROWS];
+        for (int r = 0; r < nr; r++) acc[r] = zero_lanes();
+        for (int g = 0; g < 8; g++) {
+            const Codes q = group_k(qs, qh, g);
+            const Scale16 sg = scale_k4(s, g);
+            for (int r = 0; r < nr; r++)
+                acc[r] = add_lanes(acc[r], dot_scaled(q, x[r].p + sb * SUPER + 32 * g, sg));
+        }
+        const __typeof__(minima_pairs(scm)) m = minima_pairs(scm + 8);
+        for (int r = 0; r < nr; r++) {
+            const float e = x[r].e[sb];
+            f[r] = fold(f[r], d * e, acc[r]);
+            c[r] = fold(c[r], dmin * e, pair_sums(m, x[r].sum16 + sb * SUB));
+        }
+    }
+    for (int r = 0; r < nr; r++) y[r] = tree_lanes(f[r]) - tree_lanes(c[r]);
+}
+
+QINLINE void tile_q6k(const uint8_t *w, int64_t blocks, const XRow *x, int nr, float *y) {
+    Lanes f[TILE_ROWS];
+    for (int r = 0; r < nr; r++) f[r] = zero_f();
+    for (int64_t sb = 0; sb < blocks; sb++) {
+        const uint8_t *b = w + sb * Q6K_BYTES;
+        const float d = f16_to_f32(b + 208);
+        const Scales s = scales_of16((const int8_t *)(b + 192));
+        IntLanes acc[TILE_ROWS];
+        for (int r = 0; r < nr; r++) acc[r] = zero_lanes();
+        for (int g = 0; g < 8; g++) {
+            const Codes q = group_q6(b, g);
+            const Scale16 sg = scale_q6(s, g);
+            for (int r = 0; r < nr; r++)
+                acc[r] = add_lanes(acc[r], dot_scaled(q, x[r].p + sb * SUPER + 32 * g, sg));
+        }
+        for (int r = 0; r < nr; r++) {
+            const IntLanes offset = times32(pair_sums(
+#ifdef QUANT_AVX2
+                _mm256_permute2x128_si256(s.lo, s.hi, 0x20),
+#else
+                s,
+#endif
+                x[r].sum16 + sb * SUB));
+            f[r] = fold(f[r], d * x[r].e[sb], sub_lanes(acc[r], offset));
+        }
+    }
+    for (int r = 0; r < nr; r++) y[r] = tree_lanes(f[r]);
+}
+
+/* Q5_0 (signed codes q - 16) and Q5_1 (codes q, plus the minimum m e P). */
+QINLINE void tile_q5(const uint8_t *w, int64_t blocks, int with_min, const XRow *x, int nr,
+                     float *y) {
+    const int bytes = with_min ? Q51_BYTES : Q50_BYTES, qh_off = with_min ? 4 : 2;
+    Lanes f[TILE_ROWS];
+    float c[TILE_ROWS];
+    for (int r = 0; r < nr; r++) f[r] = zero_f(), c[r] = 0.0f;
+    for (int64_t bi = 0; bi < blocks; bi++) {
+        const uint8_t *b = w + bi * bytes;
+        const float d = f16_to_f32(b);
+        uint32_t qh;
+        memcpy(&qh, b + qh_off, 4);
+        const Codes q = block_q5(b + qh_off + 4, qh);
+        Codes sq = q, absq = q;
+        if (!with_min) signed_q5(q, &sq, &absq);
+        for (int r = 0; r < nr; r++) {
+            const int8_t *p = x[r].p + bi * SMALL;
+            const float e = x[r].e[bi];
+            f[r] = fold(f[r], d * e, with_min ? dot_scaled(q, p, scale_ones())
+                                              : dot_signed(absq, sq, p));
+            if (with_min) c[r] = fmaf(f16_to_f32(b + 2) * e, (float)x[r].sum32[bi], c[r]);
+        }
+    }
+    for (int r = 0; r < nr; r++) y[r] = tree_lanes(f[r]) + c[r];
+}
+
+QINLINE void tile(const uint8_t *w, int64_t k, int fmt, const XRow *x, int nr, float *y) {
+    switch (fmt) {
+    case FMT_Q4K: tile_k45(w, k / SUPER, 0, x, nr, y); break;
+    case FMT_Q5K: tile_k45(w, k / SUPER, 1, x, nr, y); break;
+    case FMT_Q6K: tile_q6k(w, k / SUPER, x, nr, y); break;
+    case FMT_Q50: tile_q5(w, k / SMALL, 0, x, nr, y); break;
+    default: tile_q5(w, k / SMALL, 1, x, nr, y); break;
+    }
+}
+
+/* Constant tile heights, so each instantiation keeps its rows' accumulators in registers. */
+#define TILE_CASE(NR)                                                                        \
+    case NR: tile(w, k, fmt, x, NR, y); break;
+static void tile_rows(const uint8_t *w, int64_t k, int fmt, const XRow *x, int nr, float *y) {
+    switch (nr) {
+    TILE_CASE(1) TILE_CASE(2) TILE_CASE(3) TILE_CASE(4)
+    TILE_CASE(5) TILE_CASE(6) TILE_CASE(7) TILE_CASE(8)
+    default: break;
+    }
+}
+
+static int64_t row_bytes(int fmt, int64_t k) {
+    switch (fmt) {
+    case FMT_Q4K: return k / SUPER * Q4K_BYTES;
+    case FMT_Q5K: return k / SUPER * Q5K_BYTES;
+    case FMT_Q6K: return k / SUPER * Q6K_BYTES;
+    case FMT_Q50: return k / SMALL * Q50_BYTES;
+    default: return k / SMALL * Q51_BYTES;
+    }
+}
+
+static void prefetch_row(const uint8_t *row, int64_t bytes) {
+    for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(row + o);
+}
+
+/* out [m, n] = x [m, k] @ W^T for W [n, k] in one of the formats above. Threads take chunks of
+ * COL_CHUNK weight rows; within a chunk, tiles of TILE_ROWS activation rows pass over every
+ * weight row of it (the chunk stays in cache between tiles). Returns -1 without memory for the
+ * rounded activation. */
+int saguaro_quant_linear(const float *x, int64_t m, int64_t k, const uint8_t *codes, int64_t n,
+                         int fmt, float *out, int threads) {
+    const int64_t block = fmt == FMT_Q50 || fmt == FMT_Q51 ? SMALL : SUPER;
+    XRow *rows = malloc(sizeof(XRow) * (size_t)m);
+    void *buf = rows ? round_rows(x, m, k, block, rows) : NULL;
+    if (buf == NULL) {
+        free(rows);
+        return -1;
+    }
+    const int64_t bytes = row_bytes(fmt, k), chunks = (n + COL_CHUNK - 1) / COL_CHUNK;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t c = 0; c < chunks; c++) {
+        const int64_t n0 = c * COL_CHUNK, n1 = n0 + COL_CHUNK < n ? n0 + COL_CHUNK : n;
+        float y[TILE_ROWS];
+        for (int64_t r0 = 0; r0 < m; r0 += TILE_ROWS) {
+            const int nr = (int)(m - r0 < TILE_ROWS ? m - r0 : TILE_ROWS);
+            for (int64_t j = n0; j < n1; j++) {
+                if (r0 == 0 && j + PREFETCH_AHEAD < n)
+                    prefetch_row(codes + (j + PREFETCH_AHEAD) * bytes, bytes);
+                tile_rows(codes + j * bytes, k, fmt, rows + r0, nr, y);
+                for (int r = 0; r < nr; r++) out[(r0 + r) * n + j] = y[r];
+            }
+        }
+    }
+    free(buf);
+    free(rows);
+    return 0;
+}

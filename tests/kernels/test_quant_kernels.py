@@ -1,0 +1,86 @@
+"""GGUF's block formats run as stored (``quant_kernels.c``): a product equals the activation
+rounded to int8 row by row times the file's dequantized weights (``gguf.quants.dequantize``),
+up to float32 rounding of a few operations per block; and a row's result is the same bits
+whatever shares the call, however many threads run, in the AVX2 and the generic build."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from saguaro.kernels import build, ops
+from saguaro.kernels.ops import PackedWeight
+from saguaro.models.quant import RAW_TYPES, dequantize, from_gguf_raw
+from tests.ggml_blocks import random_blocks
+
+N = 37  # two column chunks of 16 and a tail of 5
+ROW_COUNTS = (1, 2, 5, 8, 9, 17)  # every tile height of 8 rows, and tiles after the first
+# A few float32 roundings per block against a float64 reference: relative to the largest output.
+REL_TOLERANCE = 1e-5
+INT8_LEVELS = 127
+
+
+def weight(fmt: str, seed: int = 0) -> PackedWeight:
+    kind, block, _ = RAW_TYPES[fmt]
+    k = 2 * max(block, 256)  # two super-blocks, or sixteen small blocks
+    return from_gguf_raw(random_blocks(kind, N, k, np.random.default_rng(seed)), kind, N, k)
+
+
+def rounded(x: torch.Tensor, block: int) -> np.ndarray:
+    """The activation as the kernel rounds it: per block e = max|x| / 127, p = rint(x 127 /
+    max|x|), so x ~ e p (float64)."""
+    xs = x.numpy().reshape(x.shape[0], -1, block)
+    amax = np.abs(xs).max(axis=2, keepdims=True)
+    inv = np.float32(INT8_LEVELS) / np.where(amax > 0, amax, np.inf).astype(np.float32)
+    p = np.rint(xs * inv)
+    e = (amax / np.float32(INT8_LEVELS)).astype(np.float32)
+    return (p.astype(np.float64) * e).reshape(x.shape)
+
+
+@pytest.mark.parametrize("fmt", list(RAW_TYPES))
+def test_product_is_the_rounded_activation_times_the_files_weights(fmt):
+    w = weight(fmt)
+    x = torch.randn(max(ROW_COUNTS), w.k, generator=torch.Generator().manual_seed(1))
+    x[3] = 0  # a zero row: scale 0, codes 0
+    got = ops.linear(x, w).numpy()
+    want = rounded(x, RAW_TYPES[fmt][1]) @ dequantize(w).numpy().astype(np.float64).T
+    assert np.abs(got - want).max() <= REL_TOLERANCE * np.abs(want).max()
+    assert not got[3].any()
+
+
+@pytest.mark.parametrize("fmt", list(RAW_TYPES))
+def test_a_rows_bits_do_not_depend_on_what_shares_its_call(fmt):
+    w = weight(fmt, seed=2)
+    x = torch.randn(max(ROW_COUNTS), w.k, generator=torch.Generator().manual_seed(3))
+    full = ops.linear(x, w)
+    for m in ROW_COUNTS:
+        assert torch.equal(ops.linear(x[:m], w), full[:m]), m
+        assert torch.equal(ops.linear(x[:m].flip(0), w), full[:m].flip(0)), m
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert torch.equal(ops.linear(x, w), full)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_the_avx2_build_computes_the_generic_codes_bits():
+    """The generic C spells out the AVX2 code's lanes (docs in quant_kernels.c): both builds give
+    every row the same bits in every format, so logits do not depend on the vector code."""
+    avx2 = build.build((*build.BASE_FLAGS, "-march=x86-64-v3"))
+    generic = build.build((*build.BASE_FLAGS, "-march=x86-64-v3", "-DSAGUARO_GENERIC"))
+    for fmt in RAW_TYPES:
+        w = weight(fmt, seed=4)
+        x = torch.randn(9, w.k, generator=torch.Generator().manual_seed(5))
+        want = ops.linear(x, w, generic)
+        assert torch.equal(ops.linear(x, w, avx2), want), fmt
+        assert torch.equal(ops.linear(x, w), want), fmt
+
+
+def test_rows_that_are_not_whole_blocks_are_refused():
+    w = weight("q4_k")
+    with pytest.raises(ValueError, match="input width"):
+        ops.linear(torch.randn(1, w.k - 32), w)
+    with pytest.raises(ValueError, match="whole blocks"):
+        from_gguf_raw(np.zeros((1, 144), np.uint8), "Q4_K", 1, 288)
