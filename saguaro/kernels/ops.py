@@ -18,7 +18,7 @@ LANES = 16  # floats per vector: RMSNorm's width and the head dimension are mult
 MAX_HEAD_DIM = 256
 FORMATS = {"f32": 0, "bf16": 1, "q8": 2, "q4": 3}
 # GGUF's blocks kept whole (saguaro.models.quant.RAW_TYPES), run by quant_kernels.c
-RAW_FORMATS = {"q4_k": 4, "q5_k": 5, "q6_k": 6, "q5_0": 7, "q5_1": 8}
+RAW_FORMATS = {"q4_k": 4, "q5_k": 5, "q6_k": 6, "q5_0": 7, "q5_1": 8, "q8_0": 9}
 FORMATS |= RAW_FORMATS
 
 

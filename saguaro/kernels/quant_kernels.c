@@ -7,6 +7,7 @@
  *   Q6_K        super-blocks of 256: sixteen int8 scales s_j (16 weights each), 6-bit codes,
  *               float16 d; w = d s_j (q - 32).
  *   Q5_0, Q5_1  blocks of 32: float16 d (and m), 5-bit codes; w = d (q - 16), or d q + m.
+ *   Q8_0        blocks of 32: float16 d, signed 8-bit codes; w = d q.
  *
  * The activation. Each row x of the input is rounded by blocks of its own (256 weights for the
  * super-block formats, 32 for the others): a block's scale is e = max|x| / 127 and its codes
@@ -41,9 +42,10 @@
 
 #define QINLINE static inline __attribute__((always_inline))
 
-enum { FMT_Q4K = 4, FMT_Q5K = 5, FMT_Q6K = 6, FMT_Q50 = 7, FMT_Q51 = 8 };
+enum { FMT_Q4K = 4, FMT_Q5K = 5, FMT_Q6K = 6, FMT_Q50 = 7, FMT_Q51 = 8, FMT_Q80 = 9 };
 enum { SUPER = 256, SMALL = 32, SUB = 16, QLANES = 8, TILE_ROWS = 8, COL_CHUNK = 16 };
 enum { Q4K_BYTES = 144, Q5K_BYTES = 176, Q6K_BYTES = 210, Q50_BYTES = 22, Q51_BYTES = 24 };
+enum { Q80_BYTES = 34 };
 enum { PREFETCH_AHEAD = 4 }; /* weight rows prefetched ahead of the one being multiplied */
 
 #if defined(__AVX2__) && !defined(SAGUARO_GENERIC)
@@ -108,18 +110,18 @@ static void *round_rows(const float *x, int64_t m, int64_t k, int64_t block, XRo
 
 /* ---- Unpacking ---- */
 
-/* Q4_K / Q5_K's eight 6-bit scales (bytes 0-7 of out) and minima (bytes 8-15) from their 12
- * bytes: scale j < 4 is the low 6 bits of byte j, minimum j < 4 of byte j + 4; scale and
- * minimum j >= 4 take the nibbles of byte j + 4 below the top 2 bits of bytes j - 4 and j. */
-static void scales_k4(const uint8_t *q, uint8_t out[16]) {
+/* Q4_K / Q5_K's eight 6-bit scales and minima from their 12 bytes, as four words: bytes 0-7
+ * the scales, 8-15 the minima. Scale j < 4 is the low 6 bits of byte j, minimum j < 4 those of
+ * byte j + 4; scale and minimum j >= 4 take the nibbles of byte j + 4 below the top 2 bits of
+ * bytes j - 4 and j. */
+QINLINE void scales_k4(const uint8_t *q, uint32_t v[4]) {
     enum { LOW6 = 0x3f3f3f3f, LOW4 = 0x0f0f0f0f, LOW2 = 0x03030303 };
-    uint32_t u[3], v[4];
+    uint32_t u[3];
     memcpy(u, q, 12);
     v[0] = u[0] & LOW6;
     v[1] = (u[2] & LOW4) | (((u[0] >> 6) & LOW2) << 4);
     v[2] = u[1] & LOW6;
     v[3] = ((u[2] >> 4) & LOW4) | (((u[1] >> 6) & LOW2) << 4);
-    memcpy(out, v, 16);
 }
 
 /* The lane sums' fixed tree. */
@@ -182,9 +184,11 @@ typedef struct {
     __m256i lo, hi;
 } Scales;
 
-QINLINE Scales scales_of8(const uint8_t sc[8]) {
-    const __m256i v = _mm256_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc));
-    const __m256i both = _mm256_permute2x128_si256(v, v, 0x00);
+/* Made from the words in registers: reading them back as bytes through memory would stall on
+ * store forwarding every super-block. */
+QINLINE Scales scales_of8(const uint32_t v[4]) {
+    const __m256i w = _mm256_cvtepu8_epi16(_mm_set_epi32(0, 0, (int)v[1], (int)v[0]));
+    const __m256i both = _mm256_permute2x128_si256(w, w, 0x00);
     return (Scales){both, both};
 }
 
@@ -210,8 +214,8 @@ QINLINE Scale16 scale_q6(Scales s, int g) {
 QINLINE Scale16 scale_ones(void) { return _mm256_set1_epi16(1); }
 
 /* Q4_K's / Q5_K's minima paired for pair_sums: m_l, m_l for l = 0..7. */
-QINLINE __m256i minima_pairs(const uint8_t mn[8]) {
-    const __m128i m8 = _mm_loadl_epi64((const __m128i *)mn);
+QINLINE __m256i minima_pairs(const uint32_t v[4]) {
+    const __m128i m8 = _mm_set_epi32(0, 0, (int)v[3], (int)v[2]);
     return _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
 }
 
@@ -234,9 +238,12 @@ QINLINE Codes group_q6(const uint8_t *b, int g) {
     const __m256i low = _mm256_set1_epi8(0xF);
     const __m256i nib =
         (t >> 1) ? _mm256_and_si256(_mm256_srli_epi16(v, 4), low) : _mm256_and_si256(v, low);
-    const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(load32(b + 128 + 32 * h), 2 * t),
-                                        _mm256_set1_epi8(3));
-    return _mm256_or_si256(nib, _mm256_slli_epi16(hb, 4));
+    /* The high bits 2t, 2t + 1 of each byte moved to bits 4, 5: one mask and one shift. */
+    const __m256i bits = load32(b + 128 + 32 * h), mask = _mm256_set1_epi8((char)(3 << (2 * t)));
+    const __m256i hb = t == 2   ? _mm256_and_si256(bits, mask)
+                       : t < 2 ? _mm256_slli_epi16(_mm256_and_si256(bits, mask), 4 - 2 * t)
+                               : _mm256_srli_epi16(_mm256_and_si256(bits, mask), 2);
+    return _mm256_or_si256(nib, hb);
 }
 
 /* The 32 codes of a Q5_0 / Q5_1 block (unsigned 0..31). */
@@ -250,6 +257,12 @@ QINLINE Codes block_q5(const uint8_t *qs, uint32_t qh) {
 /* Q5_0's codes made signed (q - 16), and their magnitudes, for dot_signed. */
 QINLINE void signed_q5(Codes q, Codes *sq, Codes *absq) {
     *sq = _mm256_sub_epi8(q, _mm256_set1_epi8(16));
+    *absq = _mm256_abs_epi8(*sq);
+}
+
+/* Q8_0's signed codes and their magnitudes. */
+QINLINE void signed_q8(const uint8_t *qs, Codes *sq, Codes *absq) {
+    *sq = load32(qs);
     *absq = _mm256_abs_epi8(*sq);
 }
 
@@ -323,9 +336,11 @@ QINLINE IntLanes pair_sums(Scales a, const int16_t *b) {
     return out;
 }
 
-QINLINE Scales scales_of8(const uint8_t sc[8]) {
+QINLINE Scales scales_of8(const uint32_t v[4]) {
+    uint8_t b[16];
+    memcpy(b, v, 16);
     Scales s;
-    for (int i = 0; i < 16; i++) s.s[i] = i < 8 ? sc[i] : 0;
+    for (int i = 0; i < 16; i++) s.s[i] = i < 8 ? b[i] : 0;
     return s;
 }
 
@@ -353,9 +368,11 @@ QINLINE Scale16 scale_ones(void) {
     return r;
 }
 
-QINLINE Scales minima_pairs(const uint8_t mn[8]) {
+QINLINE Scales minima_pairs(const uint32_t v[4]) {
+    uint8_t b[16];
+    memcpy(b, v, 16);
     Scales s;
-    for (int i = 0; i < 16; i++) s.s[i] = mn[i / 2];
+    for (int i = 0; i < 16; i++) s.s[i] = b[8 + i / 2];
     return s;
 }
 
@@ -393,6 +410,11 @@ QINLINE void signed_q5(Codes q, Codes *sq, Codes *absq) {
     for (int i = 0; i < 32; i++) sq->b[i] = (uint8_t)(int8_t)(q.b[i] - 16);
     *absq = *sq; /* the generic dot_signed reads the signed codes alone */
 }
+
+QINLINE void signed_q8(const uint8_t *qs, Codes *sq, Codes *absq) {
+    memcpy(sq->b, qs, 32);
+    *absq = *sq;
+}
 #endif
 
 /* ---- One weight row against a tile of nr activation rows ---- */
@@ -407,7 +429,7 @@ QINLINE void tile_k45(const uint8_t *w, int64_t blocks, int with_high, const XRo
     for (int64_t sb = 0; sb < blocks; sb++) {
         const uint8_t *b = w + sb * bytes;
         const float d = f16_to_f32(b), dmin = f16_to_f32(b + 2);
-        uint8_t scm[16];
+        uint32_t scm[4];
         scales_k4(b + 4, scm);
         const Scales s = scales_of8(scm);
         const uint8_t *qh = with_high ? b + 16 : NULL, *qs = b + 16 + (with_high ? 32 : 0);
@@ -419,7 +441,7 @@ QINLINE void tile_k45(const uint8_t *w, int64_t blocks, int with_high, const XRo
             for (int r = 0; r < nr; r++)
                 acc[r] = add_lanes(acc[r], dot_scaled(q, x[r].p + sb * SUPER + 32 * g, sg));
         }
-        const __typeof__(minima_pairs(scm)) m = minima_pairs(scm + 8);
+        const __typeof__(minima_pairs(scm)) m = minima_pairs(scm);
         for (int r = 0; r < nr; r++) {
             const float e = x[r].e[sb];
             f[r] = fold(f[r], d * e, acc[r]);
@@ -484,13 +506,28 @@ QINLINE void tile_q5(const uint8_t *w, int64_t blocks, int with_min, const XRow 
     for (int r = 0; r < nr; r++) y[r] = tree_lanes(f[r]) + c[r];
 }
 
+QINLINE void tile_q8(const uint8_t *w, int64_t blocks, const XRow *x, int nr, float *y) {
+    Lanes f[TILE_ROWS];
+    for (int r = 0; r < nr; r++) f[r] = zero_f();
+    for (int64_t bi = 0; bi < blocks; bi++) {
+        const uint8_t *b = w + bi * Q80_BYTES;
+        const float d = f16_to_f32(b);
+        Codes sq, absq;
+        signed_q8(b + 2, &sq, &absq);
+        for (int r = 0; r < nr; r++)
+            f[r] = fold(f[r], d * x[r].e[bi], dot_signed(absq, sq, x[r].p + bi * SMALL));
+    }
+    for (int r = 0; r < nr; r++) y[r] = tree_lanes(f[r]);
+}
+
 QINLINE void tile(const uint8_t *w, int64_t k, int fmt, const XRow *x, int nr, float *y) {
     switch (fmt) {
     case FMT_Q4K: tile_k45(w, k / SUPER, 0, x, nr, y); break;
     case FMT_Q5K: tile_k45(w, k / SUPER, 1, x, nr, y); break;
     case FMT_Q6K: tile_q6k(w, k / SUPER, x, nr, y); break;
     case FMT_Q50: tile_q5(w, k / SMALL, 0, x, nr, y); break;
-    default: tile_q5(w, k / SMALL, 1, x, nr, y); break;
+    case FMT_Q51: tile_q5(w, k / SMALL, 1, x, nr, y); break;
+    default: tile_q8(w, k / SMALL, x, nr, y); break;
     }
 }
 
@@ -511,7 +548,8 @@ static int64_t row_bytes(int fmt, int64_t k) {
     case FMT_Q5K: return k / SUPER * Q5K_BYTES;
     case FMT_Q6K: return k / SUPER * Q6K_BYTES;
     case FMT_Q50: return k / SMALL * Q50_BYTES;
-    default: return k / SMALL * Q51_BYTES;
+    case FMT_Q51: return k / SMALL * Q51_BYTES;
+    default: return k / SMALL * Q80_BYTES;
     }
 }
 
@@ -525,7 +563,7 @@ static void prefetch_row(const uint8_t *row, int64_t bytes) {
  * rounded activation. */
 int saguaro_quant_linear(const float *x, int64_t m, int64_t k, const uint8_t *codes, int64_t n,
                          int fmt, float *out, int threads) {
-    const int64_t block = fmt == FMT_Q50 || fmt == FMT_Q51 ? SMALL : SUPER;
+    const int64_t block = fmt >= FMT_Q50 ? SMALL : SUPER;
     XRow *rows = malloc(sizeof(XRow) * (size_t)m);
     void *buf = rows ? round_rows(x, m, k, block, rows) : NULL;
     if (buf == NULL) {
