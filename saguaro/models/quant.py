@@ -10,8 +10,8 @@ a dense weight at load time or mapped exactly from a GGUF file's blocks.
   float16; Q8_0 (d, 32 signed bytes) to int8 groups of 32 with m = 0. The codes keep the file's
   byte layout. :func:`dequantize` then gives exactly GGUF's dequantized weights (d q is exact in
   float32, so d q + m rounds once either way).
-- **GGUF blocks kept whole** (:data:`RAW_TYPES`: Q4_K, Q5_K, Q6_K, Q5_0, Q5_1, Q8_0): ``codes`` are a
-  row's blocks byte for byte ([n, k / block * bytes]); no scales or minima outside them. The
+- **GGUF blocks kept whole** (:data:`RAW_TYPES`: Q4_K, Q5_K, Q6_K, Q5_0, Q5_1, Q8_0): ``codes``
+  are a row's blocks byte for byte ([n, k / block * bytes]); no scales or minima outside them. The
   kernel multiplies them with integer dot products against the activation quantized row by row
   (``quant_kernels.c``); :func:`dequantize` gives ``gguf.quants.dequantize``'s weights.
 """
