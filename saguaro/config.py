@@ -111,10 +111,11 @@ class EngineConfig:
     )
     quantization: Quantization = opt(
         "auto",
-        "the target's linear weights: gguf runs a GGUF file's Q4_0/Q4_1/Q8_0 blocks as they are; "
+        "the target's linear weights: gguf runs a GGUF file's blocks as they are; "
         "int4 (groups of 32; int4-g64, int4-g128) and int8 (per channel) quantize at load; "
-        "none keeps them dense in dtype; auto: gguf where the model directory holds model.gguf "
-        "(saguaro import-gguf keeps it) and the kernels are saguaro's, else none",
+        "none keeps them dense in dtype; auto: gguf where the model is a .gguf file or a "
+        "directory holding model.gguf (saguaro import-gguf keeps it) and the kernels are "
+        "saguaro's, else none",
     )
     draft_quantization: Quantization = opt(
         "auto",

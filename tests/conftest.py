@@ -1,4 +1,5 @@
-"""Fixtures: tiny random Llama / Qwen3 checkpoints in Hugging Face format, built in milliseconds."""
+"""Fixtures: tiny random Llama / Qwen2 / Qwen3 checkpoints in Hugging Face format, built in
+milliseconds."""
 
 from __future__ import annotations
 
@@ -77,10 +78,17 @@ def write_tiny_model(
         base.setdefault("head_dim", base["hidden_size"] // base["num_attention_heads"])
         cfg = transformers.Qwen3Config(**base)
         cls = transformers.Qwen3ForCausalLM
+    elif family == "qwen2":
+        cfg = transformers.Qwen2Config(**base)
+        cls = transformers.Qwen2ForCausalLM
     else:
         raise ValueError(family)
     torch.manual_seed(seed)
     model = cls(cfg).eval()
+    with torch.no_grad():  # transformers starts biases (Qwen2's q/k/v) at zero: make them count
+        for name, param in model.named_parameters():
+            if name.endswith(".bias"):
+                param.normal_(std=init_std)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path, safe_serialization=True)
     tok = byte_tokenizer() if base["vocab_size"] >= 257 else word_tokenizer(base["vocab_size"])

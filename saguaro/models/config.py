@@ -1,4 +1,5 @@
-"""Model configuration parsed from a Hugging Face ``config.json``."""
+"""Model configuration parsed from a Hugging Face ``config.json``, or from a GGUF file's fields
+(:func:`saguaro.models.gguf_meta.hf_config` writes them as one)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,17 @@ from pathlib import Path
 from typing import Any
 
 from saguaro.errors import ModelLoadError
+from saguaro.models.gguf_meta import hf_config
+from saguaro.models.gguf_reader import GGUFFile, is_gguf
 
 # config.json `architectures` entry -> family handled by saguaro.models.llama
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
 }
+# Families whose q/k/v projections always have biases (Qwen2's config has no attention_bias).
+QKV_BIAS_FAMILIES = ("qwen2",)
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,9 @@ class ModelConfig:
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> ModelConfig:
+        """The config of a Hugging Face directory, or of a ``.gguf`` file."""
+        if is_gguf(model_dir):
+            return cls.from_gguf(GGUFFile.read(model_dir))
         path = Path(model_dir) / "config.json"
         if not path.is_file():
             raise ModelLoadError(
@@ -71,6 +80,12 @@ class ModelConfig:
             except json.JSONDecodeError as e:
                 raise ModelLoadError(f"{gen_path}: malformed JSON ({e})") from e
         return cls.from_dict(raw, gen, source=str(path))
+
+    @classmethod
+    def from_gguf(cls, g: GGUFFile) -> ModelConfig:
+        """The config a GGUF file's fields give."""
+        raw, gen = hf_config(g)
+        return cls.from_dict(raw, gen, source=str(g.path))
 
     @classmethod
     def from_dict(
@@ -98,6 +113,8 @@ class ModelConfig:
         head_dim = raw.get("head_dim") or hidden // heads
         eos = gen.get("eos_token_id", raw.get("eos_token_id"))
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+        if raw.get("use_sliding_window"):
+            raise ModelLoadError(f"{source}: sliding-window attention is not supported")
         head = raw.get("draft_vocab_size")
         tied = bool(raw.get("tie_word_embeddings", False))
         if head is not None and (int(head) < 1 or int(head) > int(need("vocab_size")) or tied):
@@ -118,7 +135,7 @@ class ModelConfig:
             rope_theta=float(_rope_param(raw, "rope_theta", 10000.0)),
             max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
             tie_word_embeddings=tied,
-            attention_bias=bool(raw.get("attention_bias", False)),
+            attention_bias=family in QKV_BIAS_FAMILIES or bool(raw.get("attention_bias", False)),
             qk_norm=family == "qwen3",
             rope_scaling=_parse_rope_scaling(raw, source),
             bos_token_id=gen.get("bos_token_id", raw.get("bos_token_id")),

@@ -1,9 +1,15 @@
-"""Load a Llama-3 / Qwen3 checkpoint from a local Hugging Face directory.
+"""Load a Llama-3 / Qwen2 / Qwen3 checkpoint from a local Hugging Face directory or a GGUF file.
 
-Reads single-file or sharded safetensors, fuses ``q/k/v_proj`` into ``qkv_proj`` and
-``gate/up_proj`` into ``gate_up_proj``, and checks that every parameter was filled. A
-tensor-parallel rank reads only its own slice of each split weight (safetensors slices are read
-from the memory-mapped file), so no rank ever holds the whole model.
+Reads single-file or sharded safetensors, or a ``.gguf`` file's tensors, fuses ``q/k/v_proj``
+into ``qkv_proj`` and ``gate/up_proj`` into ``gate_up_proj``, and checks that every parameter was
+filled. A tensor-parallel rank reads only its own slice of each split safetensors weight (slices
+are read from the memory-mapped file), so no rank ever holds the whole model.
+
+A ``.gguf`` file on saguaro's CPU kernels is never dequantized: the model is built on the meta
+device, its float tensors (norms, biases) are filled, and every linear layer and the embedding
+run the file's blocks, most of them views of its memory map (:mod:`saguaro.models.gguf_weights`).
+Elsewhere (``--kernels torch``, another device, tensor parallelism) it loads dequantized, as
+dense weights.
 """
 
 from __future__ import annotations
@@ -11,16 +17,25 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
 
 from saguaro.errors import ModelLoadError
 from saguaro.models.config import ModelConfig
-from saguaro.models.gguf_import import GGUF_NAME
-from saguaro.models.gguf_weights import gguf_linears
+from saguaro.models.gguf_reader import GGUFFile, is_gguf
+from saguaro.models.gguf_weights import (
+    GGUF_NAME,
+    LOADABLE_TYPES,
+    Packed,
+    check_types,
+    checkpoint_tensors,
+    file_weights,
+    gguf_linears,
+)
 from saguaro.models.linear import use_kernels
 from saguaro.models.llama import FUSED, FUSED_PARTS, CausalLM
 from saguaro.models.parallel import SINGLE, TensorParallel
@@ -42,6 +57,11 @@ DTYPES = {
 DRAFT_AUTO_SCHEME = "int8"
 
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(self_attn\.[qkv]_proj|mlp\.(?:gate|up)_proj)\.")
+
+
+def model_exists(path: Path) -> bool:
+    """Whether ``path`` is a model: a directory, or a ``.gguf`` file that exists."""
+    return path.is_dir() or (is_gguf(path) and path.is_file())
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -85,17 +105,31 @@ def iter_tensors(
             with safe_open(str(f), framework="pt") as st:
                 for name in st.keys():  # noqa: SIM118 (safe_open is not a mapping)
                     spec = pick(name) if pick is not None else None
-                    yield name, st.get_tensor(name) if spec is None else _read_slice(st, name, spec)
+                    if spec is None:
+                        yield name, st.get_tensor(name)
+                    else:
+                        handle = st.get_slice(name)
+                        yield name, take_slice(handle, handle.get_shape(), spec)
         except (SafetensorError, OSError, RuntimeError) as e:
             raise ModelLoadError(f"{f}: corrupt or truncated safetensors file ({e})") from e
 
 
-def _read_slice(st, name: str, spec: Slice) -> torch.Tensor:
+def sliced(
+    tensors: Iterable[tuple[str, torch.Tensor]], pick: Callable[[str], Slice | None] | None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """``tensors``, each cut to the slice ``pick`` names for it (where it names one)."""
+    for name, tensor in tensors:
+        spec = pick(name) if pick is not None else None
+        yield name, tensor if spec is None else take_slice(tensor, tensor.shape, spec)
+
+
+def take_slice(source: Any, shape: Sequence[int], spec: Slice) -> torch.Tensor:
+    """The slice ``spec`` of ``source`` (a tensor, or a safetensors slice handle) of ``shape``,
+    padded with zeros past its end."""
     dim, start, end = spec
-    handle = st.get_slice(name)
-    size = handle.get_shape()[dim]
+    size = shape[dim]
     index = (slice(None),) * dim + (slice(start, min(end, size)),)
-    part = handle[index]
+    part = source[index]
     if end > size:
         pad = list(part.shape)
         pad[dim] = end - max(start, size)
@@ -154,14 +188,17 @@ def resolve_quantization(
     tp: TensorParallel = SINGLE,
     draft: bool = False,
 ) -> str:
-    """``auto``: the GGUF file's own blocks where the directory holds one (``model.gguf``, which
-    ``saguaro import-gguf`` writes beside the dequantized weights) and the model runs on
-    saguaro's kernels in one rank; otherwise, for a ``draft``, :data:`DRAFT_AUTO_SCHEME` on
-    those kernels, and the dense weights (``none``) for a target."""
+    """``auto``: the GGUF file's own blocks where the model is a ``.gguf`` file or a directory
+    holding one (``model.gguf``, which ``saguaro import-gguf`` writes beside the dequantized
+    weights) and the model runs on saguaro's kernels in one rank; otherwise, for a ``draft``,
+    :data:`DRAFT_AUTO_SCHEME` on those kernels, and the dense weights (``none``) for a target.
+    A ``.gguf`` file's weights are quantized already: a scheme that would quantize them again
+    is refused."""
+    blocks = is_gguf(model_dir) or (model_dir / GGUF_NAME).is_file()
     if quantization == "auto":
         if not kernels or tp.size > 1:
             return "none"
-        if (model_dir / GGUF_NAME).is_file():
+        if blocks:
             return "gguf"
         return DRAFT_AUTO_SCHEME if draft else "none"
     if quantization != "none" and tp.size > 1:
@@ -169,10 +206,15 @@ def resolve_quantization(
             f"quantized weights ({quantization}) are not split over tensor-parallel ranks; use "
             "--quantization none with --tensor-parallel-size > 1"
         )
-    if quantization == "gguf" and not (model_dir / GGUF_NAME).is_file():
+    if quantization == "gguf" and not blocks:
         raise ModelLoadError(
             f"{model_dir}: --quantization gguf needs {GGUF_NAME} in the model directory "
             "(saguaro import-gguf writes it)"
+        )
+    if is_gguf(model_dir) and quantization not in ("gguf", "none"):
+        raise ModelLoadError(
+            f"{model_dir}: a GGUF file's weights are quantized already, not again as "
+            f"{quantization}; use --quantization auto, gguf (its blocks) or none (dequantized)"
         )
     return quantization
 
@@ -186,28 +228,55 @@ def load_model(
     kernels: bool = False,
     draft: bool = False,
 ) -> CausalLM:
-    """The model in ``model_dir``, or rank ``tp.rank``'s slices of it. With ``kernels`` it runs
-    on saguaro's batch-invariant kernels (:mod:`saguaro.models.linear`), its linear weights as
-    ``quantization`` says: ``none`` (dense, in ``dtype``), ``gguf`` (the blocks of the
-    directory's GGUF file), one of :data:`saguaro.models.quant.SCHEMES` (quantized now), or
-    ``auto`` (:func:`resolve_quantization`, which a ``draft`` resolves on its own terms)."""
-    model = load_dense(model_dir, dtype, tp)
-    model_dir = Path(model_dir)
-    kernels = kernels and torch.device(device).type == "cpu"  # the kernels are CPU code
-    scheme = resolve_quantization(model_dir, quantization, kernels, tp, draft)
-    if kernels or scheme != "none":
-        weights = gguf_linears(model_dir / GGUF_NAME, model.config) if scheme == "gguf" else None
-        scheme = "none" if scheme == "gguf" else scheme
-        on_torch = use_kernels(model, scheme, weights, everywhere=kernels)
-        if on_torch:
-            log.warning(
-                "saguaro: %s: %d modules (e.g. %s) have shapes saguaro's kernels do not take and "
-                "run on torch's operators: this model's logits are not batch-invariant",
-                model_dir,
-                len(on_torch),
-                on_torch[0],
+    """The model in ``model_dir`` (a directory or a ``.gguf`` file), or rank ``tp.rank``'s
+    slices of it. With ``kernels`` it runs on saguaro's batch-invariant kernels
+    (:mod:`saguaro.models.linear`), its linear weights as ``quantization`` says: ``none``
+    (dense, in ``dtype``), ``gguf`` (the GGUF file's blocks), one of
+    :data:`saguaro.models.quant.SCHEMES` (quantized now), or ``auto``
+    (:func:`resolve_quantization`, which a ``draft`` resolves on its own terms)."""
+    path = Path(model_dir)
+    on_cpu = torch.device(device).type == "cpu"
+    kernels = kernels and on_cpu  # the kernels are CPU code
+    scheme = resolve_quantization(path, quantization, kernels, tp, draft)
+    weights: Packed | None = None
+    if scheme == "gguf" and is_gguf(path):
+        if not on_cpu:
+            raise ModelLoadError(
+                f"{path}: a GGUF file's blocks run on the CPU; on {device} use --quantization "
+                "none (its weights dequantized)"
             )
+        model, weights = load_blocks(path, dtype)
+    else:
+        model = load_dense(path, dtype, tp)
+        if scheme == "gguf":
+            weights = gguf_linears(path / GGUF_NAME, model.config)
+    if kernels or scheme != "none":
+        _use_kernels(model, "none" if scheme == "gguf" else scheme, weights, kernels, path)
+    _check_loaded(model, path)
     return model.to(device).eval()
+
+
+def _use_kernels(
+    model: CausalLM, scheme: str, weights: Packed | None, everywhere: bool, path: Path
+) -> None:
+    """Put ``model`` on saguaro's kernels (:func:`use_kernels`), warning where some of its
+    modules stay on torch's operators."""
+    on_torch = use_kernels(model, scheme, weights, everywhere=everywhere)
+    if on_torch:
+        log.warning(
+            "saguaro: %s: %d modules (e.g. %s) have shapes saguaro's kernels do not take and "
+            "run on torch's operators: this model's logits are not batch-invariant",
+            path,
+            len(on_torch),
+            on_torch[0],
+        )
+
+
+def _check_loaded(model: CausalLM, path: Path) -> None:
+    """Refuse a model with a tensor still on the meta device (a place nothing filled)."""
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        if tensor.is_meta:
+            raise ModelLoadError(f"{path}: {name} was not loaded")
 
 
 def _named_params(model: CausalLM, cfg: ModelConfig) -> dict[str, torch.Tensor]:
@@ -227,21 +296,30 @@ def _fused(
     for key, parts in pieces.items():
         if any(p is None for p in parts):
             raise ModelLoadError(f"{model_dir}: incomplete fused weight {key!r}")
-        fused[key] = torch.cat(parts, dim=0)  # type: ignore[arg-type]
+        fused[key] = _cat_rows(parts)  # type: ignore[arg-type]
     return fused
 
 
+def _cat_rows(parts: list[torch.Tensor]) -> torch.Tensor:
+    """``parts`` concatenated along the rows; meta parts (places for a GGUF file's blocks) make
+    a meta tensor without ``torch.cat``, whose meta kernel imports torch._dynamo (seconds)."""
+    if parts[0].is_meta:
+        rows = sum(p.shape[0] for p in parts)
+        return torch.empty(rows, *parts[0].shape[1:], dtype=parts[0].dtype, device="meta")
+    return torch.cat(parts, dim=0)
+
+
 def _read_checkpoint(
-    files: list[Path],
-    pick: Callable[[str], Slice | None] | None,
+    tensors: Iterable[tuple[str, torch.Tensor]],
     params: dict[str, torch.Tensor],
     model_dir: Path,
 ) -> dict[str, torch.Tensor]:
-    """Every tensor of ``files`` under the model's name, q/k/v and gate/up fused; a tensor the
-    model has no place for is refused, except rotary tables (the model computes its own)."""
+    """Every tensor of ``tensors`` (checkpoint name, value) under the model's name, q/k/v and
+    gate/up fused; a tensor the model has no place for is refused, except rotary tables (the
+    model computes its own)."""
     filled: dict[str, torch.Tensor] = {}
     pieces: dict[str, list[torch.Tensor | None]] = {}
-    for hf_name, tensor in iter_tensors(files, pick):
+    for hf_name, tensor in tensors:
         name = hf_name.removeprefix("model.")
         m = _LAYER_RE.match(hf_name)
         if m:
@@ -305,20 +383,60 @@ def _assign(
 def load_dense(
     model_dir: str | Path, dtype: str | torch.dtype, tp: TensorParallel = SINGLE
 ) -> CausalLM:
-    """The checkpoint's weights in ``dtype`` on the CPU (rank ``tp.rank``'s slices)."""
-    model_dir = Path(model_dir)
+    """The checkpoint's weights (a ``.gguf`` file's dequantized) in ``dtype`` on the CPU (rank
+    ``tp.rank``'s slices)."""
+    path = Path(model_dir)
+    torch_dtype = resolve_dtype(dtype)
+    g = _read_gguf(path) if is_gguf(path) else None
+    cfg = ModelConfig.from_gguf(g) if g is not None else _dir_config(path)
+    tp.check(cfg)
+    pick = rank_slices(cfg, tp) if tp.size > 1 else None
+    if g is None:
+        tensors = iter_tensors(safetensors_files(path), pick)
+    else:
+        tensors = sliced(((n, t.to(torch_dtype)) for n, t in checkpoint_tensors(g, cfg)), pick)
+    return _build(cfg, tp, tensors, torch_dtype, path)
+
+
+def _dir_config(model_dir: Path) -> ModelConfig:
+    """The config of a model directory, which must exist."""
     if not model_dir.is_dir():
         raise ModelLoadError(f"model directory {str(model_dir)!r} does not exist")
-    cfg = ModelConfig.from_dir(model_dir)
-    files = safetensors_files(model_dir)
-    torch_dtype = resolve_dtype(dtype)
-    tp.check(cfg)
+    return ModelConfig.from_dir(model_dir)
+
+
+def load_blocks(path: Path, dtype: str | torch.dtype) -> tuple[CausalLM, Packed]:
+    """A ``.gguf`` file's model with its float tensors (norms, biases, any float weight) in
+    ``dtype`` and the blocks of its linear layers and embedding, which :func:`use_kernels` puts
+    in place; until then their weights are meta tensors (nothing is dequantized)."""
+    g = _read_gguf(path)
+    cfg = ModelConfig.from_gguf(g)
+    weights = file_weights(g, cfg)
+    model = _build(cfg, SINGLE, checkpoint_tensors(g, cfg, weights), resolve_dtype(dtype), path)
+    return model, weights
+
+
+def _read_gguf(path: Path) -> GGUFFile:
+    """A ``.gguf`` file whose every tensor is of a type the loader reads."""
+    g = GGUFFile.read(path)
+    check_types(g, LOADABLE_TYPES)
+    return g
+
+
+def _build(
+    cfg: ModelConfig,
+    tp: TensorParallel,
+    tensors: Iterable[tuple[str, torch.Tensor]],
+    dtype: torch.dtype,
+    model_dir: Path,
+) -> CausalLM:
+    """The model of ``cfg`` (rank ``tp.rank``'s slices) holding ``tensors``, checked to fill
+    every parameter, in ``dtype``."""
     with torch.device("meta"):
         model = CausalLM(cfg, tp)
     params = _named_params(model, cfg)
-    pick = rank_slices(cfg, tp) if tp.size > 1 else None
-    filled = _read_checkpoint(files, pick, params, model_dir)
+    filled = _read_checkpoint(tensors, params, model_dir)
     _drop_tied_head(filled, cfg, model_dir)
     _check_filled(filled, params, model_dir)
-    _assign(model, filled, torch_dtype, cfg, model_dir)
+    _assign(model, filled, dtype, cfg, model_dir)
     return model

@@ -1,4 +1,5 @@
-"""Tokenizer from ``tokenizer.json`` + ``tokenizer_config.json`` (special tokens, chat template)."""
+"""Tokenizer from ``tokenizer.json`` + ``tokenizer_config.json`` (special tokens, chat template),
+or from a GGUF file's vocabulary (:func:`saguaro.models.gguf_meta.hf_tokenizer`, in memory)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 
 from saguaro.errors import ModelLoadError
+from saguaro.models.gguf_meta import hf_tokenizer
+from saguaro.models.gguf_reader import GGUFFile, is_gguf
 
 # Used when a base model ships no chat template: plain role-tagged turns.
 DEFAULT_CHAT_TEMPLATE = (
@@ -26,23 +29,44 @@ def _token_str(value: Any) -> str | None:
     return value
 
 
+def has_tokenizer(model: Path) -> bool:
+    """Whether ``model`` (a directory or a ``.gguf`` file) carries a tokenizer."""
+    return is_gguf(model) or (model / "tokenizer.json").is_file()
+
+
+def _read_dir(model_dir: Path) -> tuple[HFTokenizer, dict[str, Any]]:
+    """The tokenizer of a Hugging Face directory and its ``tokenizer_config.json`` (empty where
+    the directory has none)."""
+    path = model_dir / "tokenizer.json"
+    if not path.is_file():
+        raise ModelLoadError(f"{model_dir}: tokenizer.json missing")
+    try:
+        tok = HFTokenizer.from_file(str(path))
+    except Exception as e:  # the Rust side raises a bare Exception
+        raise ModelLoadError(f"{path}: cannot be parsed as a tokenizer ({e})") from e
+    cfg_path = model_dir / "tokenizer_config.json"
+    if not cfg_path.is_file():
+        return tok, {}
+    try:
+        return tok, json.loads(cfg_path.read_text())
+    except json.JSONDecodeError as e:
+        raise ModelLoadError(f"{cfg_path}: malformed JSON ({e})") from e
+
+
+def _read_gguf(path: Path) -> tuple[HFTokenizer, dict[str, Any]]:
+    """The tokenizer a GGUF file's vocabulary gives, built in memory, and its config."""
+    tokenizer, config = hf_tokenizer(GGUFFile.read(path))
+    try:
+        return HFTokenizer.from_str(json.dumps(tokenizer)), config
+    except Exception as e:  # the Rust side raises a bare Exception
+        raise ModelLoadError(f"{path}: its vocabulary makes no tokenizer ({e})") from e
+
+
 class Tokenizer:
     def __init__(self, model_dir: str | Path) -> None:
+        """The tokenizer of a Hugging Face directory, or of a ``.gguf`` file."""
         model_dir = Path(model_dir)
-        path = model_dir / "tokenizer.json"
-        if not path.is_file():
-            raise ModelLoadError(f"{model_dir}: tokenizer.json missing")
-        try:
-            self._tok = HFTokenizer.from_file(str(path))
-        except Exception as e:  # the Rust side raises a bare Exception
-            raise ModelLoadError(f"{path}: cannot be parsed as a tokenizer ({e})") from e
-        cfg_path = model_dir / "tokenizer_config.json"
-        cfg: dict[str, Any] = {}
-        if cfg_path.is_file():
-            try:
-                cfg = json.loads(cfg_path.read_text())
-            except json.JSONDecodeError as e:
-                raise ModelLoadError(f"{cfg_path}: malformed JSON ({e})") from e
+        self._tok, cfg = _read_gguf(model_dir) if is_gguf(model_dir) else _read_dir(model_dir)
         self.config = cfg
         self.bos_token = _token_str(cfg.get("bos_token"))
         self.eos_token = _token_str(cfg.get("eos_token"))

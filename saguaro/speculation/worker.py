@@ -27,7 +27,7 @@ from saguaro.engine.graphs import MAX_GRAPH_POSITIONS, graph_buckets
 from saguaro.engine.model_runner import ForwardClock, ModelRunner
 from saguaro.models.config import ModelConfig
 from saguaro.models.loader import load_model
-from saguaro.models.tokenizer import Tokenizer
+from saguaro.models.tokenizer import Tokenizer, has_tokenizer
 from saguaro.sampling import SamplingParams
 from saguaro.sampling.processors import Processors
 from saguaro.sampling.structured import GrammarCompiler
@@ -48,14 +48,13 @@ PR_SET_PDEATHSIG = 1  # prctl option, <linux/prctl.h>
 def draft_grammars(draft_dir: Path, config: ModelConfig) -> GrammarCompiler | None:
     """Grammars over the draft's tokenizer (None: its directory has none, and structured
     requests are drafted unconstrained)."""
-    path = draft_dir / "tokenizer.json"
-    if not path.is_file():
+    if not has_tokenizer(draft_dir):
         return None
+    tokenizer = Tokenizer(draft_dir)
     eos = set(config.eos_token_ids)
-    eos_token = Tokenizer(draft_dir).eos_token_id
-    if eos_token is not None:
-        eos.add(eos_token)
-    return GrammarCompiler(path.read_text(), config.vocab_size, sorted(eos))
+    if tokenizer.eos_token_id is not None:
+        eos.add(tokenizer.eos_token_id)
+    return GrammarCompiler(tokenizer.to_json(), config.vocab_size, sorted(eos))
 
 
 class DraftWorker:

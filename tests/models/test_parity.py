@@ -32,6 +32,8 @@ CASES = {
         ),
     ),
     "llama-mha": ("llama", dict(num_key_value_heads=4)),
+    "qwen2-gqa2-untied": ("qwen2", {}),
+    "qwen2-tied-theta1e6": ("qwen2", dict(tie_word_embeddings=True, rope_theta=1e6)),
     "qwen3-gqa2": ("qwen3", {}),
     "qwen3-tied-headdim32": ("qwen3", dict(tie_word_embeddings=True, head_dim=32)),
 }
