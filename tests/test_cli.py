@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import pytest
 
+from saguaro import LLM, SamplingParams
 from saguaro.cli import main
 
 
@@ -109,3 +113,23 @@ def test_sampling_method_and_top_m_reach_the_engine(tiny_llama, tiny_draft, caps
     assert capsys.readouterr().out == ar
     with pytest.raises(SystemExit, match="2"):
         main([*base, "--sampling", "nope"])
+
+
+def test_generate_answers_an_instruct_model_in_its_chat_template(tiny_llama, tmp_path, capsys):
+    """With a chat template the prompt is a user's turn (printed without the template), and
+    --raw continues the text itself: the two differ, and the chat one is what the API gives for
+    the templated ids."""
+    shutil.copytree(tiny_llama, tmp_path, dirs_exist_ok=True)
+    template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}<bot>"
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    base = ["generate", "def f", "--model", str(tmp_path), "--max-tokens", "6", "--ignore-eos"]
+    assert main([*base, "--max-model-len", "128"]) == 0
+    chat = capsys.readouterr().out
+    assert main([*base, "--max-model-len", "128", "--raw"]) == 0
+    raw = capsys.readouterr().out
+    assert raw.startswith("def f") and not chat.startswith("def f")
+    with LLM(model=str(tmp_path), max_model_len=128) as llm:
+        ids = llm.tokenizer.encode_chat([{"role": "user", "content": "def f"}])
+        assert llm.tokenizer.decode(ids) == "<user>def f<bot>"
+        params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+        assert chat == llm.generate(ids, params)[0].text + "\n"
