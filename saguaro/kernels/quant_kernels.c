@@ -41,6 +41,8 @@
 #include <string.h>
 
 #define QINLINE static inline __attribute__((always_inline))
+/* Groups and rows unrolled: a group's shifts and shuffle masks are then constants. */
+#define UNROLL _Pragma("GCC unroll 8")
 
 enum { FMT_Q4K = 4, FMT_Q5K = 5, FMT_Q6K = 6, FMT_Q50 = 7, FMT_Q51 = 8, FMT_Q80 = 9 };
 enum { SUPER = 256, SMALL = 32, SUB = 16, QLANES = 8, TILE_ROWS = 8, COL_CHUNK = 16 };
@@ -435,10 +437,10 @@ QINLINE void tile_k45(const uint8_t *w, int64_t blocks, int with_high, const XRo
         const uint8_t *qh = with_high ? b + 16 : NULL, *qs = b + 16 + (with_high ? 32 : 0);
         IntLanes acc[TILE_ROWS];
         for (int r = 0; r < nr; r++) acc[r] = zero_lanes();
-        for (int g = 0; g < 8; g++) {
+        UNROLL for (int g = 0; g < 8; g++) {
             const Codes q = group_k(qs, qh, g);
             const Scale16 sg = scale_k4(s, g);
-            for (int r = 0; r < nr; r++)
+            UNROLL for (int r = 0; r < nr; r++)
                 acc[r] = add_lanes(acc[r], dot_scaled(q, x[r].p + sb * SUPER + 32 * g, sg));
         }
         const __typeof__(minima_pairs(scm)) m = minima_pairs(scm);
@@ -460,10 +462,10 @@ QINLINE void tile_q6k(const uint8_t *w, int64_t blocks, const XRow *x, int nr, f
         const Scales s = scales_of16((const int8_t *)(b + 192));
         IntLanes acc[TILE_ROWS];
         for (int r = 0; r < nr; r++) acc[r] = zero_lanes();
-        for (int g = 0; g < 8; g++) {
+        UNROLL for (int g = 0; g < 8; g++) {
             const Codes q = group_q6(b, g);
             const Scale16 sg = scale_q6(s, g);
-            for (int r = 0; r < nr; r++)
+            UNROLL for (int r = 0; r < nr; r++)
                 acc[r] = add_lanes(acc[r], dot_scaled(q, x[r].p + sb * SUPER + 32 * g, sg));
         }
         for (int r = 0; r < nr; r++) {
