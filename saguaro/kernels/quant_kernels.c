@@ -41,8 +41,7 @@
 #include <string.h>
 
 #define QINLINE static inline __attribute__((always_inline))
-/* Groups and rows unrolled: a group's shifts and shuffle masks are then constants. */
-#define UNROLL _Pragma("GCC unroll 8")
+
 
 enum { FMT_Q4K = 4, FMT_Q5K = 5, FMT_Q6K = 6, FMT_Q50 = 7, FMT_Q51 = 8, FMT_Q80 = 9 };
 enum { SUPER = 256, SMALL = 32, SUB = 16, QLANES = 8, TILE_ROWS = 8, COL_CHUNK = 16 };
@@ -52,6 +51,11 @@ enum { PREFETCH_AHEAD = 4 }; /* weight rows prefetched ahead of the one being mu
 
 #if defined(__AVX2__) && !defined(SAGUARO_GENERIC)
 #define QUANT_AVX2 1
+/* Groups and rows unrolled: a group's shifts and shuffle masks are then constants. (Not in the
+ * generic build, whose unrolled scalar lanes take GCC minutes to compile.) */
+#define UNROLL _Pragma("GCC unroll 8")
+#else
+#define UNROLL
 #endif
 
 /* ---- The activation, rounded row by row ---- */
