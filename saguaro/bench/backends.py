@@ -326,8 +326,11 @@ def cached_gguf(model_dir: Path, cache_dir: str | Path, dtype: str) -> Path:
 
 
 def peer_gguf(model_dir: Path, cache_dir: str | Path, dtype: str) -> Path:
-    """The file llama.cpp runs for ``model_dir``: the directory's own GGUF file where it keeps
-    one (the very blocks saguaro's kernels run), else the checkpoint written as GGUF."""
+    """The file llama.cpp runs for ``model_dir``: a GGUF file given as the model, or the
+    directory's own GGUF file where it keeps one (the very blocks saguaro's kernels run), else
+    the checkpoint written as GGUF."""
+    if Path(model_dir).suffix == ".gguf":
+        return Path(model_dir)
     own = Path(model_dir) / GGUF_NAME
     return own if own.is_file() else cached_gguf(model_dir, cache_dir, dtype)
 

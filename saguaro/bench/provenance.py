@@ -15,6 +15,7 @@ import torch
 
 from saguaro import placement
 from saguaro.models.config import ModelConfig
+from saguaro.models.gguf_reader import GGUFFile
 from saguaro.models.loader import safetensors_files
 
 PACKAGES = (
@@ -105,9 +106,12 @@ def git_info() -> dict[str, Any] | None:
 
 
 def _num_params(model_dir: Path) -> int:
-    """Parameters in the model's safetensors files: the sum of every tensor's element count."""
+    """Parameters in the model's safetensors files, or its GGUF file: the sum of every tensor's
+    element count."""
     from safetensors import safe_open
 
+    if model_dir.suffix == ".gguf":
+        return sum(math.prod(t.shape) for t in GGUFFile.read(model_dir).tensors)
     total = 0
     for f in safetensors_files(model_dir):
         with safe_open(str(f), framework="pt") as st:
