@@ -1,19 +1,20 @@
 """Per-forward times of saguaro and llama.cpp on the same models and threads, side by side.
 
 For each thread count, the forwards a speculative round is made of, after ``--context`` cached
-tokens: the target at 1 position (decode) and K + 1 (verification), the draft at 1 position (a
-draft step) and B branches (a branch depth of the SSD cache, B from ``--branches``). llama.cpp
-runs them through ``llama-bench`` on the models written as GGUF (``pp n @ d context``: n tokens
-in one batch after ``context`` cached ones; its K + 1 and B-token batches are causal and ask for
-the last token's logits only, where saguaro's verification and branches ask for every row's, so
-the comparison favours llama.cpp there). saguaro times its model runner on its own kernels
-(the engine's default: a directory's GGUF blocks where it keeps ``model.gguf``, which llama.cpp
-then runs too, the very file), and on torch's operators eager and compiled (dense float32).
+tokens: the target at each of ``--positions`` (1: decode; K + 1: verification), the draft at 1
+position (a draft step) and B branches (a branch depth of the SSD cache, B from
+``--branches``). llama.cpp runs them through ``llama-bench`` on the models written as GGUF
+(``pp n @ d context``: n tokens in one batch after ``context`` cached ones; its K + 1 and
+B-token batches are causal and ask for the last token's logits only, where saguaro's
+verification and branches ask for every row's, so the comparison favours llama.cpp there).
+saguaro times its model runner on its own kernels (the engine's default: a .gguf model's
+blocks, or a directory's where it keeps ``model.gguf``, which llama.cpp then runs too, the very
+file), and on torch's operators eager and compiled (dense float32).
 Rounds interleave the two engines so that a noisy machine slows both alike; the figures are the
 medians over rounds, and each round's figure is itself a median of many forwards.
 
     python scripts/llamacpp_peer.py --bin /work/llamacpp/build/bin [--threads 1,2] \\
-        [--rounds 3] [--forwards kernels,eager,compiled] [--out docs/bench-forwards]
+        [--positions 1,5] [--rounds 3] [--forwards kernels,eager,compiled] [--out DIR]
 """
 
 from __future__ import annotations
@@ -38,11 +39,10 @@ from saguaro.train.costs import ForwardTimer
 FORWARDS = ("kernels", "eager", "compiled")
 
 
-def kinds(model: str, k: int, branches: list[int]) -> list[tuple[str, int]]:
+def kinds(model: str, positions: list[int], branches: list[int]) -> list[tuple[str, int]]:
     """(label, tokens) of each timed forward of ``model`` ("target" or "draft")."""
-    if model == "target":
-        return [("1 position", 1), (f"{k + 1} positions", k + 1)]
-    return [("1 position", 1)] + [(f"{b} branches", b) for b in branches]
+    steps = [(f"{n} position{'s' * (n > 1)}", n) for n in positions]
+    return steps if model == "target" else steps[:1] + [(f"{b} branches", b) for b in branches]
 
 
 def llama_bench(binary: Path, gguf: Path, sizes: list[int], context: int, threads: int, reps: int):
@@ -63,7 +63,9 @@ def main() -> int:
     p.add_argument("--draft", default=str(resolve_model(DEFAULT_DRAFT)))
     p.add_argument("--cache", default="~/.cache/saguaro/gguf", help="where GGUF files are kept")
     p.add_argument("--threads", default="1,2", help="thread counts, comma-separated")
-    p.add_argument("--k", type=int, default=4)
+    p.add_argument(
+        "--positions", default="1,5", help="the target's positions a forward (1; K + 1 = 5)"
+    )
     p.add_argument("--branches", default="8,16", help="branch counts, comma-separated")
     p.add_argument("--context", type=int, default=200)
     p.add_argument("--rounds", type=int, default=3)
@@ -78,6 +80,7 @@ def main() -> int:
         p.error(f"--forwards: unknown {sorted(unknown)}; choose from {list(FORWARDS)}")
     threads = [int(t) for t in a.threads.split(",")]
     branches = [int(b) for b in a.branches.split(",")]
+    positions = [int(n) for n in a.positions.split(",")]
     cpus = sorted(os.sched_getaffinity(0))
     if max(threads) > len(cpus):
         p.error(f"--threads {a.threads}: this process has {len(cpus)} cores")
@@ -96,7 +99,7 @@ def main() -> int:
             os.sched_setaffinity(0, cpus[:t])  # llama-bench inherits the cores
             torch.set_num_threads(t)
             for m in models:
-                ks = kinds(m, a.k, branches)
+                ks = kinds(m, positions, branches)
                 sizes = [n for _, n in ks]
                 peer = llama_bench(binary, ggufs[m], sizes, a.context, t, a.repetitions)
                 for label, n in ks:

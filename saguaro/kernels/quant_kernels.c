@@ -47,7 +47,10 @@ enum { FMT_Q4K = 4, FMT_Q5K = 5, FMT_Q6K = 6, FMT_Q50 = 7, FMT_Q51 = 8, FMT_Q80 
 enum { SUPER = 256, SMALL = 32, SUB = 16, QLANES = 8, TILE_ROWS = 8, COL_CHUNK = 16 };
 enum { Q4K_BYTES = 144, Q5K_BYTES = 176, Q6K_BYTES = 210, Q50_BYTES = 22, Q51_BYTES = 24 };
 enum { Q80_BYTES = 34 };
-enum { PREFETCH_AHEAD = 4 }; /* weight rows prefetched ahead of the one being multiplied */
+/* Weights are asked for this many bytes ahead of the block being multiplied, a line or so per
+ * block: a steady stream the memory system keeps up with (a whole row at a time, some 7 KB for
+ * a Q6_K row of 8,960, overflows the outstanding misses and stalls). */
+enum { PREFETCH_BYTES = 4096, LINE = 64 };
 
 #if defined(__AVX2__) && !defined(SAGUARO_GENERIC)
 #define QUANT_AVX2 1
@@ -425,6 +428,11 @@ QINLINE void signed_q8(const uint8_t *qs, Codes *sq, Codes *absq) {
 
 /* ---- One weight row against a tile of nr activation rows ---- */
 
+/* The lines of [b, b + bytes) PREFETCH_BYTES ahead; never faults, past the end included. */
+QINLINE void prefetch_ahead(const uint8_t *b, int bytes) {
+    for (int o = 0; o < bytes; o += LINE) __builtin_prefetch(b + PREFETCH_BYTES + o);
+}
+
 /* Q4_K / Q5_K (with_high: Q5_K's fifth bits, 32 bytes before the codes). Group-major: each
  * group's codes and scale are made once and used by every row. */
 QINLINE void tile_k45(const uint8_t *w, int64_t blocks, int with_high, const XRow *x, int nr,
@@ -434,6 +442,7 @@ QINLINE void tile_k45(const uint8_t *w, int64_t blocks, int with_high, const XRo
     for (int r = 0; r < nr; r++) f[r] = zero_f(), c[r] = zero_f();
     for (int64_t sb = 0; sb < blocks; sb++) {
         const uint8_t *b = w + sb * bytes;
+        prefetch_ahead(b, bytes);
         const float d = f16_to_f32(b), dmin = f16_to_f32(b + 2);
         uint32_t scm[4];
         scales_k4(b + 4, scm);
@@ -462,6 +471,7 @@ QINLINE void tile_q6k(const uint8_t *w, int64_t blocks, const XRow *x, int nr, f
     for (int r = 0; r < nr; r++) f[r] = zero_f();
     for (int64_t sb = 0; sb < blocks; sb++) {
         const uint8_t *b = w + sb * Q6K_BYTES;
+        prefetch_ahead(b, Q6K_BYTES);
         const float d = f16_to_f32(b + 208);
         const Scales s = scales_of16((const int8_t *)(b + 192));
         IntLanes acc[TILE_ROWS];
@@ -495,6 +505,7 @@ QINLINE void tile_q5(const uint8_t *w, int64_t blocks, int with_min, const XRow 
     for (int r = 0; r < nr; r++) f[r] = zero_f(), c[r] = 0.0f;
     for (int64_t bi = 0; bi < blocks; bi++) {
         const uint8_t *b = w + bi * bytes;
+        prefetch_ahead(b, bytes);
         const float d = f16_to_f32(b);
         uint32_t qh;
         memcpy(&qh, b + qh_off, 4);
@@ -517,6 +528,7 @@ QINLINE void tile_q8(const uint8_t *w, int64_t blocks, const XRow *x, int nr, fl
     for (int r = 0; r < nr; r++) f[r] = zero_f();
     for (int64_t bi = 0; bi < blocks; bi++) {
         const uint8_t *b = w + bi * Q80_BYTES;
+        prefetch_ahead(b, Q80_BYTES);
         const float d = f16_to_f32(b);
         Codes sq, absq;
         signed_q8(b + 2, &sq, &absq);
@@ -559,10 +571,6 @@ static int64_t row_bytes(int fmt, int64_t k) {
     }
 }
 
-static void prefetch_row(const uint8_t *row, int64_t bytes) {
-    for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(row + o);
-}
-
 /* out [m, n] = x [m, k] @ W^T for W [n, k] in one of the formats above. Threads take chunks of
  * COL_CHUNK weight rows; within a chunk, tiles of TILE_ROWS activation rows pass over every
  * weight row of it (the chunk stays in cache between tiles). Returns -1 without memory for the
@@ -584,8 +592,6 @@ int saguaro_quant_linear(const float *x, int64_t m, int64_t k, const uint8_t *co
         for (int64_t r0 = 0; r0 < m; r0 += TILE_ROWS) {
             const int nr = (int)(m - r0 < TILE_ROWS ? m - r0 : TILE_ROWS);
             for (int64_t j = n0; j < n1; j++) {
-                if (r0 == 0 && j + PREFETCH_AHEAD < n)
-                    prefetch_row(codes + (j + PREFETCH_AHEAD) * bytes, bytes);
                 tile_rows(codes + j * bytes, k, fmt, rows + r0, nr, y);
                 for (int r = 0; r < nr; r++) out[(r0 + r) * n + j] = y[r];
             }
