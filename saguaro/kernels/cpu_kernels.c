@@ -663,9 +663,15 @@ typedef struct {
     int64_t n, k, group, fmt;
 } LinearArg;
 
-/* One decoder layer: its four products, its two norms' weights and its KV caches (float32). */
+/* One decoder layer: its four products (the QKV product in up to three parts of different
+ * formats, in q, k, v order, and its bias or NULL), its two norms' weights and its KV caches
+ * (float32). */
+enum { MAX_QKV_PARTS = 3 };
 typedef struct {
-    LinearArg qkv, o, gate_up, down;
+    LinearArg qkv[MAX_QKV_PARTS];
+    int64_t qkv_parts;
+    const float *qkv_bias;
+    LinearArg o, gate_up, down;
     const float *input_norm, *post_norm;
     float *k_cache, *v_cache;
 } LayerArg;
@@ -679,16 +685,45 @@ typedef struct {
     const uint8_t *mask;
 } StepArg;
 
-INLINE void linear_arg(const float *x, int64_t m, const LinearArg *w, float *out, int threads) {
-    saguaro_linear(x, m, w->k, w->codes, w->scales, w->mins, w->n, w->group, (int)w->fmt, out,
-                   threads);
-}
-
 INLINE void add_into(float *x, const float *y, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] = x[i] + y[i];
 }
 
-/* The decoder layers of a Llama model over the hidden states x [T, hidden], in place: per layer
+/* GGUF's blocks as stored (quant_kernels.c); -1 without memory for the rounded activation. */
+int saguaro_quant_linear(const float *x, int64_t m, int64_t k, const uint8_t *codes, int64_t n,
+                         int fmt, float *out, int threads);
+enum { FIRST_RAW_FMT = 4 };
+
+/* Returns -1 without scratch memory (a raw format's rounded activation), else 0. */
+INLINE int linear_arg(const float *x, int64_t m, const LinearArg *w, float *out, int threads) {
+    if (w->fmt >= FIRST_RAW_FMT)
+        return saguaro_quant_linear(x, m, w->k, w->codes, w->n, (int)w->fmt, out, threads);
+    saguaro_linear(x, m, w->k, w->codes, w->scales, w->mins, w->n, w->group, (int)w->fmt, out,
+                   threads);
+    return 0;
+}
+
+/* out [t, width] = x @ [q | k | v]^T (+ bias): each part into scratch, then into its columns, as
+ * the parts' modules and their concatenation compute it; the bias added after, in one rounding
+ * per element. Returns -1 without scratch memory. */
+INLINE int qkv_product(const float *x, int64_t t, const LayerArg *a, int64_t width, float *out,
+                       float *scratch, int threads) {
+    if (a->qkv_parts == 1) {
+        if (linear_arg(x, t, &a->qkv[0], out, threads)) return -1;
+    } else
+        for (int64_t p = 0, col = 0; p < a->qkv_parts; col += a->qkv[p].n, p++) {
+            const int64_t n = a->qkv[p].n;
+            if (linear_arg(x, t, &a->qkv[p], scratch, threads)) return -1;
+            for (int64_t r = 0; r < t; r++)
+                memcpy(out + r * width + col, scratch + r * n, n * sizeof(float));
+        }
+    if (a->qkv_bias != NULL)
+        for (int64_t r = 0; r < t; r++) add_into(out + r * width, a->qkv_bias, width);
+    return 0;
+}
+
+/* The decoder layers of a Llama or Qwen2 model over the hidden states x [T, hidden], in place:
+ * per layer (qkv with its bias, if any)
  *     x = x + o(attention(rope_cache(qkv(norm(x)))));  x = x + down(silu_mul(gate_up(norm(x))))
  * by the very kernels, in the very order, a forward calling them one by one takes, so the same
  * bits, without an interpreter between them. Returns -1, having changed nothing, if a slot is
@@ -704,24 +739,29 @@ int saguaro_layers(const LayerArg *layers, int64_t n_layers, const StepArg *s, f
     float *buf[BUFFERS];
     int failed = 0;
     for (int i = 0; i < BUFFERS; i++) failed |= (buf[i] = malloc(sizes[i] * sizeof(float))) == NULL;
-    if (!failed)
-        for (int64_t l = 0; l < n_layers; l++) {
-            const LayerArg *a = &layers[l];
-            saguaro_rms_norm(x, t, s->hidden, s->eps, a->input_norm, buf[NORMED]);
-            linear_arg(buf[NORMED], t, &a->qkv, buf[QKV], threads);
-            saguaro_rope_cache(buf[QKV], t, s->heads, s->kv_heads, s->head_dim, s->cos, s->sin,
-                               s->slots, s->num_slots, a->k_cache, a->v_cache, buf[Q]);
-            saguaro_attention(buf[Q], t, s->heads, s->head_dim, a->k_cache, a->v_cache, 0,
-                              s->kv_heads, s->key_slots, s->keys, s->mask, s->q_pad, s->rows,
-                              s->scale, buf[ATTN], buf[SCORES], threads);
-            linear_arg(buf[ATTN], t, &a->o, buf[NORMED], threads);
-            add_into(x, buf[NORMED], t * s->hidden);
-            saguaro_rms_norm(x, t, s->hidden, s->eps, a->post_norm, buf[NORMED]);
-            linear_arg(buf[NORMED], t, &a->gate_up, buf[GATE_UP], threads);
-            saguaro_silu_mul(buf[GATE_UP], t, s->inter, buf[ACT]);
-            linear_arg(buf[ACT], t, &a->down, buf[NORMED], threads);
-            add_into(x, buf[NORMED], t * s->hidden);
-        }
+    for (int64_t l = 0; l < n_layers && !failed; l++) {
+        const LayerArg *a = &layers[l];
+        saguaro_rms_norm(x, t, s->hidden, s->eps, a->input_norm, buf[NORMED]);
+        /* The query buffer is free until RoPE writes it: the parts' scratch (q is the
+         * widest part). */
+        failed |= qkv_product(buf[NORMED], t, a, hd + 2 * kvd, buf[QKV], buf[Q], threads);
+        if (failed) break;
+        saguaro_rope_cache(buf[QKV], t, s->heads, s->kv_heads, s->head_dim, s->cos, s->sin,
+                           s->slots, s->num_slots, a->k_cache, a->v_cache, buf[Q]);
+        saguaro_attention(buf[Q], t, s->heads, s->head_dim, a->k_cache, a->v_cache, 0,
+                          s->kv_heads, s->key_slots, s->keys, s->mask, s->q_pad, s->rows,
+                          s->scale, buf[ATTN], buf[SCORES], threads);
+        failed |= linear_arg(buf[ATTN], t, &a->o, buf[NORMED], threads);
+        if (failed) break;
+        add_into(x, buf[NORMED], t * s->hidden);
+        saguaro_rms_norm(x, t, s->hidden, s->eps, a->post_norm, buf[NORMED]);
+        failed |= linear_arg(buf[NORMED], t, &a->gate_up, buf[GATE_UP], threads);
+        if (failed) break;
+        saguaro_silu_mul(buf[GATE_UP], t, s->inter, buf[ACT]);
+        failed |= linear_arg(buf[ACT], t, &a->down, buf[NORMED], threads);
+        if (failed) break;
+        add_into(x, buf[NORMED], t * s->hidden);
+    }
     for (int i = 0; i < BUFFERS; i++) free(buf[i]);
     return failed ? -2 : 0;
 }

@@ -299,8 +299,13 @@ def sample_rows(
     return out, mass
 
 
+MAX_QKV_PARTS = 3  # q, k and v in formats of their own (the C side's MAX_QKV_PARTS)
+
+
 class _Layer(ctypes.Structure):
-    _fields_ = [(f, _Linear) for f in ("qkv", "o", "gate_up", "down")]
+    _fields_ = [("qkv", _Linear * MAX_QKV_PARTS), ("qkv_parts", ctypes.c_int64)]
+    _fields_ += [("qkv_bias", ctypes.c_void_p)]
+    _fields_ += [(f, _Linear) for f in ("o", "gate_up", "down")]
     _fields_ += [(f, ctypes.c_void_p) for f in ("input_norm", "post_norm", "k_cache", "v_cache")]
 
 
@@ -316,15 +321,17 @@ class _Step(ctypes.Structure):
 
 @dataclass
 class DecoderWeights:
-    """One Llama decoder layer on the kernels: its products (QKV fused, gate and up fused) and
-    its two RMSNorms' float32 weights."""
+    """One Llama or Qwen2 decoder layer on the kernels: its products (QKV fused, or its parts in
+    q, k, v order where their formats differ; gate and up fused), the QKV bias (Qwen2's; None
+    for Llama) and its two RMSNorms' float32 weights."""
 
-    qkv: PackedWeight
+    qkv: list[PackedWeight]
     o: PackedWeight
     gate_up: PackedWeight
     down: PackedWeight
     input_norm: torch.Tensor
     post_norm: torch.Tensor
+    qkv_bias: torch.Tensor | None = None
 
 
 class LayerStack:
@@ -347,7 +354,11 @@ class LayerStack:
         if self._args is None or key != self._caches:
             args = (_Layer * len(self.layers))()
             for a, w, (k, v) in zip(args, self.layers, kv_caches, strict=True):
-                a.qkv, a.o = _linear_arg(w.qkv), _linear_arg(w.o)
+                for i, part in enumerate(w.qkv):
+                    a.qkv[i] = _linear_arg(part)
+                a.qkv_parts = len(w.qkv)
+                a.qkv_bias = None if w.qkv_bias is None else w.qkv_bias.data_ptr()
+                a.o = _linear_arg(w.o)
                 a.gate_up, a.down = _linear_arg(w.gate_up), _linear_arg(w.down)
                 a.input_norm, a.post_norm = w.input_norm.data_ptr(), w.post_norm.data_ptr()
                 a.k_cache, a.v_cache = k.data_ptr(), v.data_ptr()

@@ -23,7 +23,7 @@ from saguaro.models.layers import (
     Rotary,
     VocabEmbedding,
 )
-from saguaro.models.linear import KernelLinear
+from saguaro.models.linear import KernelLinear, PartsLinear
 from saguaro.models.parallel import SINGLE, TensorParallel
 
 # A checkpoint's projection -> (the fused module holding it, its part): q, k and v are rows of
@@ -67,24 +67,29 @@ class DecoderLayer(nn.Module):
 
     def kernel_weights(self) -> ops.DecoderWeights | None:
         """The layer as the layer kernel runs it, where every part of it runs on the kernels in
-        float32 one rank (no bias, no q/k norm, no GGUF blocks kept whole); otherwise None."""
+        float32 one rank (no bias but QKV's, no q/k norm); otherwise None."""
         attn, mlp = self.self_attn, self.mlp
         norms = (self.input_layernorm, self.post_attention_layernorm)
-        projections = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+        qkv, rest = attn.qkv_proj, (attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+        if isinstance(qkv, KernelLinear):
+            parts = [qkv.weight]
+        elif isinstance(qkv, PartsLinear):  # its parts have no bias of their own
+            parts = [part.weight for part in qkv.parts]
+        else:
+            return None
         if not (
             attn.kernels
             and mlp.kernels
             and all(n.kernels and n.weight.dtype == torch.float32 for n in norms)
-            and all(
-                isinstance(p, KernelLinear) and p.bias is None and not p.weight.raw
-                for p in projections
-            )
+            and all(isinstance(p, KernelLinear) and p.bias is None for p in rest)
+            and (qkv.bias is None or qkv.bias.dtype == torch.float32)
             and attn.q_norm is None
             and attn.tp.size == 1
         ):
             return None
-        qkv, o, gate_up, down = (p.weight for p in projections)
-        return ops.DecoderWeights(qkv, o, gate_up, down, norms[0].weight, norms[1].weight)
+        o, gate_up, down = (p.weight for p in rest)
+        bias = None if qkv.bias is None else qkv.bias.data
+        return ops.DecoderWeights(parts, o, gate_up, down, norms[0].weight, norms[1].weight, bias)
 
 
 class CausalLM(nn.Module):

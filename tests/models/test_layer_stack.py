@@ -11,6 +11,9 @@ from saguaro.core.query import Query
 from saguaro.engine.model_runner import ModelRunner
 from saguaro.kernels import ops
 from saguaro.models.loader import load_model
+from tests.models.test_gguf_direct import K_QUANTS, SMALL_BLOCKS, write_qwen2
+
+TYPES = {"k_quants": K_QUANTS, "small_blocks": SMALL_BLOCKS}
 
 BLOCK_SIZE = 16
 PROMPTS = [[5, 17, 99, 3, 42, 8, 61, 7, 7, 30, 2, 250, 19], [40, 41, 42]]
@@ -64,3 +67,16 @@ def test_a_slot_outside_the_caches_is_an_error_that_writes_nothing(tiny_llama):
     with pytest.raises(ValueError, match="slot outside"):
         runner.forward([query])
     assert not any(c.any() for kv in runner.kv_caches for c in kv)
+
+
+@pytest.mark.parametrize("types", ["k_quants", "small_blocks"])
+def test_qwen2_layers_with_biases_and_mixed_formats_give_the_modules_bits(types, tmp_path):
+    """A Qwen2 file's layers (QKV bias; a Q6_K value beside Q4_K query and key, run part by
+    part; 32-weight blocks) run in one call too, with the modules' bits."""
+    path = write_qwen2(tmp_path / "q.gguf", TYPES[types], hidden=256, seed=3)
+    model = load_model(path, "float32", quantization="auto", kernels=True)
+    assert model.layer_stack() is not None and model.layers[0].self_attn.qkv_proj.bias is not None
+    logits, caches = forwards(model, stacked=True)
+    logits_modules, caches_modules = forwards(model, stacked=False)
+    assert all(torch.equal(a, b) for a, b in zip(logits, logits_modules, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(caches, caches_modules, strict=True))
