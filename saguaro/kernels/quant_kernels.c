@@ -495,10 +495,24 @@ QINLINE void tile_q6k(const uint8_t *w, int64_t blocks, const XRow *x, int nr, f
     for (int r = 0; r < nr; r++) y[r] = tree_lanes(f[r]);
 }
 
-/* Q5_0 (signed codes q - 16) and Q5_1 (codes q, plus the minimum m e P). */
-QINLINE void tile_q5(const uint8_t *w, int64_t blocks, int with_min, const XRow *x, int nr,
-                     float *y) {
-    const int bytes = with_min ? Q51_BYTES : Q50_BYTES, qh_off = with_min ? 4 : 2;
+/* A block's weights (256 for the super-block formats, 32 for the others) and bytes. */
+QINLINE int block_weights(int fmt) { return fmt >= FMT_Q50 ? SMALL : SUPER; }
+QINLINE int block_bytes(int fmt) {
+    switch (fmt) {
+    case FMT_Q4K: return Q4K_BYTES;
+    case FMT_Q5K: return Q5K_BYTES;
+    case FMT_Q6K: return Q6K_BYTES;
+    case FMT_Q50: return Q50_BYTES;
+    case FMT_Q51: return Q51_BYTES;
+    default: return Q80_BYTES;
+    }
+}
+
+/* The 32-weight formats: Q5_0 (signed codes q - 16), Q8_0 (signed codes q) and Q5_1 (codes q,
+ * plus the minimum m e P). */
+QINLINE void tile_small(const uint8_t *w, int64_t blocks, int fmt, const XRow *x, int nr,
+                        float *y) {
+    const int bytes = block_bytes(fmt), with_min = fmt == FMT_Q51, qh_off = with_min ? 4 : 2;
     Lanes f[TILE_ROWS];
     float c[TILE_ROWS];
     for (int r = 0; r < nr; r++) f[r] = zero_f(), c[r] = 0.0f;
@@ -506,11 +520,16 @@ QINLINE void tile_q5(const uint8_t *w, int64_t blocks, int with_min, const XRow 
         const uint8_t *b = w + bi * bytes;
         prefetch_ahead(b, bytes);
         const float d = f16_to_f32(b);
-        uint32_t qh;
-        memcpy(&qh, b + qh_off, 4);
-        const Codes q = block_q5(b + qh_off + 4, qh);
-        Codes sq = q, absq = q;
-        if (!with_min) signed_q5(q, &sq, &absq);
+        Codes q, sq, absq;
+        if (fmt == FMT_Q80) {
+            signed_q8(b + 2, &sq, &absq);
+            q = sq;
+        } else {
+            uint32_t qh;
+            memcpy(&qh, b + qh_off, 4);
+            q = sq = absq = block_q5(b + qh_off + 4, qh);
+            if (!with_min) signed_q5(q, &sq, &absq);
+        }
         for (int r = 0; r < nr; r++) {
             const int8_t *p = x[r].p + bi * SMALL;
             const float e = x[r].e[bi];
@@ -519,32 +538,19 @@ QINLINE void tile_q5(const uint8_t *w, int64_t blocks, int with_min, const XRow 
             if (with_min) c[r] = fmaf(f16_to_f32(b + 2) * e, (float)x[r].sum32[bi], c[r]);
         }
     }
-    for (int r = 0; r < nr; r++) y[r] = tree_lanes(f[r]) + c[r];
-}
-
-QINLINE void tile_q8(const uint8_t *w, int64_t blocks, const XRow *x, int nr, float *y) {
-    Lanes f[TILE_ROWS];
-    for (int r = 0; r < nr; r++) f[r] = zero_f();
-    for (int64_t bi = 0; bi < blocks; bi++) {
-        const uint8_t *b = w + bi * Q80_BYTES;
-        prefetch_ahead(b, Q80_BYTES);
-        const float d = f16_to_f32(b);
-        Codes sq, absq;
-        signed_q8(b + 2, &sq, &absq);
-        for (int r = 0; r < nr; r++)
-            f[r] = fold(f[r], d * x[r].e[bi], dot_signed(absq, sq, x[r].p + bi * SMALL));
-    }
-    for (int r = 0; r < nr; r++) y[r] = tree_lanes(f[r]);
+    for (int r = 0; r < nr; r++) y[r] = with_min ? tree_lanes(f[r]) + c[r] : tree_lanes(f[r]);
 }
 
 QINLINE void tile(const uint8_t *w, int64_t k, int fmt, const XRow *x, int nr, float *y) {
+    const int64_t blocks = k / block_weights(fmt);
     switch (fmt) {
-    case FMT_Q4K: tile_k45(w, k / SUPER, 0, x, nr, y); break;
-    case FMT_Q5K: tile_k45(w, k / SUPER, 1, x, nr, y); break;
-    case FMT_Q6K: tile_q6k(w, k / SUPER, x, nr, y); break;
-    case FMT_Q50: tile_q5(w, k / SMALL, 0, x, nr, y); break;
-    case FMT_Q51: tile_q5(w, k / SMALL, 1, x, nr, y); break;
-    default: tile_q8(w, k / SMALL, x, nr, y); break;
+    case FMT_Q4K: tile_k45(w, blocks, 0, x, nr, y); break;
+    case FMT_Q5K: tile_k45(w, blocks, 1, x, nr, y); break;
+    case FMT_Q6K: tile_q6k(w, blocks, x, nr, y); break;
+    /* Each format by name: a constant fmt inlines its own block loop. */
+    case FMT_Q50: tile_small(w, blocks, FMT_Q50, x, nr, y); break;
+    case FMT_Q51: tile_small(w, blocks, FMT_Q51, x, nr, y); break;
+    default: tile_small(w, blocks, FMT_Q80, x, nr, y); break;
     }
 }
 
@@ -559,31 +565,20 @@ static void tile_rows(const uint8_t *w, int64_t k, int fmt, const XRow *x, int n
     }
 }
 
-static int64_t row_bytes(int fmt, int64_t k) {
-    switch (fmt) {
-    case FMT_Q4K: return k / SUPER * Q4K_BYTES;
-    case FMT_Q5K: return k / SUPER * Q5K_BYTES;
-    case FMT_Q6K: return k / SUPER * Q6K_BYTES;
-    case FMT_Q50: return k / SMALL * Q50_BYTES;
-    case FMT_Q51: return k / SMALL * Q51_BYTES;
-    default: return k / SMALL * Q80_BYTES;
-    }
-}
-
 /* out [m, n] = x [m, k] @ W^T for W [n, k] in one of the formats above. Threads take chunks of
  * COL_CHUNK weight rows; within a chunk, tiles of TILE_ROWS activation rows pass over every
  * weight row of it (the chunk stays in cache between tiles). Returns -1 without memory for the
  * rounded activation. */
 int saguaro_quant_linear(const float *x, int64_t m, int64_t k, const uint8_t *codes, int64_t n,
                          int fmt, float *out, int threads) {
-    const int64_t block = fmt >= FMT_Q50 ? SMALL : SUPER;
+    const int64_t block = block_weights(fmt);
     XRow *rows = malloc(sizeof(XRow) * (size_t)m);
     void *buf = rows ? round_rows(x, m, k, block, rows) : NULL;
     if (buf == NULL) {
         free(rows);
         return -1;
     }
-    const int64_t bytes = row_bytes(fmt, k), chunks = (n + COL_CHUNK - 1) / COL_CHUNK;
+    const int64_t bytes = k / block * block_bytes(fmt), chunks = (n + COL_CHUNK - 1) / COL_CHUNK;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t c = 0; c < chunks; c++) {
         const int64_t n0 = c * COL_CHUNK, n1 = n0 + COL_CHUNK < n ? n0 + COL_CHUNK : n;

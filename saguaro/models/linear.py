@@ -58,7 +58,6 @@ class PartsLinear(nn.Module):
     def __init__(self, parts: list[PackedWeight], bias: torch.Tensor | None = None) -> None:
         super().__init__()
         self.parts = nn.ModuleList(KernelLinear(p) for p in parts)
-        self.n, self.k = sum(p.n for p in parts), parts[0].k
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from gguf import GGMLQuantizationType, quants
 
 from saguaro.kernels.ops import BLOCK, PackedWeight
 
@@ -64,8 +65,6 @@ def dequantize(w: PackedWeight) -> torch.Tensor:
     """The float32 [n, k] weight ``w`` stands for (the float kernels multiply by these exactly;
     the raw-block formats' integer kernel by these with its activation rounded to int8)."""
     if w.fmt in RAW_TYPES:
-        from gguf import GGMLQuantizationType, quants
-
         kind = GGMLQuantizationType[RAW_TYPES[w.fmt][0]]
         values = quants.dequantize(w.codes.numpy(), kind)
         return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).view(w.n, w.k)

@@ -13,6 +13,7 @@ from saguaro.kernels import build, ops
 from saguaro.kernels.ops import PackedWeight
 from saguaro.models.layers import Rotary, apply_rope
 from saguaro.models.quant import SCHEMES, dequantize, quantize
+from tests.kernels.rows import assert_each_row_is_its_own
 
 N, K = 74, 128  # 74 = 18 tiles of 4 columns and a tail of 2; K = 4 blocks of 32
 # every tile height and remainder of both paths (AVX-512: tiles of 4 rows, one tile up to 8;
@@ -37,19 +38,9 @@ def weights() -> dict[str, PackedWeight]:
 def test_linear_equals_the_dense_product_and_each_row_is_its_own(name):
     w = weights()[name]
     x = torch.randn(max(ROW_COUNTS), K, generator=torch.Generator().manual_seed(1))
-    full = ops.linear(x, w)
+    full = assert_each_row_is_its_own(x, w, ROW_COUNTS, threads=1)
     want = x @ dequantize(w).T
     assert (full - want).abs().max() < SUM_TOLERANCE * want.abs().max()
-    for m in ROW_COUNTS:
-        assert torch.equal(ops.linear(x[:m], w), full[:m]), m
-        # a row's result does not depend on its neighbours' values or its place among them
-        assert torch.equal(ops.linear(x[:m].flip(0), w), full[:m].flip(0)), m
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        assert torch.equal(ops.linear(x, w), full)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def test_the_avx2_path_computes_the_generic_codes_bits():

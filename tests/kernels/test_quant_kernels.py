@@ -13,6 +13,7 @@ from saguaro.kernels import build, ops
 from saguaro.kernels.ops import PackedWeight
 from saguaro.models.quant import RAW_TYPES, dequantize, from_gguf_raw
 from tests.ggml_blocks import random_blocks
+from tests.kernels.rows import assert_each_row_is_its_own
 
 N = 37  # two column chunks of 16 and a tail of 5
 ROW_COUNTS = (1, 2, 5, 8, 9, 17)  # every tile height of 8 rows, and tiles after the first
@@ -53,16 +54,7 @@ def test_product_is_the_rounded_activation_times_the_files_weights(fmt):
 def test_a_rows_bits_do_not_depend_on_what_shares_its_call(fmt):
     w = weight(fmt, seed=2)
     x = torch.randn(max(ROW_COUNTS), w.k, generator=torch.Generator().manual_seed(3))
-    full = ops.linear(x, w)
-    for m in ROW_COUNTS:
-        assert torch.equal(ops.linear(x[:m], w), full[:m]), m
-        assert torch.equal(ops.linear(x[:m].flip(0), w), full[:m].flip(0)), m
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(2)
-        assert torch.equal(ops.linear(x, w), full)
-    finally:
-        torch.set_num_threads(threads)
+    assert_each_row_is_its_own(x, w, ROW_COUNTS, threads=2)
 
 
 def test_the_avx2_build_computes_the_generic_codes_bits():
