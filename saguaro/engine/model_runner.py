@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
@@ -22,6 +23,8 @@ WARM_UP_TOKENS = 3
 # (about ten) for each model sharing the code (a target and its draft in one process), with room.
 # torch's default (8) is per function, and past it the forward silently runs eagerly.
 COMPILED_VARIANTS_LIMIT = 64
+# Bytes a KV pool starts on: what torch gives its own CPU tensors, for the C kernels' vector loads.
+ALIGNMENT = 64
 COMPILE_OPTIONS = {"dynamic": True, "options": {"cpp_wrapper": True}}
 
 
@@ -37,6 +40,21 @@ class StepInputs:
     query_index: torch.Tensor | None  # [b, Q]
     out_index: torch.Tensor | None  # [T]
     logits_index: torch.Tensor  # [m]
+
+
+def kv_pool(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """One layer's K or V pool, zeros.
+
+    On the CPU the zeros come from ``calloc`` (NumPy's ``zeros``), whose large blocks are pages
+    the OS maps zeroed on first touch: a pool costs time and memory as it fills, where
+    ``torch.zeros`` writes every byte at start-up (a 4 GiB pool: 4 s, and 4 GiB resident).
+    """
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    size = math.prod(shape) * dtype.itemsize
+    raw = np.zeros(size + ALIGNMENT, dtype=np.uint8)
+    start = -raw.ctypes.data % ALIGNMENT
+    return torch.from_numpy(raw[start : start + size]).view(dtype).view(shape)
 
 
 class ModelRunner:
@@ -74,10 +92,7 @@ class ModelRunner:
         rows = self.num_slots + (buckets is not None)
         shape = (rows, model.num_kv_heads, self.config.head_dim)
         self.kv_caches = [
-            (
-                torch.zeros(shape, dtype=dtype, device=self.device),
-                torch.zeros(shape, dtype=dtype, device=self.device),
-            )
+            (kv_pool(shape, dtype, self.device), kv_pool(shape, dtype, self.device))
             for _ in range(self.config.num_hidden_layers)
         ]
         # Forwards that fit a bucket run over static buffers, as CUDA graphs on a GPU.

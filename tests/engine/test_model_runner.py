@@ -13,7 +13,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from saguaro.core.query import Query, token_slots
-from saguaro.engine.model_runner import ForwardClock, ModelRunner
+from saguaro.engine.model_runner import ALIGNMENT, ForwardClock, ModelRunner, kv_pool
 from saguaro.models.loader import load_model
 
 # Inductor's fused kernels reorder float32 sums: equal to the eager logits up to rounding.
@@ -109,3 +109,15 @@ def test_a_forward_clock_times_the_forward_without_a_graph_it_captured():
     capturing.stop()
     runner.capture_s += 1.0  # a later capture is not this forward's
     assert capturing.seconds() < FORWARD_S / 2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_a_kv_pool_is_aligned_zeros_that_keep_what_is_written(dtype):
+    pools = [kv_pool((33, 2, 8), dtype, torch.device("cpu")) for _ in range(4)]
+    for pool in pools:
+        assert pool.dtype == dtype and pool.shape == (33, 2, 8) and pool.is_contiguous()
+        assert pool.data_ptr() % ALIGNMENT == 0
+        assert torch.equal(pool, torch.zeros_like(pool))
+    pools[0][5] = 1.5
+    assert pools[0][5].eq(1.5).all() and pools[0].sum() == 1.5 * 16
+    assert all(p.sum() == 0 for p in pools[1:])  # no pool shares another's memory
