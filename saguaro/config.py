@@ -10,6 +10,7 @@ from typing import Literal
 
 import torch
 
+from saguaro.kernels import build
 from saguaro.options import check_choices, cpu_list, opt
 from saguaro.placement import process_cpus, resolve_device
 from saguaro.sampling.params import RequestMethod
@@ -265,6 +266,9 @@ class EngineConfig:
             # the kernels read float32 and bfloat16; --compile compiles torch's operators
             half = "float16" in (self.dtype, self.draft_dtype)
             on_torch = self.compile or self.device != "cpu" or half
+            if not on_torch and (error := build.build_error()) is not None:
+                log.warning("saguaro's CPU kernels cannot be built (%s): torch's operators", error)
+                on_torch = True
             self.kernels = "torch" if on_torch else "saguaro"
         if self.tensor_parallel_size > 1 and self.quantization not in ("auto", "none"):
             raise ValueError(

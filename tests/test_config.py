@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
+
 import pytest
 import torch
 
 from saguaro import placement
 from saguaro.config import CPU_STOP_BELOW, LOOKUP_DRAFT, EngineConfig, resolve_model_dirs
+from saguaro.errors import ModelLoadError
+from saguaro.kernels import build
 
 
 def test_sampling_auto_is_coupled_for_ssd_and_rejection_otherwise():
@@ -66,6 +71,26 @@ def test_kernels_auto_is_saguaros_on_cpu_and_torchs_where_they_cannot_run():
     assert EngineConfig(device="cpu", draft_dtype="float16").kernels == "torch"
     with pytest.raises(ValueError, match="--kernels torch"):
         EngineConfig(device="cpu", compile=True, kernels="saguaro")
+
+
+def test_kernels_auto_takes_torchs_operators_with_one_line_where_the_kernels_cannot_build(
+    monkeypatch, caplog, capsys
+):
+    monkeypatch.setattr(build, "build_error", lambda: "no C compiler was found")
+    with caplog.at_level(logging.WARNING, logger="saguaro"):
+        assert EngineConfig(device="cpu").kernels == "torch"
+    assert [r.getMessage() for r in caplog.records] == [
+        "saguaro's CPU kernels cannot be built (no C compiler was found): torch's operators"
+    ]
+    assert build.main() == 0  # the installer goes on
+    assert "cannot be built here (no C compiler was found)" in capsys.readouterr().out
+
+
+def test_the_kernels_name_a_missing_compiler(monkeypatch):
+    monkeypatch.setenv("CC", "no-such-compiler")
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(ModelLoadError, match="need a C compiler"):
+        build.compile_library(Path("unused.so"), [])
 
 
 @pytest.mark.parametrize(

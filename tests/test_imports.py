@@ -5,6 +5,8 @@ dependency, only a deferred one."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -116,3 +118,15 @@ def test_the_checker_sees_a_cycle_and_a_lazy_import(tmp_path):
     lazy = tmp_path / "m.py"
     lazy.write_text("def f():\n    from saguaro.server.routes import build_app\n")
     assert _imports(lazy) == {"server"}
+
+
+def test_importing_the_package_leaves_torch_unloaded_until_a_model_is_wanted():
+    """``import saguaro`` is fast (no PyTorch, about 2 s of a start); the API loads on use."""
+    code = (
+        "import sys, saguaro; assert 'torch' not in sys.modules, 'torch loaded'; "
+        "from saguaro import LLM, SamplingParams; assert 'torch' in sys.modules; "
+        "print(LLM.__module__, SamplingParams.__name__)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["saguaro.api", "SamplingParams"]

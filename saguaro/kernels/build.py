@@ -15,11 +15,13 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from saguaro.errors import ModelLoadError
+from saguaro.paths import cache_dir
 
 if TYPE_CHECKING:
     import torch
@@ -50,11 +52,6 @@ SIGNATURES = {
 RESTYPES = {"saguaro_rope_cache": C_INT, "saguaro_layers": C_INT, "saguaro_quant_linear": C_INT}
 
 
-def cache_dir() -> Path:
-    root = os.environ.get("SAGUARO_CACHE") or Path.home() / ".cache" / "saguaro"
-    return Path(root) / "kernels"
-
-
 def march() -> str:
     """x86-64-v4 where the CPU reports AVX-512 (F, BW, DQ, VL), else x86-64-v3."""
     try:
@@ -66,7 +63,7 @@ def march() -> str:
 
 
 def compile_library(out: Path, flags: list[str]) -> None:
-    compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    compiler = shutil.which(os.environ.get("CC") or "gcc") or shutil.which("cc")
     if compiler is None:
         raise ModelLoadError("saguaro's CPU kernels need a C compiler (gcc); none was found")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -94,7 +91,7 @@ def build(flags: tuple[str, ...]) -> ctypes.CDLL:
 
     sources = b"".join(source.read_bytes() for source in SOURCES)
     digest = hashlib.sha256(sources + " ".join(flags).encode()).hexdigest()[:16]
-    path = cache_dir() / f"cpu_kernels-{digest}.so"
+    path = cache_dir("kernels") / f"cpu_kernels-{digest}.so"
     if not path.is_file():
         compile_library(path, list(flags))
     lib = ctypes.CDLL(str(path))
@@ -111,16 +108,38 @@ def library() -> ctypes.CDLL:
 
 
 @cache
-def available() -> bool:
-    """Whether the kernels can be had here (a C compiler, or a build already cached); callers
-    that have a torch path of their own take it otherwise."""
+def build_error() -> str | None:
+    """Why the kernels cannot be had here (no C compiler, a failed build, a library the loader
+    refuses), or None where they can (built now, or already cached)."""
     try:
         library()
-    except (ModelLoadError, OSError):  # no compiler, or a library the loader refuses
-        return False
-    return True
+    except (ModelLoadError, OSError) as e:
+        return str(e).splitlines()[0]
+    return None
+
+
+def available() -> bool:
+    """Whether the kernels can be had here; callers that have a torch path of their own take it
+    otherwise."""
+    return build_error() is None
 
 
 def serves(*tensors: torch.Tensor) -> bool:
     """Whether the kernels can take these tensors: all on the CPU, and the library at hand."""
     return all(t.device.type == "cpu" for t in tensors) and available()
+
+
+def main() -> int:
+    """Build the kernels now (``python -m saguaro.kernels``, which scripts/install.sh runs), so
+    that no command's first run pays for the build. A machine without a C compiler is told so
+    and still installs: the engine then runs on torch's operators."""
+    start = time.perf_counter()
+    error = build_error()
+    if error is not None:
+        print(
+            f"saguaro: the CPU kernels cannot be built here ({error}); saguaro will run on "
+            "torch's operators instead (slower)"
+        )
+        return 0
+    print(f"saguaro: CPU kernels ready ({time.perf_counter() - start:.0f} s)")
+    return 0

@@ -7,6 +7,7 @@ name."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import gguf
@@ -306,6 +307,27 @@ def test_config_and_tokenizer_come_from_the_file(k_quants):
     prompt = tok.apply_chat_template([{"role": "user", "content": "hi"}])
     assert prompt == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     assert tok.encode("<|im_start|>")[0] == tok.token_to_id("<|im_start|>")
+
+
+def test_a_gguf_files_tokenizer_is_built_once_and_read_from_the_cache(
+    k_quants, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("SAGUARO_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "model.gguf"
+    path.write_bytes(k_quants.read_bytes())
+    built = SaguaroTokenizer(path)
+    entries = sorted(p.name for p in (tmp_path / "cache" / "tokenizers").iterdir())
+    assert len(entries) == 2  # the tokenizer and its config
+    cached = SaguaroTokenizer(path)
+    assert cached.encode(TEXT) == built.encode(TEXT) and cached.config == built.config
+    assert cached.chat_template == built.chat_template and cached.eos_token == built.eos_token
+    for entry in (tmp_path / "cache" / "tokenizers").iterdir():
+        entry.write_text("{damaged")  # a damaged entry is rebuilt, not an error
+    assert SaguaroTokenizer(path).encode(TEXT) == built.encode(TEXT)
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # a changed file: new entry
+    SaguaroTokenizer(path)
+    assert len(list((tmp_path / "cache" / "tokenizers").iterdir())) == 4
 
 
 def test_llm_generates_from_a_gguf_and_sd_gives_ar_tokens(k_quants, tmp_path):
