@@ -166,6 +166,9 @@ PROMPTS = [
     "return",
 ]
 SMALL_VOCAB = 8  # small enough to enumerate the law of the first two tokens exactly
+# Samples of a first-two-token check: either token's law resolved to 0.049 TV, the pair's to 0.094
+# (tests/stats.py: tv_resolution).
+FIRST_TWO_SAMPLES = 12_000
 
 
 @pytest.fixture(scope="session")

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from saguaro import LLM, SamplingParams
-from tests.conftest import PROMPTS, SMALL_VOCAB, exact_first_two
-from tests.stats import tv_noise_floor
+from tests.conftest import FIRST_TWO_SAMPLES, PROMPTS, SMALL_VOCAB, exact_first_two
+from tests.stats import assert_first_two_follow
 
 SETTINGS = [
     dict(temperature=0.5, top_k=20),
@@ -93,7 +93,7 @@ def test_killed_worker_changes_nothing(tiny_llama, close_draft, reference):
 @pytest.mark.slow
 def test_coupled_ar_first_two_tokens_follow_target(small_vocab_pair):
     target, _, _ = small_vocab_pair
-    prompt, v, samples = [1, 4, 2], SMALL_VOCAB, 12_000
+    prompt, v, samples = [1, 4, 2], SMALL_VOCAB, FIRST_TWO_SAMPLES
     base = SamplingParams(temperature=0.9, top_p=0.9, max_tokens=2, ignore_eos=True)
     expected = exact_first_two(target, prompt, base)
     llm = LLM(model=str(target), max_model_len=32, max_num_seqs=2000, sampling="coupled")
@@ -106,9 +106,7 @@ def test_coupled_ar_first_two_tokens_follow_target(small_vocab_pair):
         ]
         for out in llm.generate([prompt] * 2000, params):
             counts[out.token_ids[0], out.token_ids[1]] += 1
-    tv = 0.5 * (counts / counts.sum() - expected).abs().sum().item()
-    floor = tv_noise_floor(v * v, samples)
-    assert tv < floor, f"TV {tv:.4f} >= noise floor {floor:.4f}"
+    assert_first_two_follow(counts, expected, "coupled AR")
 
 
 def test_a_request_can_name_its_method_inside_a_mixed_batch(tiny_llama, close_draft, reference):

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 
 import pytest
 import torch
@@ -18,8 +19,8 @@ import torch
 from saguaro import LLM, SamplingParams
 from saguaro.distributed.channel import free_port
 from saguaro.speculation import protocol
-from tests.conftest import PROMPTS, SMALL_VOCAB, exact_first_two
-from tests.stats import tv_noise_floor
+from tests.conftest import FIRST_TWO_SAMPLES, PROMPTS, SMALL_VOCAB, exact_first_two
+from tests.stats import assert_first_two_follow
 
 GREEDY = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
 
@@ -147,7 +148,7 @@ def test_metrics(tiny_llama, close_draft):
 
 V = SMALL_VOCAB
 PROMPT_V = list(range(V))
-SAMPLES = 8_000
+SAMPLES = FIRST_TWO_SAMPLES
 BATCH = 1_000
 
 
@@ -200,7 +201,7 @@ def check_first_two(target, draft, name, temperature, top_p, overrides):
     prompt = overrides.pop("prompt", [1, 4, 2])
     base = SamplingParams(temperature=temperature, top_p=top_p, max_tokens=4, ignore_eos=True)
     expected = exact_first_two(target, prompt, base)
-    counts = torch.zeros(V, V)
+    counts, backups = torch.zeros(V, V), Counter()
     seeds = itertools.count()
     with ssd(
         target,
@@ -228,11 +229,12 @@ def check_first_two(target, draft, name, temperature, top_p, overrides):
             for out in llm.generate([prompt] * BATCH, params):
                 counts[out.token_ids[0], out.token_ids[1]] += 1
             hits += llm.last_run["cache_hit_rate"] > 0
-    tv = 0.5 * (counts / counts.sum() - expected).abs().sum().item()
-    floor = tv_noise_floor(V * V, SAMPLES)
-    assert tv < floor, f"{name}: TV {tv:.4f} >= noise floor {floor:.4f}"
+            backups.update(llm.last_run.get("backups", {}))
+    assert_first_two_follow(counts, expected, name)
     if "fanout" in overrides and overrides["fanout"] != "0":
         assert hits, "the hit path was not exercised"
+    if "backup" in overrides:  # the backup named served misses: the path under test ran
+        assert backups[overrides["backup"]] > 0, f"{name}: backups {dict(backups)}"
 
 
 # ---- fault tolerance and process management ---------------------------------------------------
