@@ -21,7 +21,7 @@ log = logging.getLogger("saguaro")
 FANOUT_MODES = ("auto", "geometric", "empirical")
 # SD's confidence stop on CPU: a verification position there costs about a quarter of a decode,
 # so a proposal its draft is less than even odds on costs more than it is expected to commit
-# (docs/bench-draft, "Copies from the context, and a confidence stop": 0.5 to 0.9 measured
+# (docs/bench/draft, "Copies from the context, and a confidence stop": 0.5 to 0.9 measured
 # alike).
 CPU_STOP_BELOW = 0.5
 # The draft that is no model: SD proposes copies from the context alone (draft_lookup's rule).
@@ -326,7 +326,7 @@ class EngineConfig:
     def _place_on_gpus(self) -> None:
         """The target's ranks on consecutive GPUs from ``device``; SSD's worker, unless told, on
         the GPU after them (the paper's layout). On the target's own GPU the worker cannot hide
-        its drafting: one GPU runs one process's kernels at a time (docs/bench-gpu)."""
+        its drafting: one GPU runs one process's kernels at a time (docs/bench/gpu)."""
         first = torch.device(self.device).index or 0
         last = first + self.tensor_parallel_size - 1
         visible = torch.cuda.device_count()

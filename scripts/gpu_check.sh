@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The first thing to run on a machine with NVIDIA GPUs, from a fresh checkout, in 4 to 6 minutes,
 # with no network: it uses the machine's torch and what the repository carries, and writes its
-# own checkpoints. Everything goes to $OUT (default docs/bench-gpu/<date>); copy its summary.md
-# into docs/bench-gpu/README.md.
+# own checkpoints. Everything goes to $OUT (default docs/bench/gpu/<date>); copy its summary.md
+# into docs/bench/gpu/README.md.
 #
 #   bash scripts/gpu_check.sh
 #
@@ -27,7 +27,7 @@
 # MAX_TOKENS and NUM_PROMPTS (default 64 and 16) to shorten the benches.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-docs/bench-gpu/$(date -u +%Y-%m-%d)}
+OUT=${OUT:-docs/bench/gpu/$(date -u +%Y-%m-%d)}
 MODELS=${MODELS:-/tmp/saguaro-gpu-models}
 NEAR=${NEAR:-0.02}
 PYTHON=${PYTHON:-python3}

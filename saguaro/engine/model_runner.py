@@ -72,7 +72,7 @@ class ModelRunner:
         # Compiled: one graph per kind of forward, with symbolic token and key counts, so a new
         # batch size or context length does not recompile; the kernels are called from C++
         # (inductor's cpp_wrapper) rather than from Python, which is most of what a small
-        # forward costs beyond its matrix products (scripts/compile_variants.py).
+        # forward costs beyond its matrix products (docs/bench/forwards/compile_variants.py).
         # inference_mode tensors cannot enter a compiled graph that writes the KV cache;
         # no_grad serves both paths.
         self._forward = model
@@ -80,7 +80,7 @@ class ModelRunner:
             dynamo = torch._dynamo.config
             dynamo.recompile_limit = max(dynamo.recompile_limit, COMPILED_VARIANTS_LIMIT)
             # compile_options: torch.compile's keywords in place of these (the experiments of
-            # scripts/compile_variants.py; the engine passes none).
+            # docs/bench/forwards/compile_variants.py; the engine passes none).
             self._forward = torch.compile(model, **(compile_options or COMPILE_OPTIONS))
         self.config = model.config
         self.device = torch.device(device)

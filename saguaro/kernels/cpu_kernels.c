@@ -322,7 +322,7 @@ INLINE void block_floats(const Weight *w, const int fmt, int64_t n, int64_t b, f
 /* Ask for weight rows n .. n + nc - 1 (codes, scales and minima) ahead of their use: on a
  * product too large for the cache (the LM head; every layer in a forward) the hardware's
  * prefetcher alone streams the tile's interleaved rows far below a plain read's bandwidth
- * (docs/bench-kernels). A prefetch never faults, so rows past the end are harmless. */
+ * (docs/bench/kernels). A prefetch never faults, so rows past the end are harmless. */
 INLINE void prefetch_rows(const Weight *w, const int fmt, int64_t n, int nc) {
     const int64_t bytes = fmt == FMT_F32    ? 4 * w->k
                           : fmt == FMT_BF16 ? 2 * w->k

@@ -53,7 +53,7 @@ DTYPES = {
 
 # A draft only proposes, so its precision moves speed and acceptance, never the output. Per-channel
 # int8 reads a quarter of float32's bytes and keeps the shipped draft's acceptance; int4's groups
-# cost some of it (docs/bench-kernels, "The draft in int8 by default").
+# cost some of it (docs/bench/kernels, "The draft in int8 by default").
 DRAFT_AUTO_SCHEME = "int8"
 
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(self_attn\.[qkv]_proj|mlp\.(?:gate|up)_proj)\.")

@@ -4,7 +4,7 @@ Greedy decoding, greedy verification and every draft proposal reduce a ``[rows, 
 to each row's largest value and the index of its first occurrence. PyTorch's CPU kernels for
 ``argmax`` and ``max(dim)`` walk the row without vectorising the index search, while its
 ``amax`` and NumPy's ``argmax`` use SIMD; at a 128k vocabulary the difference is a sizeable part
-of a small model's forward (docs/bench-sampling). The results are the same by definition, not
+of a small model's forward (docs/bench/sampling). The results are the same by definition, not
 by tolerance:
 
 * the index is the first among tied maxima (both libraries document it);

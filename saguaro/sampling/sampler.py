@@ -17,7 +17,7 @@ from saguaro.sampling.reduce import argmax_rows, topk_rows
 from saguaro.sampling.saguaro import saguaro_weights
 from saguaro.sampling.sparse import SparseQ
 
-DEFAULT_TOP_M = 256  # draft support sampled and shipped per position (docs/bench/draft-top-m.md)
+DEFAULT_TOP_M = 256  # draft support sampled and shipped per position (docs/bench/draft-top-m)
 
 
 def inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

@@ -4,7 +4,7 @@ A constraint (a JSON schema, any JSON object, a regular expression, a choice amo
 Lark grammar) compiles to an llguidance grammar over the model's tokenizer. llguidance was
 chosen over xgrammar and outlines-core: a dependency-free abi3 wheel (xgrammar pulls torch,
 transformers and triton; outlines-core builds a vocabulary-wide index per schema), masks computed
-per step from the token trie with no index to build (docs/bench-features has their cost), and
+per step from the token trie with no index to build (docs/bench/features has their cost), and
 ``rollback``, which speculation needs.
 
 For a prefix with generated tokens ``g``, the mask ``A(g)`` is the set of tokens the grammar

@@ -75,7 +75,7 @@ REPLAN_EVERY = 4
 SCRATCH_RUNS = MAX_BUDGET + 2
 # Committed tokens the draft reads per forward while a sequence catches up (a new long prompt):
 # a target whose next request comes meanwhile waits for at most one such forward, so it is kept
-# near what one verification's window holds on a CPU core (docs/bench-draft).
+# near what one verification's window holds on a CPU core (docs/bench/draft).
 CATCH_UP_CHUNK = 64
 
 # A prepared branch: its tokens, and the exact q they were drawn from (None: point masses).
@@ -423,7 +423,7 @@ class CacheBuilder:
     def _copy_first(self, seq: DraftSeq, k: int, top: list[int]) -> list[int]:
         """``top`` with the token the chains' lookup would copy after ``s_1..s_k`` first: where
         the context recurs, the target's own next token is that copy more often than it is
-        the draft's favourite (docs/bench-draft)."""
+        the draft's favourite (docs/bench/draft)."""
         copies = seq.copy_index(self.cfg.lookup)
         copy = None if copies is None else copies.next_token(seq.token_ids, seq.spec[:k])
         return top if copy is None else [copy, *(t for t in top if t != copy)]

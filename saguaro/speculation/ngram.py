@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 # The longest context suffix a draft chain's lookup matches: longer matches are rarer and, on the
-# held-out text of docs/bench-draft, no more often right.
+# held-out text of docs/bench/draft, no more often right.
 LOOKUP_MAX_NGRAM = 4
 
 
