@@ -28,7 +28,6 @@ from saguaro.bench.plan import Plan, Variant, batch_count, build_variants
 from saguaro.bench.prompts import PromptSet
 from saguaro.bench.tables import correctness_banner, markdown_table
 from saguaro.config import EngineConfig, resolve_model_dirs
-from saguaro.errors import SaguaroError
 from saguaro.models.config import ModelConfig
 from saguaro.models.tokenizer import Tokenizer
 from saguaro.placement import resolve_device
@@ -182,11 +181,6 @@ def run_bench(cfg: BenchConfig, command: list[str]) -> int:
 
 def bench_main(argv: list[str]) -> int:
     """`saguaro bench [flags]`: exit 0 on success, 1 when a mode's greedy tokens differ from
-    AR's, 2 on a usage or engine error (also when a variant failed and was dropped from the
-    results written)."""
-    try:
-        cfg = parse_config(argv)
-        return run_bench(cfg, ["saguaro", "bench", *argv])
-    except (SaguaroError, ValueError, ImportError) as e:
-        print(f"saguaro bench: error: {e}", file=sys.stderr)
-        return EXIT_ERROR
+    AR's, 2 when a variant failed and was dropped from the results written (a usage or engine
+    error also exits 2: saguaro.errors.run_command)."""
+    return run_bench(parse_config(argv), ["saguaro", "bench", *argv])
