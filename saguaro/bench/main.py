@@ -20,7 +20,13 @@ from tqdm import tqdm
 
 from saguaro.bench import prompts, provenance, report
 from saguaro.bench.aggregate import Row, aggregate
-from saguaro.bench.backends import Backend, HFAssistedBackend, SaguaroBackend, peer_backend
+from saguaro.bench.backends import (
+    Backend,
+    HFAssistedBackend,
+    SaguaroBackend,
+    check_hf_pair,
+    peer_backend,
+)
 from saguaro.bench.check import check_greedy, not_checked
 from saguaro.bench.config import DRAFT_MODEL_MODES, PEER_MODES, BenchConfig, parse_config
 from saguaro.bench.measure import measure
@@ -102,6 +108,9 @@ def _prepare(cfg: BenchConfig) -> _Prepared:
     """Resolve the models, build the variants and load the prompts: the plan (its config with
     the device resolved) and the context length its engines need."""
     target_dir, draft_dir = model_dirs(cfg)
+    if "hf-assisted" in cfg.modes:
+        assert draft_dir is not None  # a speculative mode resolves a draft
+        check_hf_pair(target_dir, draft_dir)
     variants = build_variants(cfg)
     lookahead = _lookahead(cfg, variants)
     context = min(
