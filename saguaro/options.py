@@ -61,7 +61,17 @@ def opt(
     default_factory: Any = dataclasses.MISSING,
 ) -> Any:
     """A dataclass field that is also a command-line option."""
-    meta = {_OPTION: Option(help, flags, parse, metavar, repeat, several, group, advanced)}
+    option = Option(
+        help,
+        flags=flags,
+        parse=parse,
+        metavar=metavar,
+        repeat=repeat,
+        several=several,
+        group=group,
+        advanced=advanced,
+    )
+    meta = {_OPTION: option}
     if default_factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -166,6 +176,7 @@ class OptionParser(argparse.ArgumentParser):
         action.help = argparse.SUPPRESS
 
     def show_all(self) -> None:
+        """List the advanced options too (``--help-all``)."""
         for action, text in self.hidden.items():
             action.help = text
         self.hidden.clear()
