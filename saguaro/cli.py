@@ -1,15 +1,18 @@
-"""Command line: ``saguaro generate | chat | serve | bench | draft-worker | train-pair |
-train-draft | import-gguf | fetch-pair``."""
+"""saguaro: generate, chat, serve and benchmark with exact speculative decoding (AR, SD, SSD or
+auto), a target model verifying a draft's proposals."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from saguaro.errors import SaguaroError
+from saguaro.errors import run_command
 from saguaro.launch import build_llm, engine_options, sampling_options, sampling_params
+from saguaro.options import BASIC, OptionParser
 
 
 def format_summary(metrics: dict[str, Any], elapsed: float) -> str:
@@ -26,7 +29,28 @@ def format_summary(metrics: dict[str, Any], elapsed: float) -> str:
     return " | ".join(parts)
 
 
-def cmd_generate(args: argparse.Namespace) -> int:
+def generate_parser() -> OptionParser:
+    parser = OptionParser(
+        prog="saguaro generate",
+        usage="%(prog)s [options] prompt",
+        description="Complete one prompt.",
+    )
+    basic = parser.group(BASIC)
+    basic.add_argument("prompt")
+    basic.add_argument("--stream", action="store_true", help="print the text as it is generated")
+    basic.add_argument(
+        "--raw",
+        action="store_true",
+        help="continue the prompt as plain text instead of answering it as a user's turn in the "
+        "model's chat template",
+    )
+    engine_options(parser, exclude=("seed",))  # --seed is the request's
+    sampling_options(parser)
+    return parser
+
+
+def cmd_generate(argv: list[str]) -> int:
+    args = generate_parser().parse_args(argv)
     params = sampling_params(args)
     llm = build_llm(args, exclude=("seed",))
     try:
@@ -63,73 +87,98 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_train_pair(argv: list[str]) -> int:
+# Each command's module is imported when the command runs: serve needs the serve extra, bench
+# and training transformers, and one command need not pay for another's imports.
+def _chat(argv: list[str]) -> int:
+    from saguaro.server.chat import chat_main
+
+    return chat_main(argv)
+
+
+def _serve(argv: list[str]) -> int:
+    from saguaro.server.main import serve_main
+
+    return serve_main(argv)
+
+
+def _bench(argv: list[str]) -> int:
+    from saguaro.bench import bench_main
+
+    return bench_main(argv)
+
+
+def _fetch_pair(argv: list[str]) -> int:
+    from saguaro.models.fetch import main as fetch_main
+
+    return fetch_main(argv)
+
+
+def _import_gguf(argv: list[str]) -> int:
+    from saguaro.models.gguf_cli import main as import_main
+
+    return import_main(argv)
+
+
+def _train_draft(argv: list[str]) -> int:
+    from saguaro.train.draft_cli import main as train_draft_main
+
+    return train_draft_main(argv)
+
+
+def _train_pair(argv: list[str]) -> int:
     from saguaro.train import main as train_main
 
     return train_main(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["train-pair"]:
-        return cmd_train_pair(argv[1:])
-    if argv[:1] == ["train-draft"]:
-        from saguaro.train.draft_cli import main as train_draft_main
+def _draft_worker(argv: list[str]) -> int:
+    from saguaro.speculation.worker import main as worker_main
 
-        return train_draft_main(argv[1:])
-    if argv[:1] == ["serve"]:
-        from saguaro.server.main import serve_main
+    return worker_main(argv)
 
-        return serve_main(argv[1:])
-    if argv[:1] == ["chat"]:
-        from saguaro.server.chat import chat_main
 
-        return chat_main(argv[1:])
-    if argv[:1] == ["bench"]:
-        from saguaro.bench import bench_main
+@dataclass(frozen=True)
+class Command:
+    run: Callable[[list[str]], int]  # the command's own arguments -> exit code
+    help: str | None = None  # None: internal (runs, but saguaro --help does not list it)
 
-        return bench_main(argv[1:])
-    if argv[:1] == ["import-gguf"]:
-        from saguaro.models.gguf_cli import main as import_main
 
-        return import_main(argv[1:])
-    if argv[:1] == ["fetch-pair"]:
-        from saguaro.models.fetch import main as fetch_main
+COMMANDS: dict[str, Command] = {
+    "generate": Command(cmd_generate, "complete one prompt"),
+    "chat": Command(_chat, "chat in the terminal, with live speculation metrics"),
+    "serve": Command(_serve, "serve an OpenAI-compatible HTTP API"),
+    "bench": Command(_bench, "benchmark AR, SD, SSD and HF assisted generation side by side"),
+    "fetch-pair": Command(_fetch_pair, "download the Qwen2.5-Coder pair's GGUF files"),
+    "import-gguf": Command(_import_gguf, "write a GGUF file as a model directory"),
+    "train-draft": Command(_train_draft, "distil a draft for a target"),
+    # the project's own small code pair, trained from scratch
+    "train-pair": Command(_train_pair),
+    # SSD's draft worker, which an engine spawns (or, --draft-worker external, waits for)
+    "draft-worker": Command(_draft_worker),
+}
 
-        return fetch_main(argv[1:])
-    if argv[:1] == ["draft-worker"]:
-        from saguaro.speculation.worker import main as worker_main
 
-        return worker_main(argv[1:])
-    parser = argparse.ArgumentParser(prog="saguaro", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    gen = sub.add_parser("generate", help="complete one prompt")
-    gen.add_argument("prompt")
-    gen.add_argument("--stream", action="store_true")
-    gen.add_argument(
-        "--raw",
-        action="store_true",
-        help="continue the prompt as plain text instead of answering it as a user's turn in the "
-        "model's chat template",
+def top_parser() -> argparse.ArgumentParser:
+    """``saguaro --help``, and the usage error for a name that is no command: the commands a
+    user runs. It parses no command (each parses its own arguments), so the internal ones, left
+    out, still run."""
+    listed = {name: c.help for name, c in COMMANDS.items() if c.help}
+    parser = argparse.ArgumentParser(
+        prog="saguaro",
+        description=__doc__,
+        epilog="saguaro COMMAND --help describes a command's options.",
     )
-    engine_options(gen, exclude=("seed",))  # --seed is the request's
-    sampling_options(gen)
-    gen.set_defaults(func=cmd_generate)
-    sub.add_parser("train-pair", help="train a small code target and its draft (see --help)")
-    sub.add_parser("train-draft", help="distil a draft for a target (see --help)")
-    sub.add_parser("import-gguf", help="write a GGUF file as a model directory (see --help)")
-    sub.add_parser("fetch-pair", help="download the Qwen2.5-Coder pair's GGUF files (see --help)")
-    sub.add_parser("draft-worker", help="run an SSD draft worker that joins a target (see --help)")
-    sub.add_parser("bench", help="benchmark AR / SD / SSD / HF assisted generation (see --help)")
-    sub.add_parser("serve", help="OpenAI-compatible HTTP server (see --help)")
-    sub.add_parser("chat", help="terminal chat with live speculation metrics (see --help)")
-    args = parser.parse_args(argv)
-    try:
-        return args.func(args)
-    except (SaguaroError, ValueError, NotImplementedError) as e:
-        print(f"saguaro: error: {e}", file=sys.stderr)
-        return 2
+    sub = parser.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
+    for name, text in listed.items():
+        sub.add_parser(name, help=text, add_help=False)
+    return parser
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def main(argv: list[str] | None = None) -> int:
+    """``saguaro COMMAND ...``: the command's exit code. Every error a user can cause is one
+    line on stderr and exit code 2 (saguaro.errors.run_command), whatever the command."""
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] not in COMMANDS:
+        top_parser().parse_args(argv)  # --help, or a usage error: either exits
+    name = argv[0]
+    return run_command(f"saguaro {name}", COMMANDS[name].run, argv[1:])

@@ -11,7 +11,19 @@ from typing import Literal
 import torch
 
 from saguaro.kernels import build
-from saguaro.options import check_choices, cpu_list, opt
+from saguaro.models.catalog import DEFAULT_DRAFT, DEFAULT_MODEL, resolve_model
+from saguaro.options import (
+    BASIC,
+    KERNELS,
+    MEMORY,
+    PLACEMENT,
+    SAMPLING,
+    SPECULATION,
+    SSD,
+    check_choices,
+    cpu_list,
+    opt,
+)
 from saguaro.placement import process_cpus, resolve_device
 from saguaro.sampling.params import RequestMethod
 from saguaro.sampling.sampler import DEFAULT_TOP_M
@@ -76,39 +88,50 @@ class EngineConfig:
 
     model: str | None = opt(
         None,
-        "target model directory, or a name in $SAGUARO_MODELS (default: "
-        "smollm2-135m-instruct, which scripts/install.sh imports)",
+        "target model directory or GGUF file, or a name in $SAGUARO_MODELS (default: "
+        f"{DEFAULT_MODEL}, which saguaro fetch-pair brings)",
+        group=BASIC,
     )
     draft: str | None = opt(
         None,
-        "draft model directory or name (default with sd/ssd and the default model: "
-        f"smollm2-135m-instruct-draft, trained for it); {LOOKUP_DRAFT}: no draft model, sd "
+        "draft model directory, GGUF file or name (default with sd/ssd and the default model: "
+        f"{DEFAULT_DRAFT}); {LOOKUP_DRAFT}: no draft model, sd "
         "proposes copies from the context alone (--draft-lookup's rule)",
+        group=BASIC,
     )
     mode: Mode | None = opt(
         None,
         "decoding: autoregressive (ar), speculative (sd), SSD, or auto: each step the one the "
         "cost model predicts fastest for the running batch, with its K (default: auto when a "
         "draft is given, else ar)",
+        group=BASIC,
     )
     auto_ssd: bool = opt(
         True,
         "auto: SSD is among the choices (its worker takes cores of its own on CPU); without it "
         "auto chooses between AR and SD on every core",
+        group=SPECULATION,
+        advanced=True,
     )
     auto_cores: AutoCores = opt(
         "shared",
         "auto with SSD on CPU: shared: AR and SD steps compute on every core (the idle worker's "
         "too) and SSD steps leave the worker its core; own: the target keeps its own cores in "
         "every mode, the worker has the next (the paper's layout)",
+        group=PLACEMENT,
+        advanced=True,
     )
-    num_speculative_tokens: int = opt(4, "speculation length K", flags=("--k",))
-    dtype: Dtype = opt("float32", "weights and activations")
+    num_speculative_tokens: int = opt(
+        4, "speculation length K", flags=("--k",), metavar="K", group=SPECULATION
+    )
+    dtype: Dtype = opt("float32", "weights and activations", group=KERNELS)
     draft_dtype: Dtype | None = opt(
         None,
         "sd/ssd: the draft's weights and activations (default: dtype); any precision keeps the "
         "output exact: the draft only proposes, and verification holds whatever model "
         "proposed",
+        group=KERNELS,
+        advanced=True,
     )
     quantization: Quantization = opt(
         "auto",
@@ -117,58 +140,100 @@ class EngineConfig:
         "none keeps them dense in dtype; auto: gguf where the model is a .gguf file or a "
         "directory holding model.gguf (saguaro import-gguf keeps it) and the kernels are "
         "saguaro's, else none",
+        group=KERNELS,
+        advanced=True,
     )
     draft_quantization: Quantization = opt(
         "auto",
         "sd/ssd: the draft's linear weights, as --quantization, but auto quantizes a draft "
         "without a GGUF file to int8 on saguaro's kernels (any keeps the output exact)",
+        group=KERNELS,
+        advanced=True,
     )
     kernels: Kernels = opt(
         "auto",
         "saguaro: saguaro's CPU kernels, whose result for a token does not depend on what shares "
         "its forward (speculative greedy output equals AR's in every precision); torch: torch's "
         "operators; auto: saguaro on CPU unless --compile",
+        group=KERNELS,
+        advanced=True,
     )
-    device: str = opt("auto", "auto | cpu | cuda[:N] (auto: cuda if available, else cpu)")
-    max_model_len: int | None = opt(None, "context length (default: the model's)")
-    max_num_seqs: int = opt(16, "sequences in one batch")
-    max_num_batched_tokens: int = opt(2048, "tokens in one forward (prefill is chunked to it)")
-    block_size: int = opt(16, "tokens per KV block")
+    device: str = opt(
+        "auto", "auto | cpu | cuda[:N] (auto: cuda if available, else cpu)", group=PLACEMENT
+    )
+    max_model_len: int | None = opt(
+        None, "context length (default: the model's)", metavar="N", group=MEMORY
+    )
+    max_num_seqs: int = opt(16, "sequences in one batch", group=MEMORY, advanced=True)
+    max_num_batched_tokens: int = opt(
+        2048, "tokens in one forward (prefill is chunked to it)", group=MEMORY, advanced=True
+    )
+    block_size: int = opt(16, "tokens per KV block", group=MEMORY, advanced=True)
     num_kv_blocks: int | None = opt(
-        None, "KV blocks (default: max_num_seqs full-length sequences, within kv_cache_gb)"
+        None,
+        "KV blocks (default: max_num_seqs full-length sequences, within kv_cache_gb)",
+        group=MEMORY,
+        advanced=True,
     )
-    kv_cache_gb: float = opt(4.0, "memory cap for the target's KV pool when num_kv_blocks is unset")
-    enable_prefix_caching: bool = opt(True, "share KV blocks of common prompt prefixes")
-    seed: int = opt(0, "seeds requests that name none")
+    kv_cache_gb: float = opt(
+        4.0,
+        "memory cap for the target's KV pool when num_kv_blocks is unset",
+        group=MEMORY,
+        advanced=True,
+    )
+    enable_prefix_caching: bool = opt(
+        True, "share KV blocks of common prompt prefixes", group=MEMORY, advanced=True
+    )
+    seed: int = opt(0, "seeds requests that name none", group=SAMPLING)
     num_threads: int | None = opt(
-        None, "torch intra-op threads (default: one per core the target uses)", flags=("--threads",)
+        None,
+        "torch intra-op threads (default: one per core the target uses)",
+        flags=("--threads",),
+        metavar="N",
+        group=PLACEMENT,
     )
     compile: bool = opt(
         False,
         "compile the models' forwards with torch.compile (inductor, kernels called from C++): "
         "fewer, fused kernels per step; every kind of forward compiles at start (minutes the "
         "first time, then read from inductor's disk cache)",
+        group=KERNELS,
+        advanced=True,
     )
     enforce_eager: bool = opt(
         False,
         "on a GPU: run every forward eagerly; otherwise decode, verification and the draft's "
         "forwards are padded to batch, position and key buckets and each bucket replays one "
         "CUDA graph (one target rank)",
+        group=KERNELS,
+        advanced=True,
     )
     tensor_parallel_size: int = opt(
         1,
         "ranks the target is split over (heads, MLP columns, vocabulary): rank 0 is this "
         "process, the others its children; on GPUs one device each (device, device+1, ...), on "
         "CPU one share of the target's cores each",
+        group=PLACEMENT,
+        advanced=True,
     )
     tensor_parallel_timeout_s: float = opt(
-        120.0, "tensor parallel: a rank silent this long inside a forward ends the engine"
+        120.0,
+        "tensor parallel: a rank silent this long inside a forward ends the engine",
+        group=PLACEMENT,
+        advanced=True,
     )
-    draft_top_m: int = opt(DEFAULT_TOP_M, "sd/ssd: the draft samples from its top-M tokens")
+    draft_top_m: int = opt(
+        DEFAULT_TOP_M,
+        "sd/ssd: the draft samples from its top-M tokens",
+        group=SPECULATION,
+        advanced=True,
+    )
     draft_lookup: int = opt(
         2,
         "sd/ssd: where the context's last N or more tokens occurred before in it, the draft's "
         "chain copies the token that followed (a point mass, no draft forward); 0: never",
+        group=SPECULATION,
+        advanced=True,
     )
     draft_stop_below: float | None = opt(
         None,
@@ -176,6 +241,8 @@ class EngineConfig:
         "its likeliest token less than this probability, saving its draft forward and its "
         f"verification position; 0: never (default: {CPU_STOP_BELOW} on CPU, where a "
         "verification position costs a sizeable part of a decode; 0 on a GPU)",
+        group=SPECULATION,
+        advanced=True,
     )
     # coupled where an SSD worker runs, whose cache it serves better and whose text it keeps
     # across auto's switches; rejection for AR and SD, where it accepts more (docs/sampling.md).
@@ -183,39 +250,69 @@ class EngineConfig:
         "auto",
         "how T > 0 is sampled exactly: rejection sampling, or coupled (a seed gives the same text "
         "in every mode); auto: coupled where an SSD worker runs (ssd, auto), rejection otherwise",
+        group=SAMPLING,
+        advanced=True,
     )
     # --- SSD (mode="ssd") ---
     fanout: str | list[int] = opt(
-        "auto", "ssd: auto | geometric | empirical | F_0,..,F_K branches per outcome"
+        "auto", "ssd: auto | geometric | empirical | F_0,..,F_K branches per outcome", group=SSD
     )
     cache_budget: int | None = opt(
-        None, "ssd: branches per sequence (default: sized online to fit a verification)"
+        None,
+        "ssd: branches per sequence (default: sized online to fit a verification)",
+        group=SSD,
+        advanced=True,
     )
-    saguaro_c: float = opt(1.0, "ssd: Saguaro sampling constant C in (0, 1]; 1 = plain sampling")
-    backup: Backup = opt("auto", "ssd: what a cache miss falls back on")
+    saguaro_c: float = opt(
+        1.0,
+        "ssd: Saguaro sampling constant C in (0, 1]; 1 = plain sampling",
+        group=SSD,
+        advanced=True,
+    )
+    backup: Backup = opt("auto", "ssd: what a cache miss falls back on", group=SSD, advanced=True)
     draft_worker: DraftWorker = opt(
         "spawn",
-        "ssd: spawn a local worker, or wait for an external one (`saguaro draft-worker`)",
+        "ssd: spawn a local worker, or wait for an external one (saguaro draft-worker)",
+        group=SSD,
+        advanced=True,
     )
-    draft_addr: str = opt("127.0.0.1", "ssd: rendezvous address (the target hosts it)")
-    draft_port: int = opt(0, "ssd: rendezvous port (0: a free port)")
-    draft_timeout_s: float = opt(60.0, "ssd: a worker silent this long is given up on")
-    draft_restarts: int = opt(3, "ssd: a failed worker is restarted at most this many times")
+    draft_addr: str = opt(
+        "127.0.0.1", "ssd: rendezvous address (the target hosts it)", group=SSD, advanced=True
+    )
+    draft_port: int = opt(0, "ssd: rendezvous port (0: a free port)", group=SSD, advanced=True)
+    draft_timeout_s: float = opt(
+        60.0, "ssd: a worker silent this long is given up on", group=SSD, advanced=True
+    )
+    draft_restarts: int = opt(
+        3, "ssd: a failed worker is restarted at most this many times", group=SSD, advanced=True
+    )
     draft_restart_backoff_s: float = opt(
-        1.0, "ssd: wait before the first restart (doubles each time)"
+        1.0, "ssd: wait before the first restart (doubles each time)", group=SSD, advanced=True
     )
-    draft_device: str | None = opt(None, "ssd: the worker's device (default: device)")
-    pin_cpus: bool = opt(True, "ssd on CPU: pin target and worker to disjoint cores")
+    draft_device: str | None = opt(
+        None, "ssd: the worker's device (default: device)", group=PLACEMENT, advanced=True
+    )
+    pin_cpus: bool = opt(
+        True, "ssd on CPU: pin target and worker to disjoint cores", group=PLACEMENT, advanced=True
+    )
     target_cpus: list[int] | None = opt(
         None,
         "cores the target computes on, e.g. 0 or 0-3 (default: ssd on CPU: the first; "
         "otherwise every core of the process)",
         parse=cpu_list,
+        group=PLACEMENT,
+        advanced=True,
     )
     draft_cpus: list[int] | None = opt(
-        None, "ssd: cores for the worker, e.g. 1 or 2-3 (default: the next)", parse=cpu_list
+        None,
+        "ssd: cores for the worker, e.g. 1 or 2-3 (default: the next)",
+        parse=cpu_list,
+        group=PLACEMENT,
+        advanced=True,
     )
-    draft_threads: int | None = opt(None, "ssd: the worker's torch threads (default: its cores)")
+    draft_threads: int | None = opt(
+        None, "ssd: the worker's torch threads (default: its cores)", group=PLACEMENT, advanced=True
+    )
 
     def __post_init__(self) -> None:
         check_choices(self)
@@ -386,8 +483,6 @@ class EngineConfig:
 def resolve_model_dirs(cfg: EngineConfig) -> tuple[Path, Path | None]:
     """Directories or names in the models directory (saguaro.models.catalog) to paths; the
     default pair where no model is given; no draft directory for ``draft="lookup"``."""
-    from saguaro.models.catalog import DEFAULT_DRAFT, DEFAULT_MODEL, resolve_model
-
     target = resolve_model(cfg.model or DEFAULT_MODEL)
     if cfg.draft == LOOKUP_DRAFT:
         return target, None

@@ -5,6 +5,10 @@ and a parser); :func:`add_options` turns every such field into an argparse optio
 choices (from a ``Literal`` annotation) and default come from the field itself, and
 :func:`from_args` builds the dataclass from what was given. An option left out on the command
 line is not passed, so the dataclass default applies: the CLI never restates a default.
+
+A field also says where its option is listed: its help group (:data:`GROUPS`), and whether it is
+``advanced``: an :class:`OptionParser`'s ``--help`` lists the common options and points to
+``--help-all``, which lists every one.
 """
 
 from __future__ import annotations
@@ -19,6 +23,17 @@ from typing import Any, Literal
 
 _OPTION = "saguaro.option"
 
+# Help groups, listed in this order (a command's own groups follow them).
+BASIC = "basic"
+SAMPLING = "sampling"
+SPECULATION = "speculation"
+SSD = "SSD (mode ssd, and auto)"
+PLACEMENT = "placement"
+MEMORY = "batching and KV cache"
+KERNELS = "precision and kernels"
+GROUPS: tuple[str, ...] = (BASIC, SAMPLING, SPECULATION, SSD, PLACEMENT, MEMORY, KERNELS)
+HELP_ALL = "--help-all"
+
 
 @dataclass(frozen=True)
 class Option:
@@ -28,6 +43,8 @@ class Option:
     metavar: str | None = None
     repeat: bool = False  # the option may be given several times; the field gets the list
     several: bool = False  # the option takes one or more space-separated values (a tuple)
+    group: str | None = None  # its help group (None: the one add_options is given)
+    advanced: bool = False  # rarely needed: listed by --help-all only
 
 
 def opt(
@@ -39,10 +56,22 @@ def opt(
     metavar: str | None = None,
     repeat: bool = False,
     several: bool = False,
+    group: str | None = None,
+    advanced: bool = False,
     default_factory: Any = dataclasses.MISSING,
 ) -> Any:
     """A dataclass field that is also a command-line option."""
-    meta = {_OPTION: Option(help, flags, parse, metavar, repeat, several)}
+    option = Option(
+        help,
+        flags=flags,
+        parse=parse,
+        metavar=metavar,
+        repeat=repeat,
+        several=several,
+        group=group,
+        advanced=advanced,
+    )
+    meta = {_OPTION: option}
     if default_factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -99,46 +128,116 @@ def _fields(cls: type, only: Iterable[str] | None, exclude: Iterable[str]) -> li
     ]
 
 
+class _HelpAll(argparse.Action):
+    """``--help-all``: the help with the advanced options listed too, then exit."""
+
+    def __init__(self, option_strings: list[str], dest: str, help: str | None = None) -> None:
+        super().__init__(
+            option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0, help=help
+        )
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        if isinstance(parser, OptionParser):
+            parser.show_all()
+        parser.print_help()
+        parser.exit()
+
+
+class OptionParser(argparse.ArgumentParser):
+    """A command's parser: options listed in help groups (:data:`GROUPS` first, in that order);
+    ``--help`` leaves the advanced ones out and ends with a pointer to ``--help-all``, which
+    lists every one. Every option parses either way."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        # argparse's usage line would spell out every option, pages of them: --help lists them
+        kwargs.setdefault("usage", "%(prog)s [options]")
+        super().__init__(**kwargs)
+        self.hidden: dict[argparse.Action, str] = {}  # advanced options -> their help text
+        self.add_argument(HELP_ALL, action=_HelpAll, help="show every option, and exit")
+        for title in GROUPS:  # made now, so they are listed in this order (empty ones are not)
+            self.group(title)
+
+    def group(self, title: str) -> argparse._ArgumentGroup:
+        """The help group of that title, made on first use."""
+        for g in self._action_groups:
+            if g.title == title:
+                return g
+        return self.add_argument_group(title)
+
+    def hide(self, action: argparse.Action) -> None:
+        """Leave ``action`` out of ``--help`` (``--help-all`` lists it)."""
+        self.hidden[action] = action.help or ""
+        action.help = argparse.SUPPRESS
+
+    def show_all(self) -> None:
+        """List the advanced options too (``--help-all``)."""
+        for action, text in self.hidden.items():
+            action.help = text
+        self.hidden.clear()
+
+    def format_help(self) -> str:
+        text = super().format_help()
+        return text + f"\nmore options: {self.prog} {HELP_ALL}\n" if self.hidden else text
+
+
+def _parsing(o: Option, hint: Any) -> dict[str, Any]:
+    """How argparse reads an option of that field type: its action, type, nargs or choices."""
+    allowed = choices(hint)
+    scalar = _scalar(hint)
+    if o.repeat:
+        return {"action": "append", "type": o.parse or str}
+    if o.several:
+        return {"nargs": "+", "type": o.parse or str}
+    if scalar is bool:
+        return {"action": argparse.BooleanOptionalAction}
+    if allowed is not None:
+        return {"choices": allowed}
+    if o.parse is not None:
+        return {"type": o.parse}
+    if scalar in (int, float, str):
+        return {"type": scalar}
+    return {"type": str}  # a union of several types (e.g. str | list[int]): the dataclass parses
+
+
 def add_options(
-    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    parser: OptionParser,
     cls: type,
     *,
     only: Iterable[str] | None = None,
     exclude: Iterable[str] = (),
     defaults: dict[str, Any] | None = None,
+    group: str | None = None,
 ) -> None:
-    """Add one option per :func:`opt` field of ``cls``. ``defaults`` overrides a field's default
-    for this command (shown in the help, and passed to the dataclass)."""
+    """Add one option per :func:`opt` field of ``cls``, in the field's help group (else
+    ``group``, else the parser's own options), hidden from ``--help`` where it is advanced.
+    ``defaults`` overrides a field's default for this command (shown in the help, and passed to
+    the dataclass)."""
     hints = typing.get_type_hints(cls)
     defaults = defaults or {}
     for f in _fields(cls, only, exclude):
         o: Option = f.metadata[_OPTION]
-        hint = hints[f.name]
         default = defaults.get(f.name, f.default)
         shown = "" if default in (dataclasses.MISSING, None) else f" (default: {show(default)})"
-        names = [flag(f.name), *o.flags]
-        kwargs: dict[str, Any] = {"dest": f.name, "help": o.help + shown, "default": None}
-        if f.name in defaults:
-            kwargs["default"] = defaults[f.name]
-        allowed = choices(hint)
-        scalar = _scalar(hint)
-        if o.repeat:
-            kwargs.update(action="append", type=o.parse or str)
-        elif o.several:
-            kwargs.update(nargs="+", type=o.parse or str)
-        elif scalar is bool:
-            kwargs["action"] = argparse.BooleanOptionalAction
-        elif allowed is not None:
-            kwargs["choices"] = allowed
-        elif o.parse is not None:
-            kwargs["type"] = o.parse
-        elif scalar in (int, float, str):
-            kwargs["type"] = scalar
-        else:  # a union of several types (e.g. str | list[int]): the dataclass parses the text
-            kwargs["type"] = str
+        kwargs: dict[str, Any] = {
+            "dest": f.name,
+            "help": o.help + shown,
+            "default": defaults.get(f.name),  # None: not given, the dataclass's default applies
+            **_parsing(o, hints[f.name]),
+        }
         if o.metavar:
             kwargs["metavar"] = o.metavar
-        parser.add_argument(*names, **kwargs)
+        title = o.group or group
+        action = (parser.group(title) if title else parser).add_argument(
+            flag(f.name), *o.flags, **kwargs
+        )
+        if o.advanced:
+            parser.hide(action)
 
 
 def given(cls: type, args: argparse.Namespace, **kw: Any) -> dict[str, Any]:

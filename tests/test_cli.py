@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
+import gguf
+import numpy as np
 import pytest
 
 from saguaro import LLM, SamplingParams
 from saguaro.cli import main
+from tests.conftest import write_tiny_model
+
+UNKNOWN_GGML_TYPE = 99  # no GGML tensor type has this number
 
 
 def test_generate_prints_completion_and_summary(tiny_llama, capsys):
@@ -133,3 +141,65 @@ def test_generate_answers_an_instruct_model_in_its_chat_template(tiny_llama, tmp
         assert llm.tokenizer.decode(ids) == "<user>def f<bot>"
         params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
         assert chat == llm.generate(ids, params)[0].text + "\n"
+
+
+def _gguf(path: Path, arch: str, ggml_type: int | None = None) -> Path:
+    """A GGUF file of one float tensor: of architecture ``arch``, its type number patched to
+    ``ggml_type`` where given."""
+    name = "token_embd.weight"
+    w = gguf.GGUFWriter(path, arch)
+    w.add_tensor(name, np.zeros((4, 8), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    if ggml_type is not None:  # the tensor's info: name, n_dims (u32), dims (u64 each), type
+        data = bytearray(path.read_bytes())
+        at = data.index(name.encode()) + len(name) + 4 + 2 * 8
+        data[at : at + 4] = ggml_type.to_bytes(4, "little")
+        path.write_bytes(bytes(data))
+    return path
+
+
+def _fails_with(argv: list[str], capsys, *words: str) -> str:
+    """``saguaro ARGV`` exits 2 with one line on stderr naming the problem, not a traceback."""
+    capsys.readouterr()  # what came before (a fixture's progress bars)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"saguaro {argv[0]}: error: ") and err.count("\n") == 1, err
+    assert "Traceback" not in err and all(w in err for w in words), err
+    return err
+
+
+def test_a_missing_or_unreadable_model_is_one_line(tiny_llama, tmp_path, capsys):
+    _fails_with(["generate", "x", "--model", "no-such-model"], capsys, "no-such-model")
+    _fails_with(["generate", "x", "--model", str(tmp_path / "absent")], capsys, "does not exist")
+    mamba = _gguf(tmp_path / "mamba.gguf", "mamba")
+    _fails_with(["generate", "x", "--model", str(mamba)], capsys, "architecture 'mamba'")
+    _fails_with(["import-gguf", str(mamba), str(tmp_path / "out")], capsys, "'mamba'")
+    odd = _gguf(tmp_path / "odd.gguf", "llama", ggml_type=UNKNOWN_GGML_TYPE)
+    _fails_with(["chat", "--model", str(odd)], capsys, f"unknown GGML type {UNKNOWN_GGML_TYPE}")
+
+
+def test_bench_hf_assisted_refuses_what_transformers_cannot_load(tiny_llama, tmp_path, capsys):
+    bench = ["bench", "--modes", "hf-assisted", "--out", str(tmp_path / "out")]
+    target = _gguf(tmp_path / "t.gguf", "llama")
+    _fails_with([*bench, "--model", str(target), "--draft", str(tiny_llama)], capsys, "t.gguf")
+    wide = write_tiny_model(tmp_path / "wide", "llama", vocab_size=300)
+    _fails_with([*bench, "--model", str(tiny_llama), "--draft", str(wide)], capsys, "vocab_size")
+    reduced = tmp_path / "reduced"
+    shutil.copytree(tiny_llama, reduced)
+    config = json.loads((reduced / "config.json").read_text())
+    (reduced / "config.json").write_text(json.dumps({**config, "draft_vocab_size": 100}))
+    _fails_with([*bench, "--model", str(tiny_llama), "--draft", str(reduced)], capsys, "reduced")
+
+
+def test_an_error_exits_2_with_no_traceback_from_the_shell(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "saguaro", "generate", "x", "--model", str(tmp_path / "absent")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.startswith("saguaro generate: error: ") and "does not exist" in done.stderr

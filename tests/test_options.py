@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 
 import pytest
 
 from saguaro.config import EngineConfig
 from saguaro.launch import CLI_SAMPLING_DEFAULTS, engine_options, sampling_options
-from saguaro.options import add_options, cpu_list, from_args, given, opt
+from saguaro.options import OptionParser, add_options, cpu_list, from_args, given, opt
 from saguaro.sampling import SamplingParams
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser()
+def _parser() -> OptionParser:
+    p = OptionParser()
     engine_options(p, exclude=("seed",))
     sampling_options(p)
     return p
@@ -67,7 +66,7 @@ def test_a_field_without_opt_is_not_an_option():
         shown: int = opt(3, "an option")
         hidden: int = 4
 
-    p = argparse.ArgumentParser()
+    p = OptionParser()
     add_options(p, Settings)
     assert p.parse_args(["--shown", "5"]).shown == 5
     with pytest.raises(SystemExit):

@@ -3,5 +3,6 @@
 import sys
 
 from saguaro.bench import bench_main
+from saguaro.errors import run_command
 
-sys.exit(bench_main(sys.argv[1:]))
+sys.exit(run_command("saguaro bench", bench_main, sys.argv[1:]))

@@ -26,6 +26,9 @@ from saguaro.bench.plan import Variant
 from saguaro.bench.synthetic import synthetic_verifier
 from saguaro.config import LOOKUP_DRAFT
 from saguaro.core.records import RoundRecord
+from saguaro.engine.engine import check_compatible
+from saguaro.errors import IncompatibleModelsError, ModelLoadError
+from saguaro.models.config import ModelConfig
 from saguaro.models.gguf_import import GGUF_NAME
 from saguaro.models.loader import safetensors_files
 from saguaro.models.tokenizer import Tokenizer
@@ -182,6 +185,35 @@ class _FirstTokenClock:
 
     def end(self) -> None:
         pass
+
+
+def check_hf_pair(target_dir: Path, draft_dir: Path) -> None:
+    """Raise, before anything loads, where transformers cannot run assisted generation on the
+    pair: a model that is not a Hugging Face checkpoint (a GGUF file, a directory without
+    config.json and safetensors weights), or a draft whose tokens differ from the target's."""
+    for role, path in (("target", target_dir), ("draft", draft_dir)):
+        if path.is_dir() and (path / "config.json").is_file() and _has_safetensors(path):
+            continue
+        raise ModelLoadError(
+            f"mode hf-assisted runs transformers, which reads Hugging Face checkpoints "
+            f"(config.json and safetensors weights), and the {role} {path} is not one "
+            "(saguaro import-gguf writes a GGUF file as one; or leave hf-assisted out of --modes)"
+        )
+    check_compatible(target_dir, draft_dir, Tokenizer(target_dir))
+    head = ModelConfig.from_dir(draft_dir).draft_vocab_size
+    if head is not None:
+        raise IncompatibleModelsError(
+            f"mode hf-assisted: the draft {draft_dir} scores a reduced output vocabulary of "
+            f"{head} tokens (draft_vocab_size), which transformers cannot load; leave "
+            "hf-assisted out of --modes, or give a draft over the whole vocabulary"
+        )
+
+
+def _has_safetensors(model_dir: Path) -> bool:
+    try:
+        return bool(safetensors_files(model_dir))
+    except ModelLoadError:
+        return False
 
 
 class HFAssistedBackend:

@@ -11,7 +11,8 @@ from typing import Any
 
 from saguaro.bench.datasets import DATASETS, DEFAULT_DATASETS
 from saguaro.config import DTYPES, MODES, SAMPLING_METHODS
-from saguaro.options import add_options, flag, from_args, opt, show
+from saguaro.models.catalog import DEFAULT_MODEL
+from saguaro.options import OptionParser, add_options, flag, from_args, opt, show
 from saguaro.placement import resolve_device
 
 # SSD's Saguaro sampling constant C lies in (0, 1] (docs/design.md §6).
@@ -102,7 +103,9 @@ class BenchConfig:
     values, ``fanouts`` space-separated ones (a fan-out itself may contain commas)."""
 
     model: str | None = opt(
-        None, "target model directory or name (default: smollm2-135m-instruct)", metavar="DIR"
+        None,
+        f"target model directory, GGUF file or name (default: {DEFAULT_MODEL})",
+        metavar="DIR",
     )
     draft: str | None = opt(
         None,
@@ -143,6 +146,7 @@ class BenchConfig:
         "modes run at the largest --k only (auto: its K_max, beside SD swept over every K)",
         parse=names_of(BENCH_MODES),
         metavar="M,..",
+        advanced=True,
     )
     fanouts: tuple[str, ...] = opt(
         ("auto",),
@@ -157,6 +161,7 @@ class BenchConfig:
         flags=("--saguaro-c",),
         parse=non_negative_floats,
         metavar="C,..",
+        advanced=True,
     )
     samplings: tuple[str, ...] = opt(
         ("auto",),
@@ -165,14 +170,16 @@ class BenchConfig:
         flags=("--sampling",),
         parse=names_of(SAMPLING_METHODS),
         metavar="S,..",
+        advanced=True,
     )
-    repeats: int = opt(1, "passes over the prompts")
+    repeats: int = opt(1, "passes over the prompts", advanced=True)
     seed: int = opt(0, "prompt selection and sampling seed")
     device: str = opt("auto", "auto | cpu | cuda[:N], as for the engine")
     draft_device: str | None = opt(
         None,
         "ssd and auto: the draft worker's device, e.g. cuda:1 for a GPU of its own (the "
         "paper's layout; default: the engine's choice)",
+        advanced=True,
     )
     out: str = opt("bench-out", "output directory", metavar="DIR")
     quick: bool = opt(False, _QUICK_HELP)
@@ -183,6 +190,7 @@ class BenchConfig:
         "acceptance on random weights); output is not the target's, so the greedy check is "
         "skipped",
         metavar="RATE",
+        advanced=True,
     )
     forwards: tuple[str, ...] = opt(
         ("eager",),
@@ -190,6 +198,7 @@ class BenchConfig:
         "graphs, a GPU only: EngineConfig.enforce_eager off)",
         parse=names_of(FORWARDS),
         metavar="F,..",
+        advanced=True,
     )
     dtypes: tuple[str, ...] = opt(
         ("float32",),
@@ -197,6 +206,7 @@ class BenchConfig:
         "modes are checked against its own AR and compared with it",
         parse=names_of(DTYPES),
         metavar="D,..",
+        advanced=True,
     )
     draft_dtypes: tuple[str, ...] = opt(
         (),
@@ -205,6 +215,7 @@ class BenchConfig:
         "are checked against AR of the target's dtype",
         parse=names_of(DTYPES),
         metavar="D,..",
+        advanced=True,
     )
     draft_lookups: tuple[int, ...] = opt(
         (),
@@ -212,6 +223,7 @@ class BenchConfig:
         "draft_lookup: the shortest n-gram copied, 0 none; default: the engine's)",
         parse=non_negative_ints,
         metavar="N,..",
+        advanced=True,
     )
     draft_stop_belows: tuple[float, ...] = opt(
         (),
@@ -219,6 +231,7 @@ class BenchConfig:
         "draft_stop_below; 0: none; default: the engine's)",
         parse=non_negative_floats,
         metavar="P,..",
+        advanced=True,
     )
     tensor_parallel_sizes: tuple[int, ...] = opt(
         (1,),
@@ -227,28 +240,35 @@ class BenchConfig:
         flags=("--tensor-parallel-size",),
         parse=positive_ints,
         metavar="N,..",
+        advanced=True,
     )
     one_core_baselines: bool = opt(
         False,
         "also run AR and SD on one core with one thread, labelled '1 core' (by default every "
         "mode computes on all the cores SSD's target and draft use together)",
+        advanced=True,
     )
     llama_cpp_bin: str | None = opt(
         None,
         "directory holding llama.cpp's llama-speculative-simple binary (mode llama.cpp-sd)",
         metavar="DIR",
+        advanced=True,
     )
     llama_cpp_cache: str = opt(
-        "~/.cache/saguaro/gguf", "where the models' GGUF files are written once", metavar="DIR"
+        "~/.cache/saguaro/gguf",
+        "where the models' GGUF files are written once",
+        metavar="DIR",
+        advanced=True,
     )
     llama_cpp_dtype: str = opt(
         "f32",
         f"llama.cpp peers' weights where a checkpoint is written as GGUF: "
         f"{' | '.join(LLAMA_CPP_DTYPES)} (a model directory's own GGUF file runs as it is)",
         metavar="DTYPE",
+        advanced=True,
     )
     llama_cpp_threads: int | None = opt(
-        None, "llama.cpp peers' threads (default: the cores this process may run on)"
+        None, "llama.cpp peers' threads (default: the cores this process may run on)", advanced=True
     )
 
     def __post_init__(self) -> None:
@@ -274,10 +294,10 @@ class BenchConfig:
             )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> OptionParser:
     """One option per BenchConfig field, in field order. Options left out stay None, so that
     --quick can tell them from its own preset."""
-    p = argparse.ArgumentParser(
+    p = OptionParser(
         prog="saguaro bench",
         description="Benchmark AR, SD, SSD and HF assisted generation side by side.",
     )

@@ -20,7 +20,13 @@ from tqdm import tqdm
 
 from saguaro.bench import prompts, provenance, report
 from saguaro.bench.aggregate import Row, aggregate
-from saguaro.bench.backends import Backend, HFAssistedBackend, SaguaroBackend, peer_backend
+from saguaro.bench.backends import (
+    Backend,
+    HFAssistedBackend,
+    SaguaroBackend,
+    check_hf_pair,
+    peer_backend,
+)
 from saguaro.bench.check import check_greedy, not_checked
 from saguaro.bench.config import DRAFT_MODEL_MODES, PEER_MODES, BenchConfig, parse_config
 from saguaro.bench.measure import measure
@@ -28,7 +34,6 @@ from saguaro.bench.plan import Plan, Variant, batch_count, build_variants
 from saguaro.bench.prompts import PromptSet
 from saguaro.bench.tables import correctness_banner, markdown_table
 from saguaro.config import EngineConfig, resolve_model_dirs
-from saguaro.errors import SaguaroError
 from saguaro.models.config import ModelConfig
 from saguaro.models.tokenizer import Tokenizer
 from saguaro.placement import resolve_device
@@ -103,6 +108,9 @@ def _prepare(cfg: BenchConfig) -> _Prepared:
     """Resolve the models, build the variants and load the prompts: the plan (its config with
     the device resolved) and the context length its engines need."""
     target_dir, draft_dir = model_dirs(cfg)
+    if "hf-assisted" in cfg.modes:
+        assert draft_dir is not None  # a speculative mode resolves a draft
+        check_hf_pair(target_dir, draft_dir)
     variants = build_variants(cfg)
     lookahead = _lookahead(cfg, variants)
     context = min(
@@ -182,11 +190,6 @@ def run_bench(cfg: BenchConfig, command: list[str]) -> int:
 
 def bench_main(argv: list[str]) -> int:
     """`saguaro bench [flags]`: exit 0 on success, 1 when a mode's greedy tokens differ from
-    AR's, 2 on a usage or engine error (also when a variant failed and was dropped from the
-    results written)."""
-    try:
-        cfg = parse_config(argv)
-        return run_bench(cfg, ["saguaro", "bench", *argv])
-    except (SaguaroError, ValueError, ImportError) as e:
-        print(f"saguaro bench: error: {e}", file=sys.stderr)
-        return EXIT_ERROR
+    AR's, 2 when a variant failed and was dropped from the results written (a usage or engine
+    error also exits 2: saguaro.errors.run_command)."""
+    return run_bench(parse_config(argv), ["saguaro", "bench", *argv])

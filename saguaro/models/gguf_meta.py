@@ -48,14 +48,20 @@ _NORMAL, _CONTROL, _USER_DEFINED = 1, 3, 4
 _DEFAULT_CONTEXT_LENGTH = 2048
 
 
-def hf_config(g: GGUFFile) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``config.json`` and ``generation_config.json`` for the file's hyper-parameters."""
+def architecture(g: GGUFFile) -> str:
+    """The file's architecture, one saguaro reads (else a ModelLoadError naming it)."""
     arch = g.need("general.architecture")
     if arch not in ARCHITECTURES:
         raise ModelLoadError(
             f"{g.path}: unsupported GGUF architecture {arch!r}; saguaro reads "
             f"{sorted(ARCHITECTURES)}"
         )
+    return str(arch)
+
+
+def hf_config(g: GGUFFile) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``config.json`` and ``generation_config.json`` for the file's hyper-parameters."""
+    arch = architecture(g)
     hf_arch, model_type = ARCHITECTURES[arch]
     hidden = int(g.need(f"{arch}.embedding_length"))
     heads = int(g.need(f"{arch}.attention.head_count"))
@@ -228,6 +234,7 @@ def _tokenizer_config(g: GGUFFile, v: _Vocab) -> dict[str, Any]:
 
 def hf_tokenizer(g: GGUFFile) -> tuple[dict[str, Any], dict[str, Any]]:
     """``tokenizer.json`` and ``tokenizer_config.json`` of the file's byte-level BPE vocabulary."""
+    architecture(g)  # a model saguaro cannot run is named as such, not by its vocabulary
     v = _read_vocab(g)
     added = _added_tokens(v)
     post = _bos_post_processor(v.tokens[v.bos_id], v.bos_id) if v.add_bos else None

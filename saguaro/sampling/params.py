@@ -75,36 +75,64 @@ class SamplingParams:
     top-p: :mod:`saguaro.sampling.probs`) define the target distribution ``p`` that speculative
     decoding must reproduce exactly (docs/sampling.md). ``temperature == 0`` means greedy, and
     nothing else does: any positive temperature samples, however confident the row.
+
+    ``temperature`` defaults to 1.0, as vLLM's SamplingParams and OpenAI's API do (the HTTP
+    server's requests too); ``saguaro generate`` and ``saguaro chat`` default to 0, greedy
+    (``saguaro.launch.CLI_SAMPLING_DEFAULTS``), and say so in their help.
     """
 
-    temperature: float = opt(1.0, "0: greedy; any T > 0 samples")
-    top_k: int = opt(0, "keep the k most likely tokens (0 or -1: disabled)")
-    top_p: float = opt(1.0, "keep the smallest set of mass >= p, in (0, 1] (1: disabled)")
-    min_p: float = opt(0.0, "keep tokens of probability >= min_p x the top one's (0: disabled)")
-    presence_penalty: float = opt(0.0, "subtract it from every generated token's logit, [-2, 2]")
-    frequency_penalty: float = opt(0.0, "subtract it x each token's generated count, [-2, 2]")
+    temperature: float = opt(
+        1.0,
+        "0: greedy; any T > 0 samples (generate and chat default to greedy; the Python API and "
+        "the HTTP server to 1.0, as vLLM and OpenAI)",
+        metavar="T",
+    )
+    top_k: int = opt(0, "keep the k most likely tokens (0 or -1: disabled)", metavar="K")
+    top_p: float = opt(
+        1.0, "keep the smallest set of mass >= p, in (0, 1] (1: disabled)", metavar="P"
+    )
+    min_p: float = opt(
+        0.0, "keep tokens of probability >= min_p x the top one's (0: disabled)", advanced=True
+    )
+    presence_penalty: float = opt(
+        0.0, "subtract it from every generated token's logit, [-2, 2]", advanced=True
+    )
+    frequency_penalty: float = opt(
+        0.0, "subtract it x each token's generated count, [-2, 2]", advanced=True
+    )
     repetition_penalty: float = opt(
-        1.0, "divide positive / multiply negative logits of prompt and generated tokens (1: off)"
+        1.0,
+        "divide positive / multiply negative logits of prompt and generated tokens (1: off)",
+        advanced=True,
     )
     # token id -> added to its logit, in [-100, 100]
     logit_bias: dict[int, float] | None = None
-    min_tokens: int = opt(0, "no end-of-sequence or stop before this many tokens")
-    bad_words: list[str] | None = opt(None, "a word never generated (repeatable)", repeat=True)
-    n: int = opt(1, "samples of each prompt (they share its KV blocks)")
-    logprobs: int | None = opt(
-        None, f"report each token's log-probability and this many alternatives (0..{MAX_LOGPROBS})"
+    min_tokens: int = opt(0, "no end-of-sequence or stop before this many tokens", advanced=True)
+    bad_words: list[str] | None = opt(
+        None, "a word never generated (repeatable)", repeat=True, advanced=True
     )
-    logprobs_mode: LogprobsMode = opt("raw", "raw: the model's softmax; processed: p's")
+    n: int = opt(1, "samples of each prompt (they share its KV blocks)", advanced=True)
+    logprobs: int | None = opt(
+        None,
+        f"report each token's log-probability and this many alternatives (0..{MAX_LOGPROBS})",
+        advanced=True,
+    )
+    logprobs_mode: LogprobsMode = opt(
+        "raw", "raw: the model's softmax; processed: p's", advanced=True
+    )
     prompt_logprobs: int | None = opt(
         None,
         f"report each prompt token's log-probability and its top alternatives (0..{MAX_LOGPROBS})",
+        advanced=True,
     )
     structured: StructuredOutput | None = None  # a grammar the text must follow
     seed: int | None = opt(None, "keys every random draw of the request (default: the engine's)")
-    max_tokens: int = opt(16, "tokens to generate at most")
-    stop: list[str] | str | None = opt(None, "stop string (repeatable)", repeat=True)
+    max_tokens: int = opt(16, "tokens to generate at most", metavar="N")
+    stop: list[str] | str | None = opt(
+        None, "stop string (repeatable)", repeat=True, metavar="TEXT"
+    )
     stop_token_ids: list[int] | None = None
-    ignore_eos: bool = opt(False, "keep generating past end-of-sequence tokens")
+    ignore_eos: bool = opt(False, "keep generating past end-of-sequence tokens", advanced=True)
     # This request's method at T > 0; None: the engine's (docs/sampling.md)
     sampling: RequestMethod | None = None
 

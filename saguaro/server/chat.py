@@ -6,13 +6,13 @@ Conversations are rendered with the tokenizer's chat template; a base model with
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from typing import Any
 
-from saguaro.errors import RequestError, SaguaroError
+from saguaro.errors import RequestError
 from saguaro.launch import build_llm, engine_options, sampling_options, sampling_params
+from saguaro.options import BASIC, OptionParser
 
 
 def turn_summary(metrics: dict[str, Any], elapsed: float) -> str:
@@ -78,19 +78,14 @@ def run_chat(llm: Any, params: Any, system: str | None = None) -> None:
 
 def chat_main(argv: list[str] | None = None) -> int:
     """``saguaro chat [--model DIR] [--draft DIR] [--mode M] [--k K] [sampling flags]``."""
-    parser = argparse.ArgumentParser(
+    parser = OptionParser(
         prog="saguaro chat", description="Chat with a model in the terminal, streaming replies."
     )
+    parser.group(BASIC).add_argument("--system", help="system prompt for every conversation")
     engine_options(parser, exclude=("seed",))  # --seed is the request's
     sampling_options(parser)
-    parser.add_argument("--system", help="system prompt for every conversation")
     args = parser.parse_args(argv)
-    try:
-        params = sampling_params(args)
-        llm = build_llm(args, exclude=("seed",))
-    except (SaguaroError, ValueError) as e:
-        print(f"saguaro chat: error: {e}", file=sys.stderr)
-        return 2
-    with llm:
+    params = sampling_params(args)
+    with build_llm(args, exclude=("seed",)) as llm:
         run_chat(llm, params, args.system)
     return 0

@@ -7,19 +7,16 @@ one stops at once.
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
-import sys
 import threading
 from dataclasses import dataclass
 from typing import Any
 
 import uvicorn
 
-from saguaro.errors import SaguaroError
 from saguaro.launch import build_llm, engine_options
-from saguaro.options import add_options, from_args, opt
+from saguaro.options import OptionParser, add_options, from_args, opt
 from saguaro.server.async_engine import AsyncEngine
 from saguaro.server.routes import build_app
 
@@ -53,13 +50,13 @@ class ServerConfig:
     )
 
 
-def serve_parser() -> argparse.ArgumentParser:
+def serve_parser() -> OptionParser:
     """``saguaro serve``'s options: EngineConfig's, then ServerConfig's."""
-    parser = argparse.ArgumentParser(
+    parser = OptionParser(
         prog="saguaro serve", description="Serve a model over an OpenAI-compatible HTTP API."
     )
     engine_options(parser)
-    add_options(parser.add_argument_group("server"), ServerConfig)
+    add_options(parser, ServerConfig, group="server")
     return parser
 
 
@@ -68,11 +65,7 @@ def serve_main(argv: list[str] | None = None) -> int:
     [--api-key KEY] [--max-model-len N] ...``: serve until interrupted."""
     args = serve_parser().parse_args(argv)
     cfg: ServerConfig = from_args(ServerConfig, args)
-    try:
-        llm = build_llm(args)
-    except (SaguaroError, ValueError) as e:
-        print(f"saguaro serve: error: {e}", file=sys.stderr)
-        return 2
+    llm = build_llm(args)
     # uvicorn re-raises the signal that stopped it once it is done; SIGTERM's default action
     # would then end the process before the engine (and its draft worker) is closed.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)

@@ -22,8 +22,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from jinja2.exceptions import TemplateError
+from prometheus_client import CollectorRegistry, generate_latest
 from pydantic import BaseModel, ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -40,7 +41,7 @@ from saguaro.server.errors import (
     validation_error,
 )
 from saguaro.server.logprobs import Tokens, chat_logprobs, completion_logprobs
-from saguaro.server.metrics import CONTENT_TYPE, render_metrics
+from saguaro.server.metrics import CONTENT_TYPE, metrics_registry
 from saguaro.server.protocol import (
     ChatChoice,
     ChatChunkChoice,
@@ -64,12 +65,17 @@ router = APIRouter()
 
 @dataclass
 class ServedModel:
-    """What the routes serve: the engine loop, the model's public name and the HTTP counts."""
+    """What the routes serve: the engine loop, the model's public name, the HTTP counts and the
+    metrics registry reading them all."""
 
     ae: AsyncEngine
     model_name: str
     created: int = field(default_factory=lambda: int(time.time()))
     http_counts: Counter[tuple[str, int]] = field(default_factory=Counter)
+    registry: CollectorRegistry = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.registry = metrics_registry(self.ae, self.http_counts, self.model_name)
 
     @property
     def engine(self) -> LLMEngine:
@@ -305,9 +311,7 @@ async def model(model_id: str, request: Request) -> dict[str, Any]:
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
     served = _served(request)
-    return PlainTextResponse(
-        render_metrics(served.ae, served.http_counts, served.model_name), media_type=CONTENT_TYPE
-    )
+    return Response(generate_latest(served.registry), media_type=CONTENT_TYPE)
 
 
 @router.post("/v1/completions")

@@ -1,4 +1,5 @@
-"""`python -m saguaro.train {prepare,fit,export,eval}`: every step is rerunnable and resumes."""
+"""saguaro train-pair (python -m saguaro.train) {prepare,fit,export,eval}: train the project's
+small code pair from scratch; every step is rerunnable and resumes."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ def _parser() -> argparse.ArgumentParser:
     from saguaro.train.trainer import FIT_OPTIONS, FitConfig
 
     defaults = FitConfig()
-    p = argparse.ArgumentParser(prog="saguaro-train", description=__doc__)
+    p = argparse.ArgumentParser(prog="saguaro train-pair", description=__doc__)
     p.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR, help="data and checkpoints")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     sub = p.add_subparsers(dest="command", required=True)

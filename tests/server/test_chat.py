@@ -10,14 +10,15 @@ import pytest
 from tokenizers import processors
 
 from saguaro import LLM, SamplingParams
+from saguaro.cli import main
 from saguaro.models.tokenizer import Tokenizer
-from saguaro.server.chat import chat_main, turn_summary
+from saguaro.server.chat import turn_summary
 from tests.conftest import EOS, byte_tokenizer
 
 
 def run(monkeypatch, capsys, argv: list[str], typed: str) -> tuple[int, str, str]:
     monkeypatch.setattr("sys.stdin", io.StringIO(typed))
-    code = chat_main(argv)
+    code = main(["chat", *argv])  # through the CLI, which turns errors into exit code 2
     out, err = capsys.readouterr()
     return code, out, err
 

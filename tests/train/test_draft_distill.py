@@ -11,11 +11,11 @@ import torch
 import transformers
 
 from saguaro import LLM, SamplingParams
+from saguaro.cli import main
 from saguaro.errors import ModelLoadError
 from saguaro.models.draft_dir import EMBED, assemble_draft
 from saguaro.models.loader import iter_tensors, safetensors_files
 from saguaro.train.distill import DistillConfig, Distiller, batches, distill_loss
-from saguaro.train.draft_cli import main as train_draft
 from saguaro.train.draft_data import (
     RolloutConfig,
     answer_path,
@@ -30,6 +30,11 @@ from tests.conftest import transformers_greedy, write_tiny_model
 from tests.speculation.test_reduced_head import prefill_logits
 
 PROMPTS = [[5, 6, 7, 8, 9], [40, 41], [100, 101, 102, 103, 104, 105, 106], [7]]
+
+
+def train_draft(argv: list[str]) -> int:
+    """``saguaro train-draft ARGV``'s exit code (the CLI turns errors into exit code 2)."""
+    return main(["train-draft", *argv])
 
 
 @pytest.fixture(scope="module")
