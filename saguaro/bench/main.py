@@ -28,7 +28,13 @@ from saguaro.bench.backends import (
     peer_backend,
 )
 from saguaro.bench.check import check_greedy, not_checked
-from saguaro.bench.config import DRAFT_MODEL_MODES, PEER_MODES, BenchConfig, parse_config
+from saguaro.bench.config import (
+    DRAFT_MODEL_MODES,
+    HF_MODE,
+    PEER_MODES,
+    BenchConfig,
+    parse_config,
+)
 from saguaro.bench.measure import measure
 from saguaro.bench.plan import Plan, Variant, batch_count, build_variants
 from saguaro.bench.prompts import PromptSet
@@ -63,7 +69,7 @@ def load_backends(
     """One backend per variant, by label, each closed by ``stack``."""
     backends: dict[str, Backend] = {}
     for v in tqdm(plan.variants, desc="loading", unit="engine", file=sys.stderr):
-        if v.mode == "hf-assisted":
+        if v.mode == HF_MODE:
             assert draft_dir is not None  # a speculative mode resolves a draft
             backend: Backend = HFAssistedBackend(v, target_dir, draft_dir, cfg.device)
         elif v.mode in PEER_MODES:
@@ -108,7 +114,7 @@ def _prepare(cfg: BenchConfig) -> _Prepared:
     """Resolve the models, build the variants and load the prompts: the plan (its config with
     the device resolved) and the context length its engines need."""
     target_dir, draft_dir = model_dirs(cfg)
-    if "hf-assisted" in cfg.modes:
+    if HF_MODE in cfg.modes:
         assert draft_dir is not None  # a speculative mode resolves a draft
         check_hf_pair(target_dir, draft_dir)
     variants = build_variants(cfg)

@@ -7,7 +7,7 @@ import math
 import random
 from dataclasses import dataclass, replace
 
-from saguaro.bench.config import LOOKUP_MODE, PEER_MODES, BenchConfig
+from saguaro.bench.config import HF_MODE, LOOKUP_MODE, PEER_MODES, BenchConfig
 from saguaro.bench.prompts import PromptSet
 from saguaro.config import parse_fanout
 from saguaro.sampling import SamplingParams
@@ -27,7 +27,7 @@ ONE_CORE_MODES = ("ar", "sd", "auto", LOOKUP_MODE)
 DRAFT_MODES = ("sd", "ssd", "auto")
 
 # Modes that sample with their own sampler, not saguaro's (one variant whatever --sampling says).
-OWN_SAMPLER_MODES = ("hf-assisted", *PEER_MODES)
+OWN_SAMPLER_MODES = (HF_MODE, *PEER_MODES)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,9 @@ from saguaro.bench.prompts import PromptSet
 
 
 def test_variants_per_k_fanout_and_c():
-    full = parse_config(["--k", "2,4", "--fanout", "auto", "2,1,1"])
+    full = parse_config(
+        ["--k", "2,4", "--fanout", "auto", "2,1,1", "--modes", "ar,sd,ssd,auto,hf-assisted"]
+    )
     labels = [v.label for v in build_variants(full)]
     assert labels == [
         "ar", "sd k=2", "sd k=4", "ssd k=2 f=2,1,1", "ssd k=2 f=auto", "ssd k=4 f=auto",
