@@ -126,10 +126,8 @@ class LLMEngine:
             self.tokenizer.to_json(), vocab_size, sorted(self.eos_token_ids)
         )
         if cfg.mode != "ar" and self._make_proposer is not None:
-            self._draft_setup = DraftSetup(
-                built.draft_dir, self.max_model_len, vocab_size, built.num_blocks
-            )
-            self.proposer = self._make_proposer(cfg, self._draft_setup)
+            setup = DraftSetup(built.draft_dir, self.max_model_len, vocab_size, built.num_blocks)
+            self.proposer = self._make_proposer(cfg, setup)
             self.proposer.calibrate(self._time_target)
 
     def _time_target(self, num_seqs: int, positions: int) -> float:
@@ -329,17 +327,7 @@ class LLMEngine:
         rounds = [s for s in batch if s.decode]
         spec = [s for s in rounds if s.k > 0]
         t0 = time.perf_counter()
-        proposal = None
-        if spec:
-            assert self.proposer is not None
-            try:
-                proposal = self.proposer.propose([s.seq for s in spec], [s.k for s in spec])
-            except DraftWorkerError as e:
-                self._drop_proposer(e)
-                proposal = None
-            # A proposer may offer fewer than k tokens (a short n-gram match, or none at all).
-            for i, s in enumerate(spec):
-                s.k = int(proposal.num_draft[i]) if proposal is not None else 0
+        proposal = self._propose(spec)
         t1 = time.perf_counter()
         clock = ForwardClock(self.runner)
         row = {s.seq.seq_id: i for i, s in enumerate(spec)}  # round -> its proposal row
@@ -364,6 +352,23 @@ class LLMEngine:
             positions = sum(len(q.token_ids) for q in queries)
             self.proposer.observe([s.seq for s in spec], clock.seconds(), positions)
         return [s.seq for s in rounds]
+
+    def _propose(self, spec: list[Scheduled]) -> Proposal | None:
+        """The proposer's proposals for the rounds ``spec``, each round's k cut to what it
+        offered; None where no round speculates or the draft is gone for good (every k is then
+        0, and the step runs as AR)."""
+        if not spec:
+            return None
+        assert self.proposer is not None
+        try:
+            proposal = self.proposer.propose([s.seq for s in spec], [s.k for s in spec])
+        except DraftWorkerError as e:
+            self._drop_proposer(e)
+            proposal = None
+        # A proposer may offer fewer than k tokens (a short n-gram match, or none at all).
+        for i, s in enumerate(spec):
+            s.k = int(proposal.num_draft[i]) if proposal is not None else 0
+        return proposal
 
     def _queries(
         self, batch: list[Scheduled], row: dict[int, int], proposal: Proposal | None
