@@ -161,6 +161,25 @@ def step_costs(group: list[Run]) -> dict[str, float] | None:
     return out
 
 
+def _speculation(
+    group: list[Run], tokens: int
+) -> tuple[dict[str, Any], float | None, float | None]:
+    """The runs' speculation summary (:func:`~saguaro.core.metrics.summarize`, without its
+    histogram), their mean accepted length (where the backend counts target forwards, as
+    hf-assisted does: ``tokens`` committed per forward) and their bonus accuracy
+    (:func:`bonus_counts`: hits over rounds that accepted every proposal; None: no such round)."""
+    seq_records = [s for r in group for s in r.gen.records]
+    spec = summarize(rec for s in seq_records for rec in s) if seq_records else {}
+    spec.pop("accepted_histogram", None)
+    mal = spec.get("mean_accepted_length")
+    forwards = [r.gen.target_forwards for r in group if r.gen.target_forwards is not None]
+    if forwards and sum(forwards):
+        mal = tokens / sum(forwards)
+    full = sum(bonus_counts(s)[0] for s in seq_records)
+    hit = sum(bonus_counts(s)[1] for s in seq_records)
+    return spec, mal, hit / full if full else None
+
+
 def _row(key: tuple[str, float, int, str], v: Variant, group: list[Run]) -> Row:
     """The row of one variant's runs in one cell, before the speedups (which need the cell's
     other rows)."""
@@ -169,15 +188,7 @@ def _row(key: tuple[str, float, int, str], v: Variant, group: list[Run]) -> Row:
     tokens = sum(len(q.token_ids) for q in reqs)
     elapsed = sum(r.gen.elapsed_s for r in group)
     latencies = [q.latency_s for q in reqs]
-    seq_records = [s for r in group for s in r.gen.records]
-    spec = summarize(rec for s in seq_records for rec in s) if seq_records else {}
-    spec.pop("accepted_histogram", None)
-    mal = spec.get("mean_accepted_length")
-    forwards = [r.gen.target_forwards for r in group if r.gen.target_forwards is not None]
-    if forwards and sum(forwards):
-        mal = tokens / sum(forwards)  # hf-assisted: tokens committed per target forward
-    full = sum(bonus_counts(s)[0] for s in seq_records)
-    hit = sum(bonus_counts(s)[1] for s in seq_records)
+    spec, mal, bonus = _speculation(group, tokens)
     predicted = [r.gen.predicted_speedup for r in group if r.gen.predicted_speedup]
     last_ssd = next((r.gen.ssd_stats for r in reversed(group) if r.gen.ssd_stats), None)
     speculative = v.mode in SPEC_MODES
@@ -204,7 +215,7 @@ def _row(key: tuple[str, float, int, str], v: Variant, group: list[Run]) -> Row:
         mean_accepted_length=mal if speculative else None,
         acceptance_rate=spec.get("acceptance_rate") if speculative else None,
         cache_hit_rate=spec.get("cache_hit_rate"),
-        bonus_accuracy=hit / full if full else None,
+        bonus_accuracy=bonus,
         predicted_speedup=_mean(predicted),
         draft_failures=sorted({r.gen.draft_failure for r in group if r.gen.draft_failure}),
         speculation=spec if speculative else {},

@@ -14,72 +14,32 @@ import itertools
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import replace
 
 import torch
 
 from saguaro import placement
-from saguaro.config import EngineConfig, resolve_model_dirs
+from saguaro.config import EngineConfig
 from saguaro.core.proposal import DraftHealth, DraftSetup, Proposal, Proposer, ProposerFactory
 from saguaro.core.records import RoundRecord
 from saguaro.core.sequence import Sequence, Status
 from saguaro.core.snapshot import EngineSnapshot
 from saguaro.engine.block_manager import BlockManager
 from saguaro.engine.detokenizer import Detokenizer
-from saguaro.engine.graphs import graph_buckets
-from saguaro.engine.model_runner import ForwardClock, ModelRunner, time_forward
+from saguaro.engine.loading import load_target
+from saguaro.engine.model_runner import ForwardClock, time_forward
 from saguaro.engine.scheduler import Scheduled, Scheduler
 from saguaro.engine.tensor_parallel import TensorParallelTarget, rank_placements
-from saguaro.errors import (
-    DraftWorkerError,
-    IncompatibleModelsError,
-    ModelLoadError,
-    RequestError,
-    TensorParallelError,
-)
-from saguaro.kernels.transfer import upload
-from saguaro.models.config import ModelConfig
-from saguaro.models.llama import CausalLM
-from saguaro.models.loader import load_model, model_exists
-from saguaro.models.tokenizer import Tokenizer, has_tokenizer
-from saguaro.sampling import SamplingParams, SamplingTensors, SparseQ, VerifyResult, seed_tensor
+from saguaro.engine.verification import verify_step
+from saguaro.errors import DraftWorkerError, RequestError, TensorParallelError
+from saguaro.sampling import SamplingParams, SamplingTensors
 from saguaro.sampling.logprobs import TokenLogprob, token_logprobs
 from saguaro.sampling.noise import sample_seed
-from saguaro.sampling.processors import Processors, apply_processors
-from saguaro.sampling.round import Round, Verifier, verifier
+from saguaro.sampling.processors import Processors
+from saguaro.sampling.round import Verifier, verifier
 from saguaro.sampling.structured import GrammarCompiler
 
 log = logging.getLogger("saguaro")
-
-NON_FINITE_LOGITS = "the model produced non-finite logits (NaN or inf) for this request"
-
-
-@dataclass
-class StepRounds:
-    """A step's decode rounds as the verifier takes them (``rnd``) and as lists: each round's
-    proposals, and the logits rows scoring its positions (``rows[i][j]`` scores position j of
-    round i; padding repeats the last)."""
-
-    rnd: Round
-    drafts: list[list[int]]
-    rows: list[list[int]]
-
-
-@dataclass
-class Outcomes:
-    """Each round's outcome (docs/design.md §3): k accepted proposals, the target's token t
-    after them, and an error that ends that request alone (None: none)."""
-
-    num_accepted: list[int]
-    next_token: list[int]
-    errors: list[str | None]
-
-    def committed(self, drafts: list[list[int]]) -> list[list[int]]:
-        """Each round's new tokens: its first k proposals, then t."""
-        return [
-            d[:k] + [t] for d, k, t in zip(drafts, self.num_accepted, self.next_token, strict=True)
-        ]
 
 
 def note_proposal(record: RoundRecord, proposal: Proposal, j: int, draft_s: float) -> None:
@@ -88,30 +48,6 @@ def note_proposal(record: RoundRecord, proposal: Proposal, j: int, draft_s: floa
     record.mode, record.draft_s, record.wait_s = proposal.mode, draft_s, proposal.wait_s
     record.hit = proposal.hit[j] if proposal.hit else None
     record.backup = proposal.backup[j] if proposal.backup else None
-
-
-@dataclass
-class LoadedModels:
-    target_dir: Path
-    draft_dir: Path | None
-    tokenizer: Tokenizer
-
-
-def check_compatible(target_dir: Path, draft_dir: Path, tokenizer: Tokenizer) -> None:
-    """Draft proposals are token ids the target scores: both must mean the same thing by them."""
-    t_cfg, d_cfg = ModelConfig.from_dir(target_dir), ModelConfig.from_dir(draft_dir)
-    if has_tokenizer(draft_dir):
-        d_tok = Tokenizer(draft_dir)
-        if d_tok.fingerprint() != tokenizer.fingerprint():
-            raise IncompatibleModelsError(
-                f"draft tokenizer ({draft_dir}) differs from the target's ({target_dir}): "
-                f"{d_tok.vocab_size} vs {tokenizer.vocab_size} tokens, ids differ"
-            )
-    if t_cfg.vocab_size != d_cfg.vocab_size:
-        raise IncompatibleModelsError(
-            f"draft vocab_size {d_cfg.vocab_size} ({draft_dir}) != target vocab_size "
-            f"{t_cfg.vocab_size} ({target_dir})"
-        )
 
 
 def engine_placement(cfg: EngineConfig) -> placement.Placement | None:
@@ -165,20 +101,17 @@ class LLMEngine:
         self._seed_rng = torch.Generator().manual_seed(cfg.seed)
 
     def _build(self, cfg: EngineConfig) -> None:
-        """Load and check the models, size the KV cache, start the proposer."""
-        target_dir, draft_dir = self._checked_dirs(cfg)
-        target = self._load_target(cfg, target_dir)
-        self.model_config = target.config
-        self.max_model_len = min(
-            cfg.max_model_len or target.config.max_position_embeddings,
-            target.config.max_position_embeddings,
+        """Load and size the target (:func:`~saguaro.engine.loading.load_target`), then build
+        the KV blocks' manager, the scheduler and the proposer around it."""
+        built = load_target(cfg)
+        self.tensor_parallel = built.tensor_parallel  # closed by close() if the rest fails
+        self.target_dir, self.draft_dir = built.target_dir, built.draft_dir
+        self.tokenizer, self.model_config = built.tokenizer, built.model_config
+        self.max_model_len, self.eos_token_ids = built.max_model_len, built.eos_token_ids
+        self.runner = built.runner
+        self.block_manager = BlockManager(
+            built.num_blocks, cfg.block_size, cfg.enable_prefix_caching
         )
-        self.eos_token_ids = frozenset(target.config.eos_token_ids) | frozenset(
-            t for t in [self.tokenizer.eos_token_id] if t is not None
-        )
-        num_blocks = self._kv_blocks(cfg, target)
-        self.block_manager = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching)
-        self.runner = self._target_runner(cfg, target, num_blocks)
         self.scheduler = Scheduler(
             self.block_manager,
             cfg.max_num_seqs,
@@ -188,92 +121,14 @@ class LLMEngine:
             on_preempt=self._on_preempt,
         )
         self.detok = Detokenizer(self.tokenizer)
+        vocab_size = built.model_config.vocab_size
         self.grammars = GrammarCompiler(
-            self.tokenizer.to_json(), target.config.vocab_size, sorted(self.eos_token_ids)
+            self.tokenizer.to_json(), vocab_size, sorted(self.eos_token_ids)
         )
         if cfg.mode != "ar" and self._make_proposer is not None:
-            self._draft_setup = DraftSetup(
-                draft_dir, self.max_model_len, target.config.vocab_size, num_blocks
-            )
-            self.proposer = self._make_proposer(cfg, self._draft_setup)
+            setup = DraftSetup(built.draft_dir, self.max_model_len, vocab_size, built.num_blocks)
+            self.proposer = self._make_proposer(cfg, setup)
             self.proposer.calibrate(self._time_target)
-
-    def _checked_dirs(self, cfg: EngineConfig) -> tuple[Path, Path | None]:
-        """The target's and the draft's directories, both present and compatible; the
-        target's tokenizer."""
-        target_dir, draft_dir = resolve_model_dirs(cfg)
-        self.target_dir, self.draft_dir = target_dir, draft_dir
-        if not model_exists(target_dir):
-            raise ModelLoadError(f"model {str(target_dir)!r} does not exist")
-        self.tokenizer = Tokenizer(target_dir)
-        if draft_dir is not None:
-            if not model_exists(draft_dir):
-                raise ModelLoadError(f"draft model {str(draft_dir)!r} does not exist")
-            check_compatible(target_dir, draft_dir, self.tokenizer)
-        return target_dir, draft_dir
-
-    def _load_target(self, cfg: EngineConfig, target_dir: Path) -> CausalLM:
-        """The target (rank 0's slices of it under tensor parallelism)."""
-        if cfg.mode != "ar" and cfg.dtype != "float32" and cfg.kernels == "torch":
-            # On torch's operators a token's logits depend, in their last bits, on how many
-            # positions share its forward (1 in AR, K + 1 in verification): within one rounding
-            # unit of the logits, which in 16-bit floats is wide enough for near-ties to go the
-            # other way. saguaro's kernels compute each token alone, whatever shares its forward.
-            log.warning(
-                "saguaro: %s weights on torch's operators: speculative decoding samples from the "
-                "target's K+1-position forwards, whose logits differ from AR's one-position "
-                "forwards by rounding; its greedy output can part from AR's at near-ties "
-                "(--kernels saguaro keeps them equal)",
-                cfg.dtype,
-            )
-        if cfg.tensor_parallel_size > 1:
-            self.tensor_parallel = TensorParallelTarget(cfg, target_dir)
-            return self.tensor_parallel.load()
-        return load_model(
-            target_dir,
-            cfg.dtype,
-            cfg.device,
-            quantization=cfg.quantization,
-            kernels=cfg.kernels == "saguaro",
-        )
-
-    def _kv_blocks(self, cfg: EngineConfig, target: CausalLM) -> int:
-        """KV-cache blocks: ``num_kv_blocks``, else what ``kv_cache_gb`` holds, at most what
-        ``max_num_seqs`` full sequences need and at least one."""
-        blocks_per_seq = -(-self.max_model_len // cfg.block_size)
-        num_blocks = cfg.num_kv_blocks or max(
-            blocks_per_seq,
-            min(
-                blocks_per_seq * cfg.max_num_seqs,
-                int(cfg.kv_cache_gb * 2**30)
-                // ModelRunner.kv_bytes_per_block(target, cfg.block_size),
-            ),
-        )
-        if num_blocks < blocks_per_seq:
-            raise ValueError(
-                f"num_kv_blocks={num_blocks} cannot hold one sequence of max_model_len="
-                f"{self.max_model_len} ({blocks_per_seq} blocks of {cfg.block_size} tokens)"
-            )
-        return num_blocks
-
-    def _target_runner(self, cfg: EngineConfig, target: CausalLM, num_blocks: int) -> ModelRunner:
-        """The target's runner, warmed up (``compile``) and its graphs captured."""
-        if self.tensor_parallel is not None:
-            runner = self.tensor_parallel.runner(target, num_blocks, cfg.block_size)
-        else:
-            buckets = graph_buckets(
-                cfg.graphs,
-                cfg.max_num_seqs,
-                self.max_model_len + cfg.lookahead,
-                cfg.num_speculative_tokens,
-            )
-            runner = ModelRunner(
-                target, num_blocks, cfg.block_size, cfg.device, cfg.compile, buckets=buckets
-            )
-        if cfg.compile:
-            runner.warm_up()
-        runner.capture_graphs((1, cfg.lookahead + 1))
-        return runner
 
     def _time_target(self, num_seqs: int, positions: int) -> float:
         """A proposer's probe of the target's cost (before serving: see time_forward)."""
@@ -472,17 +327,7 @@ class LLMEngine:
         rounds = [s for s in batch if s.decode]
         spec = [s for s in rounds if s.k > 0]
         t0 = time.perf_counter()
-        proposal = None
-        if spec:
-            assert self.proposer is not None
-            try:
-                proposal = self.proposer.propose([s.seq for s in spec], [s.k for s in spec])
-            except DraftWorkerError as e:
-                self._drop_proposer(e)
-                proposal = None
-            # A proposer may offer fewer than k tokens (a short n-gram match, or none at all).
-            for i, s in enumerate(spec):
-                s.k = int(proposal.num_draft[i]) if proposal is not None else 0
+        proposal = self._propose(spec)
         t1 = time.perf_counter()
         clock = ForwardClock(self.runner)
         row = {s.seq.seq_id: i for i, s in enumerate(spec)}  # round -> its proposal row
@@ -507,6 +352,23 @@ class LLMEngine:
             positions = sum(len(q.token_ids) for q in queries)
             self.proposer.observe([s.seq for s in spec], clock.seconds(), positions)
         return [s.seq for s in rounds]
+
+    def _propose(self, spec: list[Scheduled]) -> Proposal | None:
+        """The proposer's proposals for the rounds ``spec``, each round's k cut to what it
+        offered; None where no round speculates or the draft is gone for good (every k is then
+        0, and the step runs as AR)."""
+        if not spec:
+            return None
+        assert self.proposer is not None
+        try:
+            proposal = self.proposer.propose([s.seq for s in spec], [s.k for s in spec])
+        except DraftWorkerError as e:
+            self._drop_proposer(e)
+            proposal = None
+        # A proposer may offer fewer than k tokens (a short n-gram match, or none at all).
+        for i, s in enumerate(spec):
+            s.k = int(proposal.num_draft[i]) if proposal is not None else 0
+        return proposal
 
     def _queries(
         self, batch: list[Scheduled], row: dict[int, int], proposal: Proposal | None
@@ -548,61 +410,6 @@ class LLMEngine:
             taken[first : first + n] = True
         return logits[(~taken).nonzero()[:, 0].to(logits.device)]
 
-    def _round(
-        self, rounds: list[Scheduled], row: dict[int, int], proposal: Proposal | None, device
-    ) -> StepRounds:
-        """The rounds of ``rounds`` for the verifier, their proposals from ``proposal`` (round
-        i's at row ``row[seq_id]``) padded to the longest."""
-        k_max = max(s.k for s in rounds)
-        # Built as lists and made tensors once: a few small ints per round, where a tensor
-        # operator each would cost more than the verification itself.
-        # rows[i][j]: the logits row scoring position j of round i (padding repeats the last).
-        rows: list[list[int]] = []
-        tokens: list[list[int]] = []
-        proposed = proposal.tokens.tolist() if proposal is not None else []
-        take = []  # proposal row of each round (rounds without proposals: none)
-        offset = 0
-        for i, s in enumerate(rounds):
-            rows.append([offset + min(j, s.k) for j in range(k_max + 1)])
-            offset += s.k + 1
-            padded = [0] * k_max
-            if s.k:
-                j = row[s.seq.seq_id]
-                padded[: s.k] = proposed[j][: s.k]
-                take.append((i, j))
-            tokens.append(padded)
-        draft_tokens = torch.tensor(tokens, dtype=torch.int64)  # [n, K], K may be 0
-        q = None
-        if proposal is not None and proposal.q is not None and take:
-            # Rounds without proposals get point masses: their entries are never read.
-            # Assembled where the proposal's q is (the device, over SSD's lane): no round trip.
-            where = proposal.q.ids.device
-            dst, src, padded_tokens = upload(
-                [*(torch.tensor(x) for x in zip(*take, strict=True)), draft_tokens], where
-            )
-            q = SparseQ.point_mass(padded_tokens, proposal.q.width)
-            q.ids[dst], q.probs[dst] = proposal.q.ids[src, :k_max], proposal.q.probs[src, :k_max]
-        seqs = [s.seq for s in rounds]
-        on_host = (
-            draft_tokens,
-            torch.tensor([s.k for s in rounds], dtype=torch.int64),
-            seed_tensor([seq.seed for seq in seqs]),
-            torch.tensor([len(seq) for seq in seqs], dtype=torch.int64),
-            torch.tensor(rows, dtype=torch.int64),
-        )
-        draft_tokens, num_draft, seeds, positions, rows_t = upload(on_host, device)
-        rnd = Round(
-            st=SamplingTensors.from_params([seq.params for seq in seqs]),
-            draft_tokens=draft_tokens,
-            num_draft=num_draft,
-            seeds=seeds,
-            positions=positions,
-            rows=rows_t,
-            draft_q=None if q is None else q.to(device),
-        )
-        drafts = [t[: s.k] for t, s in zip(tokens, rounds, strict=True)]
-        return StepRounds(rnd, drafts, rows)
-
     def _verify_and_commit(
         self,
         rounds: list[Scheduled],
@@ -612,37 +419,28 @@ class LLMEngine:
         draft_s: float,
         clock: ForwardClock,
     ) -> None:
+        """Verify the step's rounds (:func:`~saguaro.engine.verification.verify_step`) and
+        apply each one's outcome: commit its tokens and record the round, or end its request
+        with the error it met."""
         n = len(rounds)
-        seqs = [s.seq for s in rounds]
         verify_start = time.perf_counter()
-        step = self._round(rounds, row, proposal, logits.device)
-        generated = [seq.output_token_ids for seq in seqs]
-        processors = [seq.processors for seq in seqs]
-        # The unprocessed rows are kept only for requests that report their log-probabilities.
-        raw = any(s.logprobs is not None and s.params.logprobs_mode == "raw" for s in seqs)
-        processed = apply_processors(
-            logits, processors, generated, step.drafts, step.rows, keep=raw
-        )
-        methods = [seq.params.method(self.cfg.sampling) for seq in seqs]
-        out = self._verify(processed, step.rnd, methods)
+        verdict = verify_step(rounds, row, proposal, logits, self.cfg.sampling, self.verifier_for)
+        out = verdict.outcomes
         target_s = clock.seconds()  # read once the outcome's copy has waited for the GPU
-        committed = out.committed(step.drafts)
-        logprobs = self._logprobs(
-            seqs, (logits, processed), step.rnd, step.rows, committed, out.errors
-        )
         now = time.perf_counter()
         verify_s = (now - verify_start) / n
         for i, s in enumerate(rounds):
             seq = s.seq
-            if out.errors[i] is not None:
-                self._fail(seq, out.errors[i], now)
+            error = out.errors[i]
+            if error is not None:
+                self._fail(seq, error, now)
                 continue
             written = len(seq) + s.k  # target KV now covers r, s_1..s_k
-            count = self._commit(seq, committed[i], logprobs[i], now)
+            count = self._commit(seq, verdict.committed[i], verdict.logprobs[i], now)
             record = RoundRecord(
                 num_drafted=s.k,
                 num_accepted=out.num_accepted[i],
-                token=committed[i][-1],
+                token=verdict.committed[i][-1],
                 committed=count,
                 step=self.num_steps,
                 target_s=target_s / n,
@@ -682,72 +480,6 @@ class LLMEngine:
         if seq.is_finished:
             seq.finish_time = now
             self._release(seq)
-
-    def _logprobs(
-        self,
-        seqs: list[Sequence],
-        logits: tuple[torch.Tensor, torch.Tensor],
-        rnd: Round,
-        rows: list[list[int]],
-        committed: list[list[int]],
-        errors: list[str | None],
-    ) -> list[list[TokenLogprob]]:
-        """The log-probabilities of each round's committed tokens, for the requests that ask:
-        token j of round i from ``rows[i][j]``, of the raw or of the processed ``logits``."""
-        out: list[list[TokenLogprob]] = [[] for _ in seqs]
-        for mode, block in zip(("raw", "processed"), logits, strict=True):
-            idx = [
-                i
-                for i, seq in enumerate(seqs)
-                if seq.logprobs is not None
-                and seq.params.logprobs_mode == mode
-                and errors[i] is None
-            ]
-            if not idx:
-                continue
-            owner = [i for i in idx for _ in committed[i]]
-            scored = [r for i in idx for r in rows[i][: len(committed[i])]]
-            tokens = [t for i in idx for t in committed[i]]
-            num_top = [seqs[i].params.logprobs for i in owner]
-            st = rnd.st.index(torch.tensor(owner))
-            found = token_logprobs(block[torch.tensor(scored)], tokens, st, num_top, mode)
-            for i, lp in zip(owner, found, strict=True):
-                out[i].append(lp)
-        return out
-
-    def _verify(self, logits: torch.Tensor, rnd: Round, methods: list[str]) -> Outcomes:
-        """Verify every round, the rounds of each sampling method together; if that raises,
-        verify each of them alone, so that one request's failure ends that request only."""
-        n = len(methods)
-        outcomes: dict[tuple[int, ...], VerifyResult | Exception] = {}
-        for method in sorted(set(methods)):
-            verify = self.verifier_for(method)
-            group = [i for i, m in enumerate(methods) if m == method]
-            whole = rnd if len(group) == n else rnd.select(group)  # one method: no copies
-            try:
-                outcomes[tuple(group)] = verify(logits, whole)
-                continue
-            except Exception:
-                log.exception("batched verification failed; verifying each request alone")
-            for i in group:
-                try:
-                    outcomes[(i,)] = verify(logits, rnd.select([i]))
-                except Exception as e:
-                    outcomes[(i,)] = e
-        num_accepted, next_token = [0] * n, [0] * n
-        errors: list[str | None] = [None] * n
-        for idx, result in outcomes.items():
-            if isinstance(result, Exception):
-                errors[idx[0]] = f"sampling failed ({type(result).__name__})"
-                continue
-            # One copy to the host for the three (on a GPU, one synchronisation).
-            outcome = torch.stack([result.num_accepted, result.next_token, result.invalid.long()])
-            accepted, tokens, invalid = outcome.tolist()
-            for j, i in enumerate(idx):
-                num_accepted[i], next_token[i] = accepted[j], tokens[j]
-                if invalid[j]:
-                    errors[i] = NON_FINITE_LOGITS
-        return Outcomes(num_accepted, next_token, errors)
 
     def _fail(self, seq: Sequence, why: str, now: float) -> None:
         """End one request with an error; the rest of its batch is untouched."""

@@ -20,6 +20,10 @@ SUPPORTED_ARCHITECTURES = {
 }
 # Families whose q/k/v projections always have biases (Qwen2's config has no attention_bias).
 QKV_BIAS_FAMILIES = ("qwen2",)
+# Hugging Face's LlamaConfig defaults, for configs that leave these fields out.
+DEFAULT_RMS_NORM_EPS = 1e-6
+DEFAULT_ROPE_THETA = 10000.0
+DEFAULT_MAX_POSITION_EMBEDDINGS = 2048
 
 
 @dataclass(frozen=True)
@@ -91,59 +95,85 @@ class ModelConfig:
     def from_dict(
         cls, raw: dict[str, Any], gen: dict[str, Any] | None = None, source: str = "config"
     ) -> ModelConfig:
+        """The config of ``raw`` (a ``config.json``) and ``gen`` (its
+        ``generation_config.json``, whose token ids win); ModelLoadError naming ``source`` for
+        an architecture or a field saguaro cannot serve."""
         if not isinstance(raw, dict):
             raise ModelLoadError(f"{source}: expected a JSON object")
         gen = gen or {}
-        archs = raw.get("architectures") or []
-        arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
-        if arch is None:
-            raise ModelLoadError(
-                f"{source}: unsupported architecture {archs or raw.get('model_type')!r}; "
-                f"saguaro supports {sorted(SUPPORTED_ARCHITECTURES)}"
-            )
+        arch = _architecture(raw, source)
         family = SUPPORTED_ARCHITECTURES[arch]
-
-        def need(key: str) -> Any:
-            if key not in raw:
-                raise ModelLoadError(f"{source}: missing required field {key!r}")
-            return raw[key]
-
-        hidden = int(need("hidden_size"))
-        heads = int(need("num_attention_heads"))
+        hidden = int(_need(raw, "hidden_size", source))
+        heads = int(_need(raw, "num_attention_heads", source))
         head_dim = raw.get("head_dim") or hidden // heads
-        eos = gen.get("eos_token_id", raw.get("eos_token_id"))
-        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
         if raw.get("use_sliding_window"):
             raise ModelLoadError(f"{source}: sliding-window attention is not supported")
-        head = raw.get("draft_vocab_size")
-        tied = bool(raw.get("tie_word_embeddings", False))
-        if head is not None and (int(head) < 1 or int(head) > int(need("vocab_size")) or tied):
-            raise ModelLoadError(
-                f"{source}: draft_vocab_size {head} needs an untied LM head of 1 to vocab_size rows"
-            )
+        head = _draft_vocab_size(raw, source)
         return cls(
             architecture=arch,
             family=family,
-            vocab_size=int(need("vocab_size")),
+            vocab_size=int(_need(raw, "vocab_size", source)),
             hidden_size=hidden,
-            intermediate_size=int(need("intermediate_size")),
-            num_hidden_layers=int(need("num_hidden_layers")),
+            intermediate_size=int(_need(raw, "intermediate_size", source)),
+            num_hidden_layers=int(_need(raw, "num_hidden_layers", source)),
             num_attention_heads=heads,
             num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
             head_dim=int(head_dim),
-            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(_rope_param(raw, "rope_theta", 10000.0)),
-            max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
-            tie_word_embeddings=tied,
+            rms_norm_eps=float(raw.get("rms_norm_eps", DEFAULT_RMS_NORM_EPS)),
+            rope_theta=float(_rope_param(raw, "rope_theta", DEFAULT_ROPE_THETA)),
+            max_position_embeddings=int(
+                raw.get("max_position_embeddings", DEFAULT_MAX_POSITION_EMBEDDINGS)
+            ),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             attention_bias=family in QKV_BIAS_FAMILIES or bool(raw.get("attention_bias", False)),
             qk_norm=family == "qwen3",
             rope_scaling=_parse_rope_scaling(raw, source),
             bos_token_id=gen.get("bos_token_id", raw.get("bos_token_id")),
-            eos_token_ids=eos_ids,
+            eos_token_ids=_eos_ids(raw, gen),
             torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
-            draft_vocab_size=None if head is None else int(head),
+            draft_vocab_size=head,
             raw=raw,
         )
+
+
+def _need(raw: dict[str, Any], key: str, source: str) -> Any:
+    """``raw[key]``; ModelLoadError where the config lacks it."""
+    if key not in raw:
+        raise ModelLoadError(f"{source}: missing required field {key!r}")
+    return raw[key]
+
+
+def _architecture(raw: dict[str, Any], source: str) -> str:
+    """The first of the config's ``architectures`` that saguaro serves."""
+    archs = raw.get("architectures") or []
+    arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+    if arch is None:
+        raise ModelLoadError(
+            f"{source}: unsupported architecture {archs or raw.get('model_type')!r}; "
+            f"saguaro supports {sorted(SUPPORTED_ARCHITECTURES)}"
+        )
+    return arch
+
+
+def _eos_ids(raw: dict[str, Any], gen: dict[str, Any]) -> tuple[int, ...]:
+    """The ids that end a sequence: the generation config's, else the config's (one id or a
+    list of them)."""
+    eos = gen.get("eos_token_id", raw.get("eos_token_id"))
+    return tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+
+
+def _draft_vocab_size(raw: dict[str, Any], source: str) -> int | None:
+    """A draft's reduced LM head: 1 to ``vocab_size`` rows, untied (a tied head is the whole
+    embedding); None where the config names none."""
+    head = raw.get("draft_vocab_size")
+    tied = bool(raw.get("tie_word_embeddings", False))
+    if head is not None and (
+        int(head) < 1 or int(head) > int(_need(raw, "vocab_size", source)) or tied
+    ):
+        raise ModelLoadError(
+            f"{source}: draft_vocab_size {head} needs an untied LM head of 1 to vocab_size rows"
+        )
+    return None if head is None else int(head)
 
 
 def _rope_param(raw: dict[str, Any], key: str, default: Any) -> Any:

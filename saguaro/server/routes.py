@@ -407,35 +407,44 @@ async def chat_completions(request: Request) -> Response:
         return ChatCompletionChunk(id=rid, created=now, model=name, choices=[choice])
 
     if req.stream:
-        first = {"role": "assistant", "content": ""}
-        heads = [
-            ChatCompletionChunk(id=rid, created=now, model=name, choices=[choice])
-            for choice in (
-                ChatChunkChoice(index=i, delta=first, finish_reason=None)
-                for i in range(len(streams))
-            )
-        ]
+        heads = _chat_heads(rid, now, name, len(streams))
         usage_chunk = ChatCompletionChunk(id=rid, created=now, model=name, choices=[])
         return _event_stream(
             streams, watcher, chunk, usage_chunk, req.include_usage, len(ids), heads
         )
     choices = await _collect(streams, watcher)
-    return JSONResponse(
-        ChatCompletion(
+    done = ChatCompletion(
+        id=rid,
+        created=now,
+        model=name,
+        choices=[_chat_choice(i, c, logprobs_of(c.logprobs)) for i, c in enumerate(choices)],
+        usage=Usage.count(len(ids), [c.completion_tokens for c in choices]),
+    )
+    return JSONResponse(done.model_dump())
+
+
+def _chat_heads(rid: str, now: int, name: str, n: int) -> list[ChatCompletionChunk]:
+    """A chat stream's first chunk for each of its ``n`` choices: the assistant's role, with
+    empty content, before any text."""
+    first = {"role": "assistant", "content": ""}
+    return [
+        ChatCompletionChunk(
             id=rid,
             created=now,
             model=name,
-            choices=[
-                ChatChoice(
-                    index=i,
-                    message={"role": "assistant", "content": c.text},
-                    finish_reason=c.finish_reason,
-                    logprobs=logprobs_of(c.logprobs),
-                )
-                for i, c in enumerate(choices)
-            ],
-            usage=Usage.count(len(ids), [c.completion_tokens for c in choices]),
-        ).model_dump()
+            choices=[ChatChunkChoice(index=i, delta=first, finish_reason=None)],
+        )
+        for i in range(n)
+    ]
+
+
+def _chat_choice(i: int, event: StreamEvent, logprobs: dict[str, Any] | None) -> ChatChoice:
+    """Choice ``i`` of a whole (unstreamed) chat completion: the assistant's message."""
+    return ChatChoice(
+        index=i,
+        message={"role": "assistant", "content": event.text},
+        finish_reason=event.finish_reason,
+        logprobs=logprobs,
     )
 
 

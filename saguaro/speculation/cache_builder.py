@@ -473,14 +473,23 @@ class CacheBuilder:
             depths_s += seconds
             self.costs.observe_depth(num_branches, seconds)
         for i in live:
-            q = out_q.get(i)
-            for j, key in enumerate(branches[i]):
-                end = min(done, stops[i][j])
-                seqs[i].cache[key] = (
-                    out_tokens[i][j][:end],
-                    None if q is None else q[j, :end].clone(),
-                )
+            ends = [min(done, stop_at) for stop_at in stops[i]]
+            self._store(seqs[i], branches[i], out_tokens[i], out_q.get(i), ends)
         return depths_s
+
+    @staticmethod
+    def _store(
+        seq: DraftSeq,
+        branches: list[tuple[int, int]],
+        tokens: list[list[int]],
+        q: SparseQ | None,
+        ends: list[int],
+    ) -> None:
+        """Put ``seq``'s decoded branches in its cache: branch j's first ``ends[j]`` tokens
+        (the depth reached, or where it stopped) and what each was drawn from (``q[j]``)."""
+        for j, key in enumerate(branches):
+            end = ends[j]
+            seq.cache[key] = (tokens[j][:end], None if q is None else q[j, :end].clone())
 
     def _scratch(self, seq: DraftSeq, branches: list[tuple[int, int]]) -> BranchScratch:
         """Slots and mask for ``seq``'s branches: scratch starts after the longest possible

@@ -246,13 +246,24 @@ def plan_mode(
             m = copies.positions[k]
             rates[Choice("lookup", k)] = copies.tokens[k] / (target_s(m) + other_s(m))
     if ssd is not None:
-        m = n * (k_max + 1)
-        forward = ssd_target_s(m)
-        step = forward + other_s(m)
-        all_hit = ssd.p_hit**n
-        seconds = all_hit * max(step, ssd.t_p * forward) + (1.0 - all_hit) * (
-            step + ssd.t_b * forward
-        )
-        per_seq = ssd.p_hit * ssd.e_hit + (1.0 - ssd.p_hit) * ssd.e_miss
-        rates[Choice("ssd", k_max)] = n * per_seq / seconds
+        rates[Choice("ssd", k_max)] = ssd_rate(n, k_max, ssd_target_s, other_s, ssd)
     return rates
+
+
+def ssd_rate(
+    n: int,
+    k_max: int,
+    ssd_target_s: Callable[[int], float],
+    other_s: Callable[[int], float],
+    ssd: SSDEstimates,
+) -> float:
+    """SSD's predicted tokens per second for n sequences (:func:`plan_mode`):
+    ``n (p E_hit + (1 - p) E_miss) / (p^n max(V, T_p F) + (1 - p^n) (V + T_b F))`` with
+    ``F = T(n (K + 1))`` and ``V = F + O(n (K + 1))``."""
+    m = n * (k_max + 1)
+    forward = ssd_target_s(m)
+    step = forward + other_s(m)
+    all_hit = ssd.p_hit**n
+    seconds = all_hit * max(step, ssd.t_p * forward) + (1.0 - all_hit) * (step + ssd.t_b * forward)
+    per_seq = ssd.p_hit * ssd.e_hit + (1.0 - ssd.p_hit) * ssd.e_miss
+    return n * per_seq / seconds

@@ -185,13 +185,7 @@ def decode_chains(
     is never fed.
     """
     n, k_max = len(chains), max(c.k for c in chains)
-    stays = (
-        all(c.copies is None for c in chains)
-        and transfer.reads_wait(runner.device)
-        and all(c.processors is None for c in chains)
-        and not stop_below
-    )
-    drafted = Drafted(n, k_max, runner.device, stays)
+    drafted = Drafted(n, k_max, runner.device, _stays(runner, chains, stop_below))
     q: SparseQ | None = None
     fed = [c.start for c in chains]
     counts = [c.k for c in chains]
@@ -214,6 +208,18 @@ def decode_chains(
         at = torch.tensor(copied, dtype=torch.int64, device=q.device).T
         q.ids[at[0], at[1], 0] = at[2]
     return Drafts(drafted.tokens(), q, counts, fed)
+
+
+def _stays(runner: ModelRunner, chains: list[Chain], stop_below: float) -> bool:
+    """Whether the drafted tokens stay on the device until the last depth (:class:`Drafted`):
+    where reading them back waits for it and nothing on the host reads them between depths
+    (no lookup copies, no processors, no stop)."""
+    return (
+        all(c.copies is None for c in chains)
+        and transfer.reads_wait(runner.device)
+        and all(c.processors is None for c in chains)
+        and not stop_below
+    )
 
 
 def _copies(chains: list[Chain], drafted: Drafted, active: list[int], depth: int) -> dict[int, int]:

@@ -37,7 +37,7 @@ from tqdm import tqdm
 
 from saguaro.options import opt
 from saguaro.train.draft_data import load_rollouts, right_padded, save_whole
-from saguaro.train.draft_model import cut_draft, head_ids, load_draft
+from saguaro.train.draft_model import Draft, cut_draft, head_ids, load_draft
 from saguaro.train.trainer import lr_lambda
 
 CKPT = "draft-checkpoint.pt"
@@ -46,6 +46,10 @@ LENGTH_WINDOW = 64
 # Steps between entries of the loss curve kept in the checkpoint and training.json, and the
 # steps each entry averages.
 HISTORY_EVERY = 50
+# AdamW's settings for the draft; the learning rate falls by a cosine to MIN_LR_RATIO of its peak.
+WEIGHT_DECAY = 0.01
+ADAM_BETAS = (0.9, 0.95)
+MIN_LR_RATIO = 0.1
 
 
 def layer_list(text: str) -> tuple[int, ...]:
@@ -117,6 +121,18 @@ def distill_loss(
     return loss, stats
 
 
+def draft_optimizer(draft: Draft, lr: float) -> torch.optim.AdamW:
+    """AdamW over the draft's trainable parameters, matrices decayed and the rest (norms) not."""
+    params = [p for p in draft.parameters() if p.requires_grad]
+    decay = [p for p in params if p.ndim >= 2]
+    rest = [p for p in params if p.ndim < 2]
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": WEIGHT_DECAY}, {"params": rest, "weight_decay": 0.0}],
+        lr=lr,
+        betas=ADAM_BETAS,
+    )
+
+
 class Distiller:
     """The target (frozen), the draft, its optimizer and schedule, and the checkpoint."""
 
@@ -130,8 +146,6 @@ class Distiller:
     ) -> None:
         """The checkpoint in ``run_dir`` (which wins over ``cfg``) or a new draft (cut from the
         target, or ``cfg.init`` read back); the rollouts of ``rollouts`` (default ``run_dir``)."""
-        import transformers
-
         self.run_dir, self.device = run_dir, torch.device(device)
         ckpt = run_dir / CKPT
         state = torch.load(ckpt, weights_only=False) if ckpt.is_file() else None
@@ -139,35 +153,17 @@ class Distiller:
             cfg = DistillConfig(**{**state["config"], "layers": tuple(state["config"]["layers"])})
         self.cfg = cfg
         self.data = load_rollouts(rollouts or run_dir)
-        target = transformers.AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
-        vocab = target.config.vocab_size
-        if cfg.init:  # a resumed run rebuilds the same shape, then loads its checkpoint over it
-            self.draft = load_draft(target, Path(cfg.init)).to(self.device)
-        else:
-            ids = (
-                state["head_ids"]
-                if state is not None
-                else head_ids(self.data.top_ids, self.data.top_logp, cfg.head_tokens, vocab)
-            )
-            self.draft = cut_draft(target, cfg.layers, ids).to(self.device)
+        self.draft, vocab = self._new_draft(target_dir, state)
         ids = self.draft.head_ids.tolist()
-        del target
         # token id -> its row in the draft's head, -1 outside it
         self.head_row = torch.full((vocab,), -1, dtype=torch.long)
         self.head_row[torch.tensor(ids)] = torch.arange(len(ids))
         self.plan = batches(
             [len(s) for s in self.data.sequences], cfg.batch_tokens, cfg.seed, cfg.epochs
         )
-        params = [p for p in self.draft.parameters() if p.requires_grad]
-        decay = [p for p in params if p.ndim >= 2]
-        rest = [p for p in params if p.ndim < 2]
-        self.opt = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": 0.01}, {"params": rest, "weight_decay": 0.0}],
-            lr=cfg.lr,
-            betas=(0.9, 0.95),
-        )
+        self.opt = draft_optimizer(self.draft, cfg.lr)
         self.sched = torch.optim.lr_scheduler.LambdaLR(
-            self.opt, lr_lambda(cfg.warmup_steps, len(self.plan), 0.1)
+            self.opt, lr_lambda(cfg.warmup_steps, len(self.plan), MIN_LR_RATIO)
         )
         self.step, self.tokens, self.history = 0, 0, []
         if state is not None:
@@ -175,6 +171,24 @@ class Distiller:
             self.opt.load_state_dict(state["opt"])
             self.sched.load_state_dict(state["sched"])
             self.step, self.tokens, self.history = state["step"], state["tokens"], state["history"]
+
+    def _new_draft(self, target_dir: Path, state: dict[str, Any] | None) -> tuple[Draft, int]:
+        """The draft before any checkpoint is loaded over it, on the device, and the target's
+        vocabulary size: ``cfg.init`` read back, else cut from the target with the head of a
+        resumed run's checkpoint (``state``) or of the rollouts' likeliest tokens."""
+        import transformers
+
+        cfg = self.cfg
+        target = transformers.AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
+        vocab = target.config.vocab_size
+        if cfg.init:  # a resumed run rebuilds the same shape, then loads its checkpoint over it
+            return load_draft(target, Path(cfg.init)).to(self.device), vocab
+        ids = (
+            state["head_ids"]
+            if state is not None
+            else head_ids(self.data.top_ids, self.data.top_logp, cfg.head_tokens, vocab)
+        )
+        return cut_draft(target, cfg.layers, ids).to(self.device), vocab
 
     @property
     def done(self) -> bool:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from saguaro import LLM, SamplingParams
-from saguaro.engine.engine import NON_FINITE_LOGITS
+from saguaro.engine.verification import NON_FINITE_LOGITS
 from saguaro.sampling import round as round_module
 
 PROMPTS = ["def add(a, b):", "x", "import os\n", "for i in range(10):"]
