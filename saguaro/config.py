@@ -77,7 +77,6 @@ Kernels = Literal["auto", "saguaro", "torch"]
 
 MODES: tuple[str, ...] = typing.get_args(Mode)
 SAMPLING_METHODS: tuple[str, ...] = typing.get_args(SamplingMethod)
-BACKUPS: tuple[str, ...] = typing.get_args(Backup)
 DTYPES: tuple[str, ...] = typing.get_args(Dtype)
 
 
