@@ -26,7 +26,7 @@ from saguaro.bench.plan import Variant
 from saguaro.bench.synthetic import synthetic_verifier
 from saguaro.config import LOOKUP_DRAFT
 from saguaro.core.records import RoundRecord
-from saguaro.engine.engine import check_compatible
+from saguaro.engine.loading import check_compatible
 from saguaro.errors import IncompatibleModelsError, ModelLoadError
 from saguaro.models.config import ModelConfig
 from saguaro.models.gguf_import import GGUF_NAME

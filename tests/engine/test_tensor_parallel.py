@@ -20,7 +20,7 @@ from saguaro.models.loader import load_model
 from tests.conftest import PROMPTS, write_tiny_model
 from tests.models.test_parity import LLAMA3_ROPE
 from tests.procs import children, running
-from tests.speculation.test_sd import first_two_tv
+from tests.speculation.test_sd import check_sd_first_two
 
 # TP = 2 sums each projection in two halves: float reassociation, not bit-for-bit equality.
 LOGITS_ATOL = 1e-4
@@ -111,11 +111,10 @@ def test_greedy_speculation_on_a_two_rank_target_equals_ar(tiny_llama, close_dra
 
 @pytest.mark.slow
 def test_sd_on_a_two_rank_target_samples_the_target_at_t_above_zero(small_vocab_pair):
-    """The first two tokens' joint law at T = 0.8, top-p 0.9: TV within the noise floor."""
+    """The first two tokens' law at T = 0.8, top-p 0.9: TV within the noise floor."""
     target, close, _ = small_vocab_pair
-    tv, floor, llm = first_two_tv(target, close, 0.8, 0.9, tensor_parallel_size=2)
+    llm = check_sd_first_two(target, close, 0.8, 0.9, tensor_parallel_size=2)
     try:
-        assert tv < floor, f"TV {tv:.4f} >= noise floor {floor:.4f}"
         assert 0 < llm.last_run["accepted"] < llm.last_run["drafted"]
     finally:
         llm.close()
