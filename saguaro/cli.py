@@ -182,3 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         top_parser().parse_args(argv)  # --help, or a usage error: either exits
     name = argv[0]
     return run_command(f"saguaro {name}", COMMANDS[name].run, argv[1:])
+
+
+if __name__ == "__main__":  # python -m saguaro.cli, as scripts and older notes run it
+    raise SystemExit(main())

@@ -17,7 +17,7 @@ sizes=1
 [ "$gpus" -ge 4 ] && sizes=1,2,4
 python scripts/real_shapes.py write --out /tmp/real-shapes
 # SSD's draft takes the GPU after the target's ranks where there is one (else rank 0's).
-python -m saguaro.cli bench --device cuda \
+python -m saguaro bench --device cuda \
     --model /tmp/real-shapes/qwen3-0.6b --draft /tmp/real-shapes/qwen3-0.6b-draft \
     --modes ar,sd,ssd --tensor-parallel-size "$sizes" --batch-sizes 1,16 --temperatures 0 \
     --num-prompts 16 --max-tokens 64 --repeats 2 --out "$OUT/tp-bench" 2>&1 | tail -40

@@ -37,7 +37,7 @@ for tree in "old:$OUT/old-tree" "new:$root"; do
     name=${tree%%:*}
     export PYTHONPATH=${tree#*:}:$site
     "$PYTHON" -c "import saguaro; print('$name: saguaro from', saguaro.__file__)"
-    "$PYTHON" -m saguaro.cli bench --device "$DEVICE" --model "$MODELS/smollm2-135m-near" \
+    "$PYTHON" -m saguaro bench --device "$DEVICE" --model "$MODELS/smollm2-135m-near" \
         --draft "$MODELS/smollm2-135m-near-draft" --prompts "$root/scripts/gpu_prompts.jsonl" \
         --num-prompts "${NUM_PROMPTS:-16}" --max-tokens "${MAX_TOKENS:-64}" --out "$OUT/$name" \
         "${flags[@]}" >"$OUT/$name.log" 2>&1 || echo "$name failed: see $name.log"

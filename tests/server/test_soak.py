@@ -63,7 +63,7 @@ def _port_free(port: int) -> bool:
 def server_process(port: int, *args: str):
     """``saguaro serve --port port *args``, once its /health answers 200; killed on the way out
     if still running."""
-    cmd = [sys.executable, "-m", "saguaro.cli", "serve", "--port", str(port), *args]
+    cmd = [sys.executable, "-m", "saguaro", "serve", "--port", str(port), *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
