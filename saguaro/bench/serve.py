@@ -41,7 +41,7 @@ from saguaro.bench.serve_engines import (
     engine_spec,
     running,
 )
-from saguaro.bench.serve_report import write_all
+from saguaro.bench.serve_report import MS, write_all
 from saguaro.bench.serve_stats import LevelSummary, parse_prometheus, speculation, summarize
 from saguaro.errors import SaguaroError
 from saguaro.models.catalog import DEFAULT_DRAFT, DEFAULT_MODEL
@@ -221,8 +221,8 @@ def warm_up(server: Server, prompt: str, shape: RequestShape) -> None:
 def _print_level(s: LevelSummary) -> None:
     print(
         f"  {s.engine:14s} {s.level:10s} {s.completed}/{s.failed} done/failed, "
-        f"{s.output_tok_s:6.1f} tok/s, TTFT p50 {s.ttft_p50 * 1e3:7.0f} ms, "
-        f"TPOT p50 {s.tpot_p50 * 1e3:6.0f} ms, {s.duration_s:6.1f} s",
+        f"{s.output_tok_s:6.1f} tok/s, TTFT p50 {s.ttft_p50 * MS:7.0f} ms, "
+        f"TPOT p50 {s.tpot_p50 * MS:6.0f} ms, {s.duration_s:6.1f} s",
         flush=True,
     )
 
