@@ -13,6 +13,7 @@ from saguaro.bench.serve_stats import LevelSummary
 
 SCHEMA = "saguaro-serve-bench/1"
 JSON_INDENT = 1
+JSON_DECIMALS = 6  # times in seconds to the microsecond: far below what is measured
 MS = 1000.0  # latencies are recorded in seconds, shown in milliseconds
 DPI = 120
 PLOT_SIZE_IN = (10, 4)
@@ -135,9 +136,10 @@ def plot(levels: list[LevelSummary], path: Path) -> None:
 
 
 def json_safe(obj: Any) -> Any:
-    """``obj`` with NaN and infinities as None: strict JSON has no spelling for them."""
+    """``obj`` with NaN and infinities as None (strict JSON has no spelling for them), and
+    floats rounded to JSON_DECIMALS places (every request's chunk times are kept)."""
     if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
+        return round(obj, JSON_DECIMALS) if math.isfinite(obj) else None
     if isinstance(obj, dict):
         return {k: json_safe(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):

@@ -4,6 +4,7 @@ servers' Prometheus counters differenced), its settings, and one run end to end 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -14,7 +15,7 @@ import pytest
 
 from saguaro.bench import serve
 from saguaro.bench.serve_engines import PACKAGE_ROOT, Launch, engine_spec
-from saguaro.bench.serve_report import markdown_table, speculation_cell
+from saguaro.bench.serve_report import markdown_table, speculation_cell, write_all
 from saguaro.bench.serve_stats import (
     RequestRecord,
     chunk_gaps,
@@ -214,3 +215,21 @@ def test_a_run_against_a_real_saguaro_server(tiny_llama, tiny_draft, prompt_file
     assert body["servers"]["saguaro sd"]["model_id"]
     assert "| saguaro sd | c=2 | 2/0 |" in (out / "results.md").read_text()
     assert markdown_table([]).count("\n") == 2
+
+
+def test_the_report_files(tmp_path):
+    """results.json is strict JSON (NaN written as null), results.md has a row per level, and
+    latency.png is drawn."""
+    ok = RequestRecord(0, True, 0.0, 1.0, 0.2, [0.2, 0.6, 1.0], output_tokens=3)
+    levels = [
+        summarize("saguaro ar", [ok], 1.0, concurrency=1),
+        summarize("llama.cpp", [RequestRecord(0, False, 0.0, 0.1, None)], 1.0, concurrency=1),
+    ]
+    meta = json.loads(json.dumps({"date": "d", "machine": {"cpu": "c"}, "cpus": [0]}))
+    meta["config"] = dataclasses.asdict(serve.parse_config([]))
+    write_all(tmp_path, meta, levels, {"saguaro ar c=1": [dataclasses.asdict(ok)]}, True)
+    body = json.loads((tmp_path / "results.json").read_text(), parse_constant=pytest.fail)
+    assert body["levels"][1]["ttft_p50"] is None and body["levels"][1]["failed"] == 1
+    table = (tmp_path / "results.md").read_text()
+    assert "| saguaro ar | c=1 | 1/0 |" in table and "| llama.cpp | c=1 | 0/1 |" in table
+    assert (tmp_path / "latency.png").stat().st_size > 0
