@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import os
 import shlex
 import subprocess
 import sys
@@ -243,7 +244,13 @@ def bench_engine(
             _print_level(summary)
             summaries.append(summary)
             records[f"{spec.name} {summary.level}"] = [dataclasses.asdict(r) for r in recs]
-        info = {"argv": server.argv, "startup_s": server.startup_s, "model_id": server.model_id}
+        info = {
+            "argv": server.argv,
+            "startup_s": server.startup_s,
+            "model_id": server.model_id,
+            # the machine may be shared: the load when this engine ended qualifies its figures
+            "load_average_after": list(os.getloadavg()),
+        }
     return {spec.name: info}, summaries, records
 
 
