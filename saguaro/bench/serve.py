@@ -68,15 +68,20 @@ class ServeBenchConfig:
     model: str = opt(DEFAULT_MODEL, "target model: a name in $SAGUARO_MODELS or a path")
     draft: str = opt(DEFAULT_DRAFT, "draft model of the speculative engines")
     k: int = opt(4, "proposals per round: saguaro's --k, llama-server's --spec-draft-n-max")
-    dataset: str = opt("sharegpt", f"built-in prompt set, of {','.join(DATASETS)}")
+    dataset: str = opt("sharegpt", f"built-in prompt set, of {','.join(DATASETS)}", metavar="NAME")
     prompts: str | None = opt(
         None, 'JSONL file, one {"prompt": ...} a line (instead of --dataset)', metavar="FILE"
     )
     max_prompt_chars: int = opt(
-        1000, "prompts longer than this are left out (ShareGPT's first turns reach 100k chars)"
+        1000,
+        "prompts longer than this are left out (ShareGPT's first turns reach 100k chars)",
+        metavar="N",
     )
     concurrency: tuple[int, ...] = opt(
-        (1, 4, 16), "fixed-concurrency levels (clients in a closed loop)", parse=positive_ints
+        (1, 4, 16),
+        "fixed-concurrency levels (clients in a closed loop)",
+        parse=positive_ints,
+        metavar="C,..",
     )
     request_rates: tuple[float, ...] = opt(
         (),
@@ -107,8 +112,10 @@ class ServeBenchConfig:
     )
     context_per_slot: int = opt(2048, "tokens of context per sequence (saguaro --max-model-len)")
     llama_server: str = opt("llama-server", "llama.cpp's llama-server binary", metavar="PATH")
-    saguaro_args: str = opt("", "more options for every saguaro serve, as one string")
-    llama_args: str = opt("", "more options for every llama-server, as one string")
+    saguaro_args: str = opt(
+        "", "more options for every saguaro serve, as one string", metavar="ARGS"
+    )
+    llama_args: str = opt("", "more options for every llama-server, as one string", metavar="ARGS")
     startup_timeout_s: float = opt(600.0, "how long a server may take to answer")
     request_timeout_s: float = opt(900.0, "how long one request may take")
     plot: bool = opt(True, "write latency.png (matplotlib)")
