@@ -286,36 +286,47 @@ def meta_of(cfg: ServeBenchConfig, argv: list[str]) -> dict[str, Any]:
     }
 
 
-def run(cfg: ServeBenchConfig, argv: list[str]) -> list[LevelSummary]:
-    """Every engine at every level; the output files rewritten after each engine, so a run cut
-    short keeps what it measured."""
+# What stops one engine (a server that will not start or answer, a model llama-server cannot
+# read) without stopping the engines after it.
+ENGINE_FAILURES = (SaguaroError, ValueError, RuntimeError, TimeoutError, OSError)
+
+
+def run(cfg: ServeBenchConfig, argv: list[str]) -> tuple[list[LevelSummary], dict[str, str]]:
+    """Every engine at every level, and the engines that failed with why; the output files are
+    rewritten after each engine, so a run cut short keeps what it measured."""
     levels, warmup = levels_of(cfg)
     meta = meta_of(cfg, argv)
+    meta["failed_engines"] = failed = {}
     summaries: list[LevelSummary] = []
     records: dict[str, list[dict[str, Any]]] = {}
     start = time.perf_counter()
     for name in cfg.engines:
-        info, mine, recs = bench_engine(name, cfg, levels, warmup)
-        meta["servers"].update(info)
-        summaries += mine
-        records.update(recs)
+        try:
+            info, mine, recs = bench_engine(name, cfg, levels, warmup)
+        except ENGINE_FAILURES as e:
+            print(f"{name}: failed: {e}", file=sys.stderr, flush=True)
+            failed[name] = str(e)
+        else:
+            meta["servers"].update(info)
+            summaries += mine
+            records.update(recs)
         meta["wall_s"] = time.perf_counter() - start
         write_all(Path(cfg.out), meta, summaries, records, cfg.plot)
-    return summaries
+    return summaries, failed
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m saguaro.bench.serve [options]``: 0 when every request of every level
-    completed, 1 when some failed, 2 for bad settings or a server that would not start."""
+    """``python -m saguaro.bench.serve [options]``: 0 when every request of every engine and
+    level completed, 1 when a request or an engine failed, 2 for bad settings or prompts."""
     argv = sys.argv[1:] if argv is None else argv
     try:
         cfg = parse_config(argv)
-        summaries = run(cfg, argv)
-    except (SaguaroError, ValueError, RuntimeError, TimeoutError, OSError) as e:
+        summaries, failed = run(cfg, argv)
+    except (ImportError, ValueError) as e:  # bad settings, or a dataset that cannot load
         print(f"saguaro bench-serve: error: {e}", file=sys.stderr)
         return 2
     print(f"results in {cfg.out}/results.md")
-    return 1 if any(s.failed for s in summaries) else 0
+    return 1 if failed or any(s.failed for s in summaries) else 0
 
 
 if __name__ == "__main__":

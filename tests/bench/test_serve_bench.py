@@ -190,17 +190,20 @@ def test_server_commands_share_slots_context_and_threads(tmp_path):
 def test_a_run_against_a_real_saguaro_server(tiny_llama, tiny_draft, prompt_file, tmp_path):
     """saguaro serve --mode sd on a tiny pair, at concurrency 1 and 2 and Poisson arrivals, two
     short requests each: every request completes, tokens are counted, and no server is left
-    behind."""
+    behind. An engine that cannot start (llama-server on a model that is no GGUF file) is
+    recorded, fails the run's exit code and stops no other engine."""
     out = tmp_path / "out"
     argv = [
-        "--engines", "sd", "--model", str(tiny_llama), "--draft", str(tiny_draft),
+        "--engines", "llama.cpp,sd", "--model", str(tiny_llama), "--draft", str(tiny_draft),
         "--prompts", str(prompt_file), "--concurrency", "1,2", "--request-rates", "20",
         "--num-requests", "2", "--max-tokens", "8", "--context-per-slot", "256",
         "--no-plot", "--out", str(out),
     ]  # fmt: skip
-    assert serve.main(argv) == 0
+    assert serve.main(argv) == 1
     assert children(os.getpid()) == []
     body = json.loads((out / "results.json").read_text())
+    assert list(body["failed_engines"]) == ["llama.cpp"]
+    assert "GGUF" in body["failed_engines"]["llama.cpp"]
     assert [lv["level"] for lv in body["levels"]] == ["c=1", "c=2", "rate=20/s"]
     for lv in body["levels"]:
         assert (lv["completed"], lv["failed"], lv["output_tokens"]) == (2, 0, 16)
