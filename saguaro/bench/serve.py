@@ -43,7 +43,13 @@ from saguaro.bench.serve_engines import (
     running,
 )
 from saguaro.bench.serve_report import MS, write_all
-from saguaro.bench.serve_stats import LevelSummary, parse_prometheus, speculation, summarize
+from saguaro.bench.serve_stats import (
+    LevelSummary,
+    RequestRecord,
+    parse_prometheus,
+    speculation,
+    summarize,
+)
 from saguaro.errors import SaguaroError
 from saguaro.models.catalog import DEFAULT_DRAFT, DEFAULT_MODEL
 from saguaro.options import add_options, cpu_list, from_args, opt
@@ -201,7 +207,9 @@ def shape_of(cfg: ServeBenchConfig) -> RequestShape:
     )
 
 
-def run_level(server: Server, level: Level, shape: RequestShape) -> tuple[LevelSummary, list]:
+def run_level(
+    server: Server, level: Level, shape: RequestShape
+) -> tuple[LevelSummary, list[RequestRecord]]:
     """One level against a warm server: its summary (with the speculation ``/metrics`` counted
     over it) and its requests' records."""
     before = parse_prometheus(server.metrics_text())

@@ -147,8 +147,13 @@ class Server:
     argv: list[str] = field(default_factory=list)
 
     def metrics_text(self) -> str:
-        r = httpx.get(f"{self.url}/metrics", timeout=PROBE_TIMEOUT_S)
-        r.raise_for_status()
+        """The server's Prometheus exposition; RuntimeError if it cannot be read (a server that
+        died mid-run)."""
+        try:
+            r = httpx.get(f"{self.url}/metrics", timeout=PROBE_TIMEOUT_S)
+            r.raise_for_status()
+        except httpx.HTTPError as e:
+            raise RuntimeError(f"{self.spec.name}: cannot read /metrics: {e}") from e
         return r.text
 
 
