@@ -14,8 +14,11 @@ import openai
 
 from saguaro.bench.serve_stats import RequestRecord
 
-# Neither client nor server retries: a failure is counted as one.
+# The openai client retries nothing (it would also retry server errors): a failure counts.
 NO_RETRIES = 0
+# ...but a request that failed at once on a connection the server had closed is sent again this
+# many times at most, and the retry is recorded (RequestRecord.retries).
+STALE_CONNECTION_RETRIES = 1
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,44 @@ def client(url: str, timeout_s: float) -> openai.AsyncOpenAI:
     )
 
 
+async def _stream(
+    api: openai.AsyncOpenAI,
+    model: str,
+    prompt: str,
+    shape: RequestShape,
+    rec: RequestRecord,
+    sent: float,
+) -> None:
+    """Send the request and time into ``rec`` each chunk that carries text, from ``sent``."""
+    stream = await api.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": prompt}],
+        max_tokens=shape.max_tokens,
+        temperature=shape.temperature,
+        seed=shape.seed + rec.index,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": shape.ignore_eos},
+    )
+    async for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            rec.chunk_s.append(time.perf_counter() - sent)
+        if chunk.usage is not None:
+            rec.output_tokens = chunk.usage.completion_tokens
+            rec.prompt_tokens = chunk.usage.prompt_tokens
+
+
+def _stale_connection(e: Exception, rec: RequestRecord) -> bool:
+    """A connection error before any response, not a timeout, with a retry left: the server
+    closed a kept-alive connection as the client's pool reused it (seen with llama-server)."""
+    return (
+        isinstance(e, openai.APIConnectionError)
+        and not isinstance(e, openai.APITimeoutError)
+        and not rec.chunk_s
+        and rec.retries < STALE_CONNECTION_RETRIES
+    )
+
+
 async def one_request(
     api: openai.AsyncOpenAI,
     model: str,
@@ -43,31 +84,21 @@ async def one_request(
     shape: RequestShape,
     level_start: float,
 ) -> RequestRecord:
-    """Stream one chat completion and time each chunk that carries text."""
+    """Stream one chat completion, timing each chunk that carries text from the first send
+    (a retry on a stale connection included)."""
     sent = time.perf_counter()
     rec = RequestRecord(
         index=index, ok=False, sent_s=sent - level_start, latency_s=0.0, ttft_s=None
     )
-    try:
-        stream = await api.chat.completions.create(
-            model=model,
-            messages=[{"role": "user", "content": prompt}],
-            max_tokens=shape.max_tokens,
-            temperature=shape.temperature,
-            seed=shape.seed + index,
-            stream=True,
-            stream_options={"include_usage": True},
-            extra_body={"ignore_eos": shape.ignore_eos},
-        )
-        async for chunk in stream:
-            if chunk.choices and chunk.choices[0].delta.content:
-                rec.chunk_s.append(time.perf_counter() - sent)
-            if chunk.usage is not None:
-                rec.output_tokens = chunk.usage.completion_tokens
-                rec.prompt_tokens = chunk.usage.prompt_tokens
-        rec.ok = True
-    except (openai.OpenAIError, asyncio.TimeoutError) as e:
-        rec.error = f"{type(e).__name__}: {e}"
+    while not rec.ok:
+        try:
+            await _stream(api, model, prompt, shape, rec, sent)
+            rec.ok = True
+        except (openai.OpenAIError, asyncio.TimeoutError) as e:
+            if not _stale_connection(e, rec):
+                rec.error = f"{type(e).__name__}: {e}"
+                break
+            rec.retries += 1
     rec.latency_s = time.perf_counter() - sent
     rec.ttft_s = rec.chunk_s[0] if rec.chunk_s else None
     if rec.ok and not rec.output_tokens:  # a server without usage: count its chunks

@@ -68,7 +68,7 @@ def markdown_table(levels: list[LevelSummary]) -> str:
             [
                 s.engine,
                 s.level,
-                f"{s.completed}/{s.failed}",
+                f"{s.completed}/{s.failed}" + (f" ({s.retried} retried)" if s.retried else ""),
                 f"{s.output_tok_s:.1f}",
                 f"{s.requests_s:.3f}",
                 _ms(s.ttft_p50),

@@ -44,6 +44,7 @@ class RequestRecord:
     output_tokens: int = 0  # the server's usage count (content chunks where it gives none)
     prompt_tokens: int = 0
     error: str = ""
+    retries: int = 0  # sends again after a stale kept-alive connection (serve_client)
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -96,6 +97,7 @@ class LevelSummary:
     latency_p50: float
     latency_p99: float
     chunks_per_token: float  # content chunks / output tokens: 1 where a server sends a token each
+    retried: int  # requests sent again after a stale connection (serve_client)
     speculation: dict[str, Any] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
 
@@ -145,6 +147,7 @@ def summarize(
         latency_p50=percentile(latencies, P50),
         latency_p99=percentile(latencies, P99),
         chunks_per_token=chunks / tokens if tokens else math.nan,
+        retried=sum(1 for r in records if r.retries),
         errors=sorted({r.error for r in records if not r.ok})[:MAX_ERRORS_KEPT],
     )
 

@@ -4,16 +4,21 @@ servers' Prometheus counters differenced), its settings, and one run end to end 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import math
 import os
 import random
+from types import SimpleNamespace
 
+import httpx
 import numpy as np
+import openai
 import pytest
 
 from saguaro.bench import serve
+from saguaro.bench.serve_client import RequestShape, one_request
 from saguaro.bench.serve_engines import PACKAGE_ROOT, Launch, engine_spec
 from saguaro.bench.serve_report import markdown_table, speculation_cell, write_all
 from saguaro.bench.serve_stats import (
@@ -236,3 +241,44 @@ def test_the_report_files(tmp_path):
     table = (tmp_path / "results.md").read_text()
     assert "| saguaro ar | c=1 | 1/0 |" in table and "| llama.cpp | c=1 | 0/1 |" in table
     assert (tmp_path / "latency.png").stat().st_size > 0
+
+
+class _FakeCompletions:
+    """Fails the first ``fail`` sends with ``error``, then streams two chunks of text and a
+    usage chunk."""
+
+    def __init__(self, error: Exception, fail: int) -> None:
+        self.error, self.fail, self.sends = error, fail, 0
+
+    async def create(self, **_: object) -> object:
+        self.sends += 1
+        if self.sends <= self.fail:
+            raise self.error
+
+        async def chunks():
+            for text in ("a", "b"):
+                delta = SimpleNamespace(content=text)
+                yield SimpleNamespace(choices=[SimpleNamespace(delta=delta)], usage=None)
+            usage = SimpleNamespace(completion_tokens=2, prompt_tokens=5)
+            yield SimpleNamespace(choices=[], usage=usage)
+
+        return chunks()
+
+
+def _send(error: Exception, fail: int) -> tuple[RequestRecord, int]:
+    completions = _FakeCompletions(error, fail)
+    api = SimpleNamespace(chat=SimpleNamespace(completions=completions))
+    shape = RequestShape(max_tokens=2, temperature=0.0, seed=0, ignore_eos=True, timeout_s=1.0)
+    rec = asyncio.run(one_request(api, "m", "p", 0, shape, level_start=0.0))
+    return rec, completions.sends
+
+
+def test_a_stale_connection_is_retried_once_and_counted():
+    request = httpx.Request("POST", "http://x/v1/chat/completions")
+    rec, sends = _send(openai.APIConnectionError(request=request), fail=1)
+    assert (rec.ok, rec.retries, sends, rec.output_tokens, len(rec.chunk_s)) == (True, 1, 2, 2, 2)
+    assert summarize("e", [rec], 1.0, concurrency=1).retried == 1
+    rec, sends = _send(openai.APIConnectionError(request=request), fail=2)  # once only
+    assert (rec.ok, rec.retries, sends) == (False, 1, 2) and "APIConnectionError" in rec.error
+    rec, sends = _send(openai.APITimeoutError(request=request), fail=1)  # a timeout is a failure
+    assert (rec.ok, rec.retries, sends) == (False, 0, 1)
