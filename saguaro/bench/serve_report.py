@@ -1,0 +1,169 @@
+"""A serving benchmark's output files: ``results.json`` (settings, machine, servers, each level's
+summary and every request's record), ``results.md`` (one table) and ``latency.png`` (per-token
+latency against throughput, one line per engine)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from saguaro.bench.serve_stats import LevelSummary
+
+SCHEMA = "saguaro-serve-bench/1"
+JSON_INDENT = 1
+JSON_DECIMALS = 6  # times in seconds to the microsecond: far below what is measured
+MS = 1000.0  # latencies are recorded in seconds, shown in milliseconds
+DPI = 120
+PLOT_SIZE_IN = (10, 4)
+LABEL_OFFSET_PT = (3, 3)  # a level's label sits this far (points) right of and above its point
+
+COLUMNS = (
+    "engine",
+    "load",
+    "done/failed",
+    "out tok/s",
+    "req/s",
+    "TTFT p50 ms",
+    "TTFT p99 ms",
+    "ITL p50 ms",
+    "ITL p99 ms",
+    "TPOT p50 ms",
+    "E2E p50 s",
+    "speculation",
+)
+
+
+def _ms(value: float) -> str:
+    return "n/a" if math.isnan(value) else f"{value * MS:.0f}"
+
+
+def speculation_cell(spec: dict[str, Any]) -> str:
+    """A level's speculation in a few words: share of rounds verifying proposals (saguaro),
+    acceptance, tokens per round or accepted per verification, SSD's cache hits."""
+    if not spec or not spec.get("drafted"):
+        return "-"
+    parts = []
+    if spec.get("speculating_share") is not None:
+        parts.append(f"spec {spec['speculating_share']:.0%} of rounds")
+    parts.append(f"acc {spec['acceptance']:.0%}")
+    if spec.get("tokens_per_round") is not None:
+        parts.append(f"{spec['tokens_per_round']:.2f} tok/round")
+    if spec.get("accepted_per_verification") is not None:
+        parts.append(f"{spec['accepted_per_verification']:.2f} acc/verif")
+    if spec.get("ssd_hit_rate") is not None:
+        parts.append(f"hit {spec['ssd_hit_rate']:.0%}")
+    if len(spec.get("rounds_by_mode", {})) > 1:  # auto: which strategies it chose
+        parts.append("/".join(f"{m} {n:.0f}" for m, n in spec["rounds_by_mode"].items()))
+    return ", ".join(parts)
+
+
+def markdown_table(levels: list[LevelSummary]) -> str:
+    head = "| " + " | ".join(COLUMNS) + " |"
+    align = "|" + "|".join([":--", ":--"] + ["--:"] * (len(COLUMNS) - 3) + [":--"]) + "|"
+    rows = [
+        "| "
+        + " | ".join(
+            [
+                s.engine,
+                s.level,
+                f"{s.completed}/{s.failed}" + (f" ({s.retried} retried)" if s.retried else ""),
+                f"{s.output_tok_s:.1f}",
+                f"{s.requests_s:.3f}",
+                _ms(s.ttft_p50),
+                _ms(s.ttft_p99),
+                _ms(s.itl_p50),
+                _ms(s.itl_p99),
+                _ms(s.tpot_p50),
+                f"{s.latency_p50:.2f}",
+                speculation_cell(s.speculation),
+            ]
+        )
+        + " |"
+        for s in levels
+    ]
+    return "\n".join([head, align, *rows]) + "\n"
+
+
+def markdown(meta: dict[str, Any], levels: list[LevelSummary]) -> str:
+    cfg = meta["config"]
+    lines = [
+        "# saguaro serving benchmark",
+        "",
+        f"- date: {meta['date']}",
+        f"- machine: {meta['machine'].get('cpu')}, cores used {meta['cpus']}",
+        f"- model {cfg['model']}, draft {cfg['draft']}, K={cfg['k']}",
+        f"- {cfg['max_tokens']} output tokens a request, temperature {cfg['temperature']:g}, "
+        f"ignore_eos {cfg['ignore_eos']}",
+        "",
+        "ITL: gaps between streamed chunks with text (saguaro sends one chunk per engine step, "
+        "all the tokens it committed; llama-server one per token). TPOT: a request's time per "
+        "output token after the first.",
+        "",
+        markdown_table(levels),
+    ]
+    return "\n".join(lines)
+
+
+def plot(levels: list[LevelSummary], path: Path) -> None:
+    """TPOT p50 and TTFT p50 against output tokens per second, one line per engine, each point
+    labelled with its load level."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=PLOT_SIZE_IN)
+    for ax, attr, label in (
+        (axes[0], "tpot_p50", "TPOT p50 (ms)"),
+        (axes[1], "ttft_p50", "TTFT p50 (ms)"),
+    ):
+        for engine in dict.fromkeys(s.engine for s in levels):
+            mine = [s for s in levels if s.engine == engine]
+            xs = [s.output_tok_s for s in mine]
+            ys = [getattr(s, attr) * MS for s in mine]
+            ax.plot(xs, ys, marker="o", label=engine)
+            for s, x, y in zip(mine, xs, ys, strict=True):
+                ax.annotate(s.level, (x, y), textcoords="offset points", xytext=LABEL_OFFSET_PT)
+        ax.set_xlabel("output tokens/s (all requests)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+
+
+def json_safe(obj: Any) -> Any:
+    """``obj`` with NaN and infinities as None (strict JSON has no spelling for them), and
+    floats rounded to JSON_DECIMALS places (every request's chunk times are kept)."""
+    if isinstance(obj, float):
+        return round(obj, JSON_DECIMALS) if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
+def write_all(
+    out: Path,
+    meta: dict[str, Any],
+    levels: list[LevelSummary],
+    records: dict[str, list[dict[str, Any]]],
+    with_plot: bool,
+) -> None:
+    """results.json, results.md and (``with_plot``) latency.png under ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    body = {
+        "schema": SCHEMA,
+        **meta,
+        "levels": [s.as_dict() for s in levels],
+        "requests": records,
+    }
+    text = json.dumps(json_safe(body), indent=JSON_INDENT, default=str, allow_nan=False)
+    (out / "results.json").write_text(text + "\n")
+    (out / "results.md").write_text(markdown(meta, levels))
+    if with_plot and levels:
+        plot(levels, out / "latency.png")
