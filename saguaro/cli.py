@@ -107,6 +107,12 @@ def _bench(argv: list[str]) -> int:
     return bench_main(argv)
 
 
+def _bench_serve(argv: list[str]) -> int:
+    from saguaro.bench.serve import main as serve_bench_main
+
+    return serve_bench_main(argv)
+
+
 def _fetch_pair(argv: list[str]) -> int:
     from saguaro.models.fetch import main as fetch_main
 
@@ -147,7 +153,10 @@ COMMANDS: dict[str, Command] = {
     "generate": Command(cmd_generate, "complete one prompt"),
     "chat": Command(_chat, "chat in the terminal, with live speculation metrics"),
     "serve": Command(_serve, "serve an OpenAI-compatible HTTP API"),
-    "bench": Command(_bench, "benchmark AR, SD, SSD and HF assisted generation side by side"),
+    "bench": Command(_bench, "benchmark AR, SD, SSD, auto and peers side by side"),
+    "bench-serve": Command(
+        _bench_serve, "benchmark servers (saguaro's modes, llama-server) under concurrent load"
+    ),
     "fetch-pair": Command(_fetch_pair, "download the Qwen2.5-Coder pair's GGUF files"),
     "import-gguf": Command(_import_gguf, "write a GGUF file as a model directory"),
     "train-draft": Command(_train_draft, "distil a draft for a target"),
