@@ -4,6 +4,7 @@ auto), a target model verifying a draft's proposals."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 import time
 from collections.abc import Callable
@@ -87,60 +88,16 @@ def cmd_generate(argv: list[str]) -> int:
     return 0
 
 
-# Each command's module is imported when the command runs: serve needs the serve extra, bench
-# and training transformers, and one command need not pay for another's imports.
-def _chat(argv: list[str]) -> int:
-    from saguaro.server.chat import chat_main
+def lazy(target: str) -> Callable[[list[str]], int]:
+    """The command ``module:function``, its module imported when the command runs: serve needs
+    the serve extra, bench and training transformers, and one command need not pay for
+    another's imports."""
+    module, name = target.split(":")
 
-    return chat_main(argv)
+    def run(argv: list[str]) -> int:
+        return getattr(importlib.import_module(module), name)(argv)
 
-
-def _serve(argv: list[str]) -> int:
-    from saguaro.server.main import serve_main
-
-    return serve_main(argv)
-
-
-def _bench(argv: list[str]) -> int:
-    from saguaro.bench import bench_main
-
-    return bench_main(argv)
-
-
-def _bench_serve(argv: list[str]) -> int:
-    from saguaro.bench.serve import main as serve_bench_main
-
-    return serve_bench_main(argv)
-
-
-def _fetch_pair(argv: list[str]) -> int:
-    from saguaro.models.fetch import main as fetch_main
-
-    return fetch_main(argv)
-
-
-def _import_gguf(argv: list[str]) -> int:
-    from saguaro.models.gguf_cli import main as import_main
-
-    return import_main(argv)
-
-
-def _train_draft(argv: list[str]) -> int:
-    from saguaro.train.draft_cli import main as train_draft_main
-
-    return train_draft_main(argv)
-
-
-def _train_pair(argv: list[str]) -> int:
-    from saguaro.train import main as train_main
-
-    return train_main(argv)
-
-
-def _draft_worker(argv: list[str]) -> int:
-    from saguaro.speculation.worker import main as worker_main
-
-    return worker_main(argv)
+    return run
 
 
 @dataclass(frozen=True)
@@ -151,19 +108,28 @@ class Command:
 
 COMMANDS: dict[str, Command] = {
     "generate": Command(cmd_generate, "complete one prompt"),
-    "chat": Command(_chat, "chat in the terminal, with live speculation metrics"),
-    "serve": Command(_serve, "serve an OpenAI-compatible HTTP API"),
-    "bench": Command(_bench, "benchmark AR, SD, SSD, auto and peers side by side"),
-    "bench-serve": Command(
-        _bench_serve, "benchmark servers (saguaro's modes, llama-server) under concurrent load"
+    "chat": Command(
+        lazy("saguaro.server.chat:chat_main"), "chat in the terminal, with live speculation metrics"
     ),
-    "fetch-pair": Command(_fetch_pair, "download the Qwen2.5-Coder pair's GGUF files"),
-    "import-gguf": Command(_import_gguf, "write a GGUF file as a model directory"),
-    "train-draft": Command(_train_draft, "distil a draft for a target"),
+    "serve": Command(lazy("saguaro.server.main:serve_main"), "serve an OpenAI-compatible HTTP API"),
+    "bench": Command(
+        lazy("saguaro.bench:bench_main"), "benchmark AR, SD, SSD, auto and peers side by side"
+    ),
+    "bench-serve": Command(
+        lazy("saguaro.bench.serve:main"),
+        "benchmark servers (saguaro's modes, llama-server) under concurrent load",
+    ),
+    "fetch-pair": Command(
+        lazy("saguaro.models.fetch:main"), "download the Qwen2.5-Coder pair's GGUF files"
+    ),
+    "import-gguf": Command(
+        lazy("saguaro.models.gguf_cli:main"), "write a GGUF file as a model directory"
+    ),
+    "train-draft": Command(lazy("saguaro.train.draft_cli:main"), "distil a draft for a target"),
     # the project's own small code pair, trained from scratch
-    "train-pair": Command(_train_pair),
+    "train-pair": Command(lazy("saguaro.train:main")),
     # SSD's draft worker, which an engine spawns (or, --draft-worker external, waits for)
-    "draft-worker": Command(_draft_worker),
+    "draft-worker": Command(lazy("saguaro.speculation.worker:main")),
 }
 
 
