@@ -1,7 +1,7 @@
 """saguaro: exact speculative speculative decoding (SSD / Saguaro) for Llama-3, Qwen2 and Qwen3.
 
-``LLM``, ``RequestOutput`` and ``SamplingParams`` are loaded on first use: they bring PyTorch
-(about 2 s), which ``import saguaro`` alone, or a command that never builds a model, does not pay.
+``LLM``, ``RequestOutput`` and ``SamplingParams`` are loaded on first use: they bring PyTorch,
+whose import ``import saguaro`` alone, or a command that never builds a model, does not pay.
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ def kv_pool(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) ->
 
     On the CPU the zeros come from ``calloc`` (NumPy's ``zeros``), whose large blocks are pages
     the OS maps zeroed on first touch: a pool costs time and memory as it fills, where
-    ``torch.zeros`` writes every byte at start-up (a 4 GiB pool: 4 s, and 4 GiB resident).
+    ``torch.zeros`` writes, and makes resident, every byte of it at start-up.
     """
     if device.type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)

@@ -58,7 +58,8 @@ def _read_dir(model_dir: Path) -> tuple[HFTokenizer, dict[str, Any]]:
 
 def _read_gguf(path: Path) -> tuple[HFTokenizer, dict[str, Any]]:
     """The tokenizer a GGUF file's vocabulary gives, and its config: from the cache when this
-    file was read before, else built in memory (about 1 s for a 150k vocabulary) and cached."""
+    file was read before, else built in memory (a Python walk over the whole vocabulary and its
+    merges) and cached."""
     text_path, config_path = _cached_tokenizer(path)
     try:
         return _parse(text_path.read_text(), path), json.loads(config_path.read_text())
