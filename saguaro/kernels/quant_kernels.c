@@ -22,16 +22,17 @@
  * work is a handful of operations per 256 weights instead of one per weight. Q6_K's offset is
  * the same shape: (d e) sum_j s_j (sum q_i p_i - 32 P_j); Q5_1's minimum m e P per block.
  *
- * Exactness of the order. Integer sums are exact in any order; the float steps are fixed. A
- * block's integer sum is kept as 8 lanes, lane l holding the products of bytes 4l .. 4l + 3 of
- * every 32 weights (what AVX2's vpmaddubsw + vpmaddwd give); Q6_K's offset joins them as
- * integers (lane l less 32 (s_2l P_2l + s_2l+1 P_2l+1)). Each lane is converted to float and
- * folded in by one FMA per block, f_l = fma(d e, (float) lane_l, f_l), in block order; Q4_K's and
- * Q5_K's minima the same way in lanes of their own, c_l = fma(dmin e, m_l (P_2l + P_2l+1), c_l)
- * over the sixteen 16-sums P; Q5_1's minimum in one float, c = fmaf(m e, P, c). The result is
- * tree(f) - tree(c) (Q5_1: tree(f) + c), tree((0+4, 1+5, 2+6, 3+7), then (0+2, 1+3), then 0+1).
- * The generic C below computes exactly these lanes, so the AVX2 and generic builds give the
- * same bits, and so does a row whatever tile it sits in.
+ * Exactness of the order. Integer sums are exact in any order, so a super-block's (or a small
+ * block's) integer sum is one number however the vector code splits it: the row path's 8 lanes
+ * (lane l: bytes 4l .. 4l + 3 of every 32 weights, as vpmaddubsw + vpmaddwd give them) and the
+ * four-row tiles' words (below) reach the same I = sum_j s_j sum_{i in j} q_i p_i, and
+ * M = sum_j m_j P_j for the minima (Q6_K: I = sum_j s_j sum_{i in j} (q_i - 32) p_i). The float
+ * steps are fixed: per super-block, in order, f = fmaf(d e, (float) I, f) and c = fmaf(dmin e,
+ * (float) M, c); the result is f - c (Q6_K: f). The 32-weight formats keep 8 float lanes,
+ * f_l = fma(d e, (float) lane_l, f_l) per block in block order (Q5_1's minimum in one float,
+ * c = fmaf(m e, P, c)), and the result tree(f) (Q5_1: tree(f) + c), tree((0+4, 1+5, 2+6, 3+7),
+ * then (0+2, 1+3), then 0+1). The generic C below computes exactly these sums and steps, so the
+ * AVX2 and generic builds give the same bits, and so does a row whatever tile it sits in.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -56,20 +57,22 @@ enum { PREFETCH_BYTES = 4096, LINE = 64 };
 /* Groups and rows unrolled: a group's shifts and shuffle masks are then constants. (Not in the
  * generic build, whose unrolled scalar lanes take GCC minutes to compile.) */
 #define UNROLL _Pragma("GCC unroll 8")
+#define KEEP(v) __asm__("" : "+x"(v))
 #else
 #define UNROLL
+#define KEEP(v)
 #endif
 
 /* ---- The activation, rounded row by row ---- */
 
-/* A row's int8 codes [k], one scale per block [k / block], and per block the sums the formats'
- * corrections need: for 256-blocks the sum of each 16 codes (int16 [k / 16]), for 32-blocks
- * the sum of the block's codes (int32 [k / 32]). */
+/* A row's int8 codes [k], one scale per block [k / block], and the sums the formats'
+ * corrections need: of each 16 codes (int16 [k / 16]) and of each 32 (int16 [k / 32]; |sum| <=
+ * 32 * 127). */
 typedef struct {
     const int8_t *p;
     const float *e;
     const int16_t *sum16;
-    const int32_t *sum32;
+    const int16_t *sum32;
 } XRow;
 
 static float f16_to_f32(const uint8_t *b) {
@@ -79,6 +82,31 @@ static float f16_to_f32(const uint8_t *b) {
 }
 
 /* Block [x, x + n) of a row: its scale, and its codes into p. */
+#ifdef QUANT_AVX2
+/* The same bits as the generic version: max is exact, and vcvtps2dq rounds half to even, as
+ * rintf does in the default rounding mode. n is a multiple of 32. */
+static float round_block(const float *x, int64_t n, int8_t *p) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 m = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += 8)
+        m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    const float amax = _mm_cvtss_f32(h);
+    const __m256 inv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int64_t i = 0; i < n; i += 32) {
+        __m256i q[4];
+        for (int j = 0; j < 4; j++)
+            q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i + 8 * j), inv));
+        const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
+                                                  _mm256_packs_epi32(q[2], q[3]));
+        _mm256_storeu_si256((__m256i *)(p + i), _mm256_permutevar8x32_epi32(packed, order));
+    }
+    return amax / 127.0f;
+}
+#else
 static float round_block(const float *x, int64_t n, int8_t *p) {
     float amax = 0.0f;
     for (int64_t i = 0; i < n; i++) amax = fmaxf(amax, fabsf(x[i]));
@@ -86,31 +114,29 @@ static float round_block(const float *x, int64_t n, int8_t *p) {
     for (int64_t i = 0; i < n; i++) p[i] = (int8_t)rintf(x[i] * inv);
     return amax / 127.0f;
 }
+#endif
 
 /* Rows of x [m, k] rounded by blocks of `block` into one buffer; rows[r] points into it. */
 static void *round_rows(const float *x, int64_t m, int64_t k, int64_t block, XRow *rows) {
     const int64_t blocks = k / block;
     const size_t per_row = (size_t)k + sizeof(float) * blocks + sizeof(int16_t) * (k / SUB) +
-                           sizeof(int32_t) * blocks + 64;
+                           sizeof(int16_t) * (k / SMALL) + 64;
     uint8_t *buf = malloc(per_row * (size_t)m);
     if (buf == NULL) return NULL;
     for (int64_t r = 0; r < m; r++) {
         uint8_t *base = buf + per_row * r;
         int8_t *p = (int8_t *)base;
         float *e = (float *)(((uintptr_t)(base + k) + 3) & ~(uintptr_t)3);
-        int32_t *sum32 = (int32_t *)(e + blocks);
-        int16_t *sum16 = (int16_t *)(sum32 + blocks);
-        for (int64_t b = 0; b < blocks; b++) {
+        int16_t *sum16 = (int16_t *)(e + blocks), *sum32 = sum16 + k / SUB;
+        for (int64_t b = 0; b < blocks; b++)
             e[b] = round_block(x + r * k + b * block, block, p + b * block);
-            int32_t s = 0;
-            for (int64_t i = 0; i < block; i++) s += p[b * block + i];
-            sum32[b] = s;
-        }
         for (int64_t j = 0; j < k / SUB; j++) {
             int32_t s = 0;
             for (int i = 0; i < SUB; i++) s += p[j * SUB + i];
             sum16[j] = (int16_t)s;
         }
+        for (int64_t j = 0; j < k / SMALL; j++)
+            sum32[j] = (int16_t)(sum16[2 * j] + sum16[2 * j + 1]);
         rows[r] = (XRow){p, e, sum16, sum32};
     }
     return buf;
@@ -176,6 +202,29 @@ QINLINE Lanes fold(Lanes f, float de, IntLanes acc) {
     return _mm256_fmadd_ps(_mm256_set1_ps(de), _mm256_cvtepi32_ps(acc), f);
 }
 QINLINE Lanes zero_f(void) { return _mm256_setzero_ps(); }
+
+/* Two float chains (Q4_K's / Q5_K's f and c) in lanes 0 and 1. */
+typedef __m128 Chains;
+QINLINE Chains zero_chains(void) { return _mm_setzero_ps(); }
+/* f = fma(d e, (float) sum(a), f) and c = fma(dmin e, (float) sum(b), c) at once; dd: [d, dmin]
+ * as float16 (a super-block's first 4 bytes). */
+QINLINE Chains fold_chains(Chains fc, const uint8_t *dd, float e, IntLanes a, IntLanes b) {
+    uint32_t h;
+    memcpy(&h, dd, 4);
+    const __m256i ab = _mm256_hadd_epi32(a, b); /* [a01 a23 b01 b23 | a45 a67 b45 b67] */
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(ab), _mm256_extracti128_si256(ab, 1));
+    t = _mm_hadd_epi32(t, t); /* [sum a, sum b, ...] */
+    const __m128 de = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128((int)h)), _mm_set1_ps(e));
+    return _mm_fmadd_ps(de, _mm_cvtepi32_ps(t), fc);
+}
+QINLINE float chains_result(Chains fc) {
+    return _mm_cvtss_f32(_mm_sub_ss(fc, _mm_movehdup_ps(fc)));
+}
+QINLINE int32_t sum_lanes(IntLanes a) {
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+    return _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1)));
+}
 QINLINE float tree_lanes(Lanes f) {
     float t[QLANES];
     _mm256_storeu_ps(t, f);
@@ -336,6 +385,21 @@ QINLINE Lanes fold(Lanes f, float de, IntLanes acc) {
     return f;
 }
 QINLINE Lanes zero_f(void) { return (Lanes){{0}}; }
+QINLINE int32_t sum_lanes(IntLanes a) {
+    int32_t t = 0;
+    for (int l = 0; l < QLANES; l++) t += a.l[l];
+    return t;
+}
+
+typedef struct {
+    float f, c;
+} Chains;
+QINLINE Chains zero_chains(void) { return (Chains){0.0f, 0.0f}; }
+QINLINE Chains fold_chains(Chains fc, const uint8_t *dd, float e, IntLanes a, IntLanes b) {
+    return (Chains){fmaf(f16_to_f32(dd) * e, (float)sum_lanes(a), fc.f),
+                    fmaf(f16_to_f32(dd + 2) * e, (float)sum_lanes(b), fc.c)};
+}
+QINLINE float chains_result(Chains fc) { return fc.f - fc.c; }
 QINLINE float tree_lanes(Lanes f) { return tree8(f.l); }
 
 QINLINE IntLanes pair_sums(Scales a, const int16_t *b) {
@@ -432,17 +496,17 @@ QINLINE void prefetch_ahead(const uint8_t *b, int bytes) {
     for (int o = 0; o < bytes; o += LINE) __builtin_prefetch(b + PREFETCH_BYTES + o);
 }
 
-/* Q4_K / Q5_K (with_high: Q5_K's fifth bits, 32 bytes before the codes). Group-major: each
- * group's codes and scale are made once and used by every row. */
+/* Q4_K / Q5_K (with_high: Q5_K's fifth bits, 32 bytes before the codes), one weight row against
+ * nr activation rows. Group-major: each group's codes and scale are made once and used by
+ * every row. */
 QINLINE void tile_k45(const uint8_t *w, int64_t blocks, int with_high, const XRow *x, int nr,
                       float *y) {
     const int bytes = with_high ? Q5K_BYTES : Q4K_BYTES;
-    Lanes f[TILE_ROWS], c[TILE_ROWS];
-    for (int r = 0; r < nr; r++) f[r] = zero_f(), c[r] = zero_f();
+    Chains fc[TILE_ROWS];
+    for (int r = 0; r < nr; r++) fc[r] = zero_chains();
     for (int64_t sb = 0; sb < blocks; sb++) {
         const uint8_t *b = w + sb * bytes;
         prefetch_ahead(b, bytes);
-        const float d = f16_to_f32(b), dmin = f16_to_f32(b + 2);
         uint32_t scm[4];
         scales_k4(b + 4, scm);
         const Scales s = scales_of8(scm);
@@ -452,22 +516,21 @@ QINLINE void tile_k45(const uint8_t *w, int64_t blocks, int with_high, const XRo
         UNROLL for (int g = 0; g < 8; g++) {
             const Codes q = group_k(qs, qh, g);
             const Scale16 sg = scale_k4(s, g);
-            UNROLL for (int r = 0; r < nr; r++)
+            UNROLL for (int r = 0; r < nr; r++) {
                 acc[r] = add_lanes(acc[r], dot_scaled(q, x[r].p + sb * SUPER + 32 * g, sg));
+                KEEP(acc[r]);
+            }
         }
         const __typeof__(minima_pairs(scm)) m = minima_pairs(scm);
-        for (int r = 0; r < nr; r++) {
-            const float e = x[r].e[sb];
-            f[r] = fold(f[r], d * e, acc[r]);
-            c[r] = fold(c[r], dmin * e, pair_sums(m, x[r].sum16 + sb * SUB));
-        }
+        for (int r = 0; r < nr; r++)
+            fc[r] = fold_chains(fc[r], b, x[r].e[sb], acc[r], pair_sums(m, x[r].sum16 + sb * SUB));
     }
-    for (int r = 0; r < nr; r++) y[r] = tree_lanes(f[r]) - tree_lanes(c[r]);
+    for (int r = 0; r < nr; r++) y[r] = chains_result(fc[r]);
 }
 
 QINLINE void tile_q6k(const uint8_t *w, int64_t blocks, const XRow *x, int nr, float *y) {
-    Lanes f[TILE_ROWS];
-    for (int r = 0; r < nr; r++) f[r] = zero_f();
+    float f[TILE_ROWS];
+    for (int r = 0; r < nr; r++) f[r] = 0.0f;
     for (int64_t sb = 0; sb < blocks; sb++) {
         const uint8_t *b = w + sb * Q6K_BYTES;
         prefetch_ahead(b, Q6K_BYTES);
@@ -478,8 +541,10 @@ QINLINE void tile_q6k(const uint8_t *w, int64_t blocks, const XRow *x, int nr, f
         UNROLL for (int g = 0; g < 8; g++) {
             const Codes q = group_q6(b, g);
             const Scale16 sg = scale_q6(s, g);
-            UNROLL for (int r = 0; r < nr; r++)
+            UNROLL for (int r = 0; r < nr; r++) {
                 acc[r] = add_lanes(acc[r], dot_scaled(q, x[r].p + sb * SUPER + 32 * g, sg));
+                KEEP(acc[r]);
+            }
         }
         for (int r = 0; r < nr; r++) {
             const IntLanes offset = times32(pair_sums(
@@ -489,11 +554,234 @@ QINLINE void tile_q6k(const uint8_t *w, int64_t blocks, const XRow *x, int nr, f
                 s,
 #endif
                 x[r].sum16 + sb * SUB));
-            f[r] = fold(f[r], d * x[r].e[sb], sub_lanes(acc[r], offset));
+            f[r] = fmaf(d * x[r].e[sb], (float)sum_lanes(sub_lanes(acc[r], offset)), f[r]);
         }
     }
-    for (int r = 0; r < nr; r++) y[r] = tree_lanes(f[r]);
+    for (int r = 0; r < nr; r++) y[r] = f[r];
 }
+
+#ifdef QUANT_AVX2
+/* ---- Four weight rows against a tile of nr activation rows (AVX2) ----
+ *
+ * A row's vpmaddubsw + vpmaddwd per 32 weights spends two multiplies where one would nearly do:
+ * the second only applies the group's scale. Here a register holds 8 codes of each of four
+ * weight rows (a 4 x 4 transpose of their 64-bit words), so one vpmaddubsw against 8 activation
+ * codes broadcast serves four rows; a group's four such products (its 32 weights) add up in
+ * int16 before one vpmaddwd applies the four rows' scales: 5 multiplies per four rows' group
+ * instead of 8. The int16 sums cannot overflow: |sum| <= 8 * 31 * 127 = 31,496 (Q5_K's 5-bit
+ * codes; Q4_K's 15,240). A super-block's integer sum is the same number either way, and the
+ * float steps are the row path's, so the bits are too. */
+
+/* 8 bytes at p in every 64-bit word. */
+QINLINE __m256i bcast8(const void *p) {
+    return _mm256_broadcastq_epi64(_mm_loadl_epi64((const __m128i *)p));
+}
+
+/* Words c of rows a, b, c, d (32 bytes each) -> out[c] = [a.c, b.c | c.c, d.c]. */
+QINLINE void transpose_words(__m256i a, __m256i b, __m256i c, __m256i d, __m256i out[4]) {
+    const __m256i ab0 = _mm256_unpacklo_epi64(a, b), ab1 = _mm256_unpackhi_epi64(a, b);
+    const __m256i cd0 = _mm256_unpacklo_epi64(c, d), cd1 = _mm256_unpackhi_epi64(c, d);
+    out[0] = _mm256_permute2x128_si256(ab0, cd0, 0x20);
+    out[1] = _mm256_permute2x128_si256(ab1, cd1, 0x20);
+    out[2] = _mm256_permute2x128_si256(ab0, cd0, 0x31);
+    out[3] = _mm256_permute2x128_si256(ab1, cd1, 0x31);
+}
+
+/* The four rows' codes of groups 2i, 2i + 1 (low and high nibbles), transposed. */
+QINLINE void pair_k4(const uint8_t *const qs[4], int i, __m256i t[4]) {
+    transpose_words(load32(qs[0] + 32 * i), load32(qs[1] + 32 * i), load32(qs[2] + 32 * i),
+                    load32(qs[3] + 32 * i), t);
+}
+
+/* Group g's codes from its pair's transposed bytes t; qh: the rows' transposed fifth bits. */
+QINLINE void group_k4(const __m256i t[4], const __m256i *qh, int g, __m256i q[4]) {
+    const __m256i low = _mm256_set1_epi8(0xF);
+    for (int c = 0; c < 4; c++) {
+        q[c] = (g & 1) ? _mm256_and_si256(_mm256_srli_epi16(t[c], 4), low)
+                       : _mm256_and_si256(t[c], low);
+        if (qh != NULL) {
+            const __m256i h = _mm256_and_si256(_mm256_srli_epi16(qh[c], g), _mm256_set1_epi8(1));
+            q[c] = _mm256_or_si256(q[c], _mm256_slli_epi16(h, 4));
+        }
+    }
+}
+
+/* Lanes [w0 w0 w1 w1 | w2 w2 w3 w3] of one activation row's group (codes p): the four weight
+ * rows' sums of q p, times their scales sg. */
+QINLINE __m256i group_dot4(const __m256i q[4], const int8_t *p, __m256i sg) {
+    __m256i a = _mm256_maddubs_epi16(q[0], bcast8(p));
+    for (int c = 1; c < 4; c++) a = _mm256_add_epi16(a, _mm256_maddubs_epi16(q[c], bcast8(p + 8 * c)));
+    return _mm256_madd_epi16(a, sg);
+}
+
+/* Scale g of four rows (sc: bytes [row 0's eight, row 1's | row 2's, row 3's]) as int16
+ * lanes [row 0 x4, row 1 x4 | row 2 x4, row 3 x4]. */
+QINLINE __m256i scales4(__m256i sc, int g) {
+    const __m128i pick = _mm_setr_epi8(g, -1, g, -1, g, -1, g, -1, 8 + g, -1, 8 + g, -1, 8 + g,
+                                       -1, 8 + g, -1);
+    return _mm256_shuffle_epi8(sc, _mm256_setr_m128i(pick, pick));
+}
+
+/* A super-block's head for four rows at once: d and dmin as floats [d of rows 0-3 | dmin of
+ * rows 0-3]; the scales as bytes [row 0's eight, row 1's | row 2's, row 3's]; the minima as
+ * int16 [row 0's m0-3, row 1's | row 2's, row 3's] (m03) and m4-7 alike (m47). scales_k4's
+ * unpacking, four rows a lane. */
+typedef struct {
+    __m256 dd;
+    __m256i sc, m03, m47;
+} K4Head;
+
+QINLINE K4Head head_k4(const uint8_t *const b[4]) {
+    enum { LOW6 = 0x3f3f3f3f, LOW4 = 0x0f0f0f0f, LOW2 = 0x03030303 };
+    /* Words: 0 the float16 d and dmin, 1-3 the 12 bytes of scales and minima (u0, u1, u2). */
+    const __m128i r0 = _mm_loadu_si128((const __m128i *)b[0]);
+    const __m128i r1 = _mm_loadu_si128((const __m128i *)b[1]);
+    const __m128i r2 = _mm_loadu_si128((const __m128i *)b[2]);
+    const __m128i r3 = _mm_loadu_si128((const __m128i *)b[3]);
+    const __m128i a0 = _mm_unpacklo_epi32(r0, r1), a1 = _mm_unpackhi_epi32(r0, r1);
+    const __m128i a2 = _mm_unpacklo_epi32(r2, r3), a3 = _mm_unpackhi_epi32(r2, r3);
+    const __m128i dm = _mm_unpacklo_epi64(a0, a2), u0 = _mm_unpackhi_epi64(a0, a2);
+    const __m128i u1 = _mm_unpacklo_epi64(a1, a3), u2 = _mm_unpackhi_epi64(a1, a3);
+    const __m128i low6 = _mm_set1_epi32(LOW6), low4 = _mm_set1_epi32(LOW4);
+    const __m128i low2 = _mm_set1_epi32(LOW2);
+    const __m128i s03 = _mm_and_si128(u0, low6), m03 = _mm_and_si128(u1, low6);
+    const __m128i s47 = _mm_or_si128(_mm_and_si128(u2, low4),
+                                     _mm_slli_epi32(_mm_and_si128(_mm_srli_epi32(u0, 6), low2), 4));
+    const __m128i m47 = _mm_or_si128(_mm_and_si128(_mm_srli_epi32(u2, 4), low4),
+                                     _mm_slli_epi32(_mm_and_si128(_mm_srli_epi32(u1, 6), low2), 4));
+    const __m128i dfirst = _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
+    return (K4Head){
+        _mm256_cvtph_ps(_mm_shuffle_epi8(dm, dfirst)),
+        _mm256_setr_m128i(_mm_unpacklo_epi32(s03, s47), _mm_unpackhi_epi32(s03, s47)),
+        _mm256_cvtepu8_epi16(m03),
+        _mm256_cvtepu8_epi16(m47),
+    };
+}
+
+/* y[4 r + j] for weight rows j of w (row_bytes apart) and activation rows r < nr. */
+QINLINE void tile4_k45(const uint8_t *w, int64_t row_bytes, int64_t blocks, int with_high,
+                       const XRow *x, int nr, float *y) {
+    const int bytes = with_high ? Q5K_BYTES : Q4K_BYTES;
+    __m256 fc[TILE_ROWS]; /* [f of rows 0-3 | c of rows 0-3] */
+    for (int r = 0; r < nr; r++) fc[r] = _mm256_setzero_ps();
+    for (int64_t sb = 0; sb < blocks; sb++) {
+        const uint8_t *b[4], *qs[4];
+        for (int j = 0; j < 4; j++) {
+            b[j] = w + j * row_bytes + sb * bytes;
+            qs[j] = b[j] + 16 + (with_high ? 32 : 0);
+        }
+        /* The next four rows (contiguous), swept at the pace this tile reads its own. */
+        const uint8_t *next = w + 4 * row_bytes + 4 * sb * bytes;
+        for (int o = 0; o < 4 * bytes; o += LINE) __builtin_prefetch(next + o);
+        const K4Head h = head_k4(b);
+        __m256i qh[4];
+        if (with_high)
+            transpose_words(load32(b[0] + 16), load32(b[1] + 16), load32(b[2] + 16),
+                            load32(b[3] + 16), qh);
+        __m256i acc[TILE_ROWS];
+        for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_si256();
+        __m256i t[4];
+        UNROLL for (int g = 0; g < 8; g++) {
+            __m256i q[4];
+            if (g % 2 == 0) pair_k4(qs, g / 2, t);
+            group_k4(t, with_high ? qh : NULL, g, q);
+            const __m256i sg = scales4(h.sc, g);
+            UNROLL for (int r = 0; r < nr; r++) {
+                acc[r] = _mm256_add_epi32(acc[r], group_dot4(q, x[r].p + sb * SUPER + 32 * g, sg));
+                KEEP(acc[r]);
+            }
+        }
+        for (int r = 0; r < nr; r++) {
+            const int16_t *p32 = x[r].sum32 + sb * 8;
+            const __m256i mins = _mm256_add_epi32(_mm256_madd_epi16(h.m03, bcast8(p32)),
+                                                  _mm256_madd_epi16(h.m47, bcast8(p32 + 4)));
+            /* [I0 I1 M0 M1 | I2 I3 M2 M3] -> [I0 I1 I2 I3 | M0 M1 M2 M3] */
+            const __m256i im = _mm256_permute4x64_epi64(_mm256_hadd_epi32(acc[r], mins), 0xD8);
+            const __m256 de = _mm256_mul_ps(h.dd, _mm256_set1_ps(x[r].e[sb]));
+            fc[r] = _mm256_fmadd_ps(de, _mm256_cvtepi32_ps(im), fc[r]);
+        }
+    }
+    for (int r = 0; r < nr; r++) {
+        const __m128 f = _mm256_castps256_ps128(fc[r]), c = _mm256_extractf128_ps(fc[r], 1);
+        _mm_storeu_ps(y + 4 * r, _mm_sub_ps(f, c));
+    }
+}
+
+/* Q6_K's sixteen int8 scales of four rows, one half (bytes 8h .. 8h + 7 of each): [row 0's,
+ * row 1's | row 2's, row 3's]. */
+QINLINE __m256i scales_q6x4(const uint8_t *const b[4], int h) {
+    const int at = 192 + 8 * h;
+    const __m128i r01 = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(b[0] + at)),
+                                           _mm_loadl_epi64((const __m128i *)(b[1] + at)));
+    const __m128i r23 = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(b[2] + at)),
+                                           _mm_loadl_epi64((const __m128i *)(b[3] + at)));
+    return _mm256_setr_m128i(r01, r23);
+}
+
+/* Byte i of each row's eight in sc, sign-extended to int16 lanes [row 0 x4, row 1 x4 | ...]. */
+QINLINE __m256i pick_signed(__m256i sc, int i) {
+    const __m128i pick = _mm_setr_epi8(-1, i, -1, i, -1, i, -1, i, -1, 8 + i, -1, 8 + i, -1, 8 + i,
+                                       -1, 8 + i);
+    return _mm256_srai_epi16(_mm256_shuffle_epi8(sc, _mm256_setr_m128i(pick, pick)), 8);
+}
+
+/* Lanes [w0 w0 w1 w1 | w2 w2 w3 w3] of one activation row's Q6_K group: codes q - 32 as their
+ * magnitudes aq and signed sq (the signs go onto p), words 0-1 scaled by sa, 2-3 by sb. */
+QINLINE __m256i group_dot4_q6(const __m256i aq[4], const __m256i sq[4], const int8_t *p,
+                              __m256i sa, __m256i sb) {
+    __m256i a[4];
+    for (int c = 0; c < 4; c++)
+        a[c] = _mm256_maddubs_epi16(aq[c], _mm256_sign_epi8(bcast8(p + 8 * c), sq[c]));
+    return _mm256_add_epi32(_mm256_madd_epi16(_mm256_add_epi16(a[0], a[1]), sa),
+                            _mm256_madd_epi16(_mm256_add_epi16(a[2], a[3]), sb));
+}
+
+/* Q6_K's four-row tile: codes made signed (q - 32, |q - 32| <= 32, so a 16-weight scale's two
+ * products add up in int16: |sum| <= 4 * 32 * 127), two vpmaddwd a group for its two scales;
+ * the integer sum is the row path's (its offset term folded into the signed codes). */
+QINLINE void tile4_q6k(const uint8_t *w, int64_t row_bytes, int64_t blocks, const XRow *x,
+                       int nr, float *y) {
+    __m128 f[TILE_ROWS];
+    for (int r = 0; r < nr; r++) f[r] = _mm_setzero_ps();
+    for (int64_t sb = 0; sb < blocks; sb++) {
+        const uint8_t *b[4];
+        uint16_t dh[4];
+        for (int j = 0; j < 4; j++) {
+            b[j] = w + j * row_bytes + sb * Q6K_BYTES;
+            memcpy(dh + j, b[j] + 208, 2);
+        }
+        const uint8_t *next = w + 4 * row_bytes + 4 * sb * Q6K_BYTES;
+        for (int o = 0; o < 4 * Q6K_BYTES; o += LINE) __builtin_prefetch(next + o);
+        const __m128 d = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)dh));
+        const __m256i sc[2] = {scales_q6x4(b, 0), scales_q6x4(b, 1)};
+        __m256i acc[TILE_ROWS];
+        for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_si256();
+        UNROLL for (int g = 0; g < 8; g++) {
+            __m256i sq[4], aq[4];
+            transpose_words(group_q6(b[0], g), group_q6(b[1], g), group_q6(b[2], g),
+                            group_q6(b[3], g), sq);
+            for (int c = 0; c < 4; c++) {
+                sq[c] = _mm256_sub_epi8(sq[c], _mm256_set1_epi8(32));
+                aq[c] = _mm256_abs_epi8(sq[c]);
+            }
+            const __m256i sa = pick_signed(sc[g / 4], 2 * (g % 4));
+            const __m256i sb2 = pick_signed(sc[g / 4], 2 * (g % 4) + 1);
+            UNROLL for (int r = 0; r < nr; r++) {
+                acc[r] = _mm256_add_epi32(
+                    acc[r], group_dot4_q6(aq, sq, x[r].p + sb * SUPER + 32 * g, sa, sb2));
+                KEEP(acc[r]);
+            }
+        }
+        for (int r = 0; r < nr; r++) {
+            /* [w0 w1 w0 w1 | w2 w3 w2 w3] -> [w0 w1 w2 w3] */
+            const __m256i i4 = _mm256_permute4x64_epi64(_mm256_hadd_epi32(acc[r], acc[r]), 0x08);
+            const __m128 de = _mm_mul_ps(d, _mm_set1_ps(x[r].e[sb]));
+            f[r] = _mm_fmadd_ps(de, _mm_cvtepi32_ps(_mm256_castsi256_si128(i4)), f[r]);
+        }
+    }
+    for (int r = 0; r < nr; r++) _mm_storeu_ps(y + 4 * r, f[r]);
+}
+#endif
 
 /* A block's weights (256 for the super-block formats, 32 for the others) and bytes. */
 QINLINE int block_weights(int fmt) { return fmt >= FMT_Q50 ? SMALL : SUPER; }
@@ -565,6 +853,49 @@ static void tile_rows(const uint8_t *w, int64_t k, int fmt, const XRow *x, int n
     }
 }
 
+#ifdef QUANT_AVX2
+/* Q6_K's tile makes its codes with more work than the K-quants' (6 bits in two places, signs):
+ * with one activation row, a row at a time is faster. */
+enum { Q6K_TILE4_ROWS = 2 };
+#define TILE4_CASE(NR)                                                                       \
+    case NR:                                                                                 \
+        if (fmt == FMT_Q6K) tile4_q6k(w, row_bytes, k / SUPER, x, NR, y);                    \
+        else tile4_k45(w, row_bytes, k / SUPER, fmt == FMT_Q5K, x, NR, y);                   \
+        break;
+/* Four weight rows at once where the format has a four-row tile: whether it did. */
+static int tile4_rows(const uint8_t *w, int64_t row_bytes, int64_t k, int fmt, const XRow *x,
+                      int nr, float *y) {
+    if (fmt != FMT_Q4K && fmt != FMT_Q5K && (fmt != FMT_Q6K || nr < Q6K_TILE4_ROWS)) return 0;
+    switch (nr) {
+    TILE4_CASE(1) TILE4_CASE(2) TILE4_CASE(3) TILE4_CASE(4)
+    TILE4_CASE(5) TILE4_CASE(6) TILE4_CASE(7) TILE4_CASE(8)
+    default: break;
+    }
+    return 1;
+}
+#else
+static int tile4_rows(const uint8_t *w, int64_t row_bytes, int64_t k, int fmt, const XRow *x,
+                      int nr, float *y) {
+    (void)w, (void)row_bytes, (void)k, (void)fmt, (void)x, (void)nr, (void)y;
+    return 0;
+}
+#endif
+
+/* Weight rows [n0, n1) against activation rows [r0, r0 + nr): four at a time where a four-row
+ * tile serves the format, one at a time for the rest. */
+static void chunk_rows(const uint8_t *codes, int64_t bytes, int64_t k, int fmt, int64_t n0,
+                       int64_t n1, const XRow *x, int nr, int64_t n, float *out) {
+    float y[4 * TILE_ROWS];
+    int64_t j = n0;
+    for (; j + 4 <= n1 && tile4_rows(codes + j * bytes, bytes, k, fmt, x, nr, y); j += 4)
+        for (int r = 0; r < nr; r++)
+            for (int i = 0; i < 4; i++) out[r * n + j + i] = y[4 * r + i];
+    for (; j < n1; j++) {
+        tile_rows(codes + j * bytes, k, fmt, x, nr, y);
+        for (int r = 0; r < nr; r++) out[r * n + j] = y[r];
+    }
+}
+
 /* out [m, n] = x [m, k] @ W^T for W [n, k] in one of the formats above. Threads take chunks of
  * COL_CHUNK weight rows; within a chunk, tiles of TILE_ROWS activation rows pass over every
  * weight row of it (the chunk stays in cache between tiles). Returns -1 without memory for the
@@ -582,13 +913,9 @@ int saguaro_quant_linear(const float *x, int64_t m, int64_t k, const uint8_t *co
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t c = 0; c < chunks; c++) {
         const int64_t n0 = c * COL_CHUNK, n1 = n0 + COL_CHUNK < n ? n0 + COL_CHUNK : n;
-        float y[TILE_ROWS];
         for (int64_t r0 = 0; r0 < m; r0 += TILE_ROWS) {
             const int nr = (int)(m - r0 < TILE_ROWS ? m - r0 : TILE_ROWS);
-            for (int64_t j = n0; j < n1; j++) {
-                tile_rows(codes + j * bytes, k, fmt, rows + r0, nr, y);
-                for (int r = 0; r < nr; r++) out[(r0 + r) * n + j] = y[r];
-            }
+            chunk_rows(codes, bytes, k, fmt, n0, n1, rows + r0, nr, n, out + r0 * n);
         }
     }
     free(buf);
