@@ -22,14 +22,14 @@
  * work is a handful of operations per 256 weights instead of one per weight. Q6_K's offset is
  * the same shape: (d e) sum_j s_j (sum q_i p_i - 32 P_j); Q5_1's minimum m e P per block.
  *
- * Exactness of the order. Integer sums are exact in any order, so a super-block's (or a small
- * block's) integer sum is one number however the vector code splits it: the row path's 8 lanes
- * (lane l: bytes 4l .. 4l + 3 of every 32 weights, as vpmaddubsw + vpmaddwd give them) and the
- * four-row tiles' words (below) reach the same I = sum_j s_j sum_{i in j} q_i p_i, and
- * M = sum_j m_j P_j for the minima (Q6_K: I = sum_j s_j sum_{i in j} (q_i - 32) p_i). The float
- * steps are fixed: per super-block, in order, f = fmaf(d e, (float) I, f) and c = fmaf(dmin e,
- * (float) M, c); the result is f - c (Q6_K: f). The 32-weight formats keep 8 float lanes,
- * f_l = fma(d e, (float) lane_l, f_l) per block in block order (Q5_1's minimum in one float,
+ * Exactness of the order. Integer sums are exact in any order; the float steps are fixed.
+ * Q4_K and Q5_K: a super-block's integer sums are one number however the vector code splits
+ * them, the row path's 8 lanes (lane l: bytes 4l .. 4l + 3 of every 32 weights, as vpmaddubsw +
+ * vpmaddwd give them) or the four-row tiles' words (below): I = sum_j s_j sum_{i in j} q_i p_i
+ * and M = sum_j m_j P_j, folded per super-block, in order, f = fmaf(d e, (float) I, f) and
+ * c = fmaf(dmin e, (float) M, c); the result is f - c. The other formats keep the row path's 8
+ * lanes as floats: per block, in block order, f_l = fma(d e, (float) lane_l, f_l) (Q6_K's lane
+ * less its offset, 32 (s_2l P_2l + s_2l+1 P_2l+1), as integers; Q5_1's minimum in one float,
  * c = fmaf(m e, P, c)), and the result tree(f) (Q5_1: tree(f) + c), tree((0+4, 1+5, 2+6, 3+7),
  * then (0+2, 1+3), then 0+1). The generic C below computes exactly these sums and steps, so the
  * AVX2 and generic builds give the same bits, and so does a row whatever tile it sits in.
@@ -529,8 +529,8 @@ QINLINE void tile_k45(const uint8_t *w, int64_t blocks, int with_high, const XRo
 }
 
 QINLINE void tile_q6k(const uint8_t *w, int64_t blocks, const XRow *x, int nr, float *y) {
-    float f[TILE_ROWS];
-    for (int r = 0; r < nr; r++) f[r] = 0.0f;
+    Lanes f[TILE_ROWS];
+    for (int r = 0; r < nr; r++) f[r] = zero_f();
     for (int64_t sb = 0; sb < blocks; sb++) {
         const uint8_t *b = w + sb * Q6K_BYTES;
         prefetch_ahead(b, Q6K_BYTES);
@@ -554,10 +554,10 @@ QINLINE void tile_q6k(const uint8_t *w, int64_t blocks, const XRow *x, int nr, f
                 s,
 #endif
                 x[r].sum16 + sb * SUB));
-            f[r] = fmaf(d * x[r].e[sb], (float)sum_lanes(sub_lanes(acc[r], offset)), f[r]);
+            f[r] = fold(f[r], d * x[r].e[sb], sub_lanes(acc[r], offset));
         }
     }
-    for (int r = 0; r < nr; r++) y[r] = f[r];
+    for (int r = 0; r < nr; r++) y[r] = tree_lanes(f[r]);
 }
 
 #ifdef QUANT_AVX2
@@ -707,80 +707,6 @@ QINLINE void tile4_k45(const uint8_t *w, int64_t row_bytes, int64_t blocks, int 
     }
 }
 
-/* Q6_K's sixteen int8 scales of four rows, one half (bytes 8h .. 8h + 7 of each): [row 0's,
- * row 1's | row 2's, row 3's]. */
-QINLINE __m256i scales_q6x4(const uint8_t *const b[4], int h) {
-    const int at = 192 + 8 * h;
-    const __m128i r01 = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(b[0] + at)),
-                                           _mm_loadl_epi64((const __m128i *)(b[1] + at)));
-    const __m128i r23 = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(b[2] + at)),
-                                           _mm_loadl_epi64((const __m128i *)(b[3] + at)));
-    return _mm256_setr_m128i(r01, r23);
-}
-
-/* Byte i of each row's eight in sc, sign-extended to int16 lanes [row 0 x4, row 1 x4 | ...]. */
-QINLINE __m256i pick_signed(__m256i sc, int i) {
-    const __m128i pick = _mm_setr_epi8(-1, i, -1, i, -1, i, -1, i, -1, 8 + i, -1, 8 + i, -1, 8 + i,
-                                       -1, 8 + i);
-    return _mm256_srai_epi16(_mm256_shuffle_epi8(sc, _mm256_setr_m128i(pick, pick)), 8);
-}
-
-/* Lanes [w0 w0 w1 w1 | w2 w2 w3 w3] of one activation row's Q6_K group: codes q - 32 as their
- * magnitudes aq and signed sq (the signs go onto p), words 0-1 scaled by sa, 2-3 by sb. */
-QINLINE __m256i group_dot4_q6(const __m256i aq[4], const __m256i sq[4], const int8_t *p,
-                              __m256i sa, __m256i sb) {
-    __m256i a[4];
-    for (int c = 0; c < 4; c++)
-        a[c] = _mm256_maddubs_epi16(aq[c], _mm256_sign_epi8(bcast8(p + 8 * c), sq[c]));
-    return _mm256_add_epi32(_mm256_madd_epi16(_mm256_add_epi16(a[0], a[1]), sa),
-                            _mm256_madd_epi16(_mm256_add_epi16(a[2], a[3]), sb));
-}
-
-/* Q6_K's four-row tile: codes made signed (q - 32, |q - 32| <= 32, so a 16-weight scale's two
- * products add up in int16: |sum| <= 4 * 32 * 127), two vpmaddwd a group for its two scales;
- * the integer sum is the row path's (its offset term folded into the signed codes). */
-QINLINE void tile4_q6k(const uint8_t *w, int64_t row_bytes, int64_t blocks, const XRow *x,
-                       int nr, float *y) {
-    __m128 f[TILE_ROWS];
-    for (int r = 0; r < nr; r++) f[r] = _mm_setzero_ps();
-    for (int64_t sb = 0; sb < blocks; sb++) {
-        const uint8_t *b[4];
-        uint16_t dh[4];
-        for (int j = 0; j < 4; j++) {
-            b[j] = w + j * row_bytes + sb * Q6K_BYTES;
-            memcpy(dh + j, b[j] + 208, 2);
-        }
-        const uint8_t *next = w + 4 * row_bytes + 4 * sb * Q6K_BYTES;
-        for (int o = 0; o < 4 * Q6K_BYTES; o += LINE) __builtin_prefetch(next + o);
-        const __m128 d = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)dh));
-        const __m256i sc[2] = {scales_q6x4(b, 0), scales_q6x4(b, 1)};
-        __m256i acc[TILE_ROWS];
-        for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_si256();
-        UNROLL for (int g = 0; g < 8; g++) {
-            __m256i sq[4], aq[4];
-            transpose_words(group_q6(b[0], g), group_q6(b[1], g), group_q6(b[2], g),
-                            group_q6(b[3], g), sq);
-            for (int c = 0; c < 4; c++) {
-                sq[c] = _mm256_sub_epi8(sq[c], _mm256_set1_epi8(32));
-                aq[c] = _mm256_abs_epi8(sq[c]);
-            }
-            const __m256i sa = pick_signed(sc[g / 4], 2 * (g % 4));
-            const __m256i sb2 = pick_signed(sc[g / 4], 2 * (g % 4) + 1);
-            UNROLL for (int r = 0; r < nr; r++) {
-                acc[r] = _mm256_add_epi32(
-                    acc[r], group_dot4_q6(aq, sq, x[r].p + sb * SUPER + 32 * g, sa, sb2));
-                KEEP(acc[r]);
-            }
-        }
-        for (int r = 0; r < nr; r++) {
-            /* [w0 w1 w0 w1 | w2 w3 w2 w3] -> [w0 w1 w2 w3] */
-            const __m256i i4 = _mm256_permute4x64_epi64(_mm256_hadd_epi32(acc[r], acc[r]), 0x08);
-            const __m128 de = _mm_mul_ps(d, _mm_set1_ps(x[r].e[sb]));
-            f[r] = _mm_fmadd_ps(de, _mm_cvtepi32_ps(_mm256_castsi256_si128(i4)), f[r]);
-        }
-    }
-    for (int r = 0; r < nr; r++) _mm_storeu_ps(y + 4 * r, f[r]);
-}
 #endif
 
 /* A block's weights (256 for the super-block formats, 32 for the others) and bytes. */
@@ -854,18 +780,12 @@ static void tile_rows(const uint8_t *w, int64_t k, int fmt, const XRow *x, int n
 }
 
 #ifdef QUANT_AVX2
-/* Q6_K's tile makes its codes with more work than the K-quants' (6 bits in two places, signs):
- * with one activation row, a row at a time is faster. */
-enum { Q6K_TILE4_ROWS = 2 };
 #define TILE4_CASE(NR)                                                                       \
-    case NR:                                                                                 \
-        if (fmt == FMT_Q6K) tile4_q6k(w, row_bytes, k / SUPER, x, NR, y);                    \
-        else tile4_k45(w, row_bytes, k / SUPER, fmt == FMT_Q5K, x, NR, y);                   \
-        break;
+    case NR: tile4_k45(w, row_bytes, k / SUPER, fmt == FMT_Q5K, x, NR, y); break;
 /* Four weight rows at once where the format has a four-row tile: whether it did. */
 static int tile4_rows(const uint8_t *w, int64_t row_bytes, int64_t k, int fmt, const XRow *x,
                       int nr, float *y) {
-    if (fmt != FMT_Q4K && fmt != FMT_Q5K && (fmt != FMT_Q6K || nr < Q6K_TILE4_ROWS)) return 0;
+    if (fmt != FMT_Q4K && fmt != FMT_Q5K) return 0;
     switch (nr) {
     TILE4_CASE(1) TILE4_CASE(2) TILE4_CASE(3) TILE4_CASE(4)
     TILE4_CASE(5) TILE4_CASE(6) TILE4_CASE(7) TILE4_CASE(8)
