@@ -221,6 +221,15 @@ class EngineConfig:
         group=PLACEMENT,
         advanced=True,
     )
+    draft_head_tokens: int | None = opt(
+        None,
+        "sd/ssd: the draft's LM head keeps the rows of its N likeliest tokens (by frequency in "
+        "the code corpus): a draft step reads fewer weights, the output stays exact (default: "
+        "the whole head)",
+        metavar="N",
+        group=SPECULATION,
+        advanced=True,
+    )
     draft_top_m: int = opt(
         DEFAULT_TOP_M,
         "sd/ssd: the draft samples from its top-M tokens",
@@ -382,6 +391,8 @@ class EngineConfig:
             self.sampling = "coupled" if self.uses_worker else "rejection"
         if self.draft_restarts < 0 or self.draft_restart_backoff_s < 0:
             raise ValueError("draft_restarts and draft_restart_backoff_s must be >= 0")
+        if self.draft_head_tokens is not None and self.draft_head_tokens < 1:
+            raise ValueError(f"draft_head_tokens must be >= 1, got {self.draft_head_tokens}")
         if self.draft_top_m < 1:
             raise ValueError(f"draft_top_m must be >= 1, got {self.draft_top_m}")
         if self.draft_stop_below is None:

@@ -36,6 +36,7 @@ from saguaro.models.gguf_weights import (
     file_weights,
     gguf_linears,
 )
+from saguaro.models.head import cut_draft_head
 from saguaro.models.linear import use_kernels
 from saguaro.models.llama import FUSED, FUSED_PARTS, CausalLM
 from saguaro.models.parallel import SINGLE, TensorParallel
@@ -227,13 +228,15 @@ def load_model(
     quantization: str = "none",
     kernels: bool = False,
     draft: bool = False,
+    head_tokens: int | None = None,
 ) -> CausalLM:
     """The model in ``model_dir`` (a directory or a ``.gguf`` file), or rank ``tp.rank``'s
     slices of it. With ``kernels`` it runs on saguaro's batch-invariant kernels
     (:mod:`saguaro.models.linear`), its linear weights as ``quantization`` says: ``none``
     (dense, in ``dtype``), ``gguf`` (the GGUF file's blocks), one of
     :data:`saguaro.models.quant.SCHEMES` (quantized now), or ``auto``
-    (:func:`resolve_quantization`, which a ``draft`` resolves on its own terms)."""
+    (:func:`resolve_quantization`, which a ``draft`` resolves on its own terms). A draft's head
+    keeps ``head_tokens`` rows where that is given (:mod:`saguaro.models.head`)."""
     path = Path(model_dir)
     on_cpu = torch.device(device).type == "cpu"
     kernels = kernels and on_cpu  # the kernels are CPU code
@@ -253,6 +256,7 @@ def load_model(
     if kernels or scheme != "none":
         _use_kernels(model, "none" if scheme == "gguf" else scheme, weights, kernels, path)
     _check_loaded(model, path)
+    cut_draft_head(model, path, head_tokens)
     return model.to(device).eval()
 
 

@@ -125,6 +125,10 @@ class Tokenizer:
     def bos_token_id(self) -> int | None:
         return self.token_to_id(self.bos_token)
 
+    def special_token_ids(self) -> list[int]:
+        """Ids of the added tokens marked special (ends of turn, roles, fill-in-the-middle)."""
+        return sorted(i for i, t in self._tok.get_added_tokens_decoder().items() if t.special)
+
     def fingerprint(self) -> str:
         """Digest of the token -> id mapping: equal digests mean interchangeable token ids."""
         vocab = sorted(self._tok.get_vocab(with_added_tokens=True).items())

@@ -63,6 +63,7 @@ def _in_process(cfg: EngineConfig, setup: DraftSetup) -> DraftProposer:
         quantization=cfg.draft_quantization,
         kernels=cfg.kernels == "saguaro",
         draft=True,
+        head_tokens=cfg.draft_head_tokens,
     )
     k = cfg.num_speculative_tokens
     buckets = graph_buckets(cfg.graphs, cfg.max_num_seqs, setup.max_model_len + k, k)

@@ -63,6 +63,7 @@ class WorkerConfig:
     block_size: int
     dtype: str  # the draft's (EngineConfig.draft_dtype)
     quantization: str  # the draft's (EngineConfig.draft_quantization)
+    head_tokens: int | None  # rows the draft's LM head keeps (EngineConfig.draft_head_tokens)
     kernels: bool  # saguaro's kernels (EngineConfig.kernels == "saguaro")
     device: str
     cpus: list[int] | None  # CPU affinity of the worker process
@@ -94,6 +95,7 @@ class WorkerConfig:
             block_size=cfg.block_size,
             dtype=cfg.draft_dtype,
             quantization=cfg.draft_quantization,
+            head_tokens=cfg.draft_head_tokens,
             kernels=cfg.kernels == "saguaro",
             device=cfg.draft_device or cfg.device,
             cpus=cfg.draft_cpus,

@@ -73,6 +73,7 @@ class DraftWorker:
             quantization=cfg.quantization,
             kernels=cfg.kernels,
             draft=True,
+            head_tokens=cfg.head_tokens,
         )
         self.vocab_size = model.config.vocab_size
         num_blocks = kv_blocks(cfg)

@@ -1,0 +1,95 @@
+"""A draft's head cut to its likeliest tokens (``draft_head_tokens``): the ranking (special
+tokens first, then by frequency in the code corpus, cached per tokenizer), logits equal to the
+whole head's on the kept tokens and -inf off them, on saguaro's kernels and on torch's, and SD
+and SSD with a cut draft still give AR's greedy tokens."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from saguaro import LLM, SamplingParams
+from saguaro.engine.model_runner import ModelRunner
+from saguaro.models import head
+from saguaro.models.llama import CausalLM
+from saguaro.models.loader import load_model
+from saguaro.models.tokenizer import Tokenizer
+from tests.conftest import PROMPTS
+
+CUT = 96  # of the byte tokenizer's 257: many a draft can no longer propose
+SMALL_CORPUS = 50_000  # bytes: enough for a byte tokenizer's ranking, quick to count
+
+
+@pytest.fixture(autouse=True)
+def small_corpus(monkeypatch, tmp_path):
+    monkeypatch.setattr(head, "CORPUS_BYTES", SMALL_CORPUS)
+    monkeypatch.setenv("SAGUARO_CACHE", str(tmp_path))
+
+
+def test_the_ranking_puts_special_tokens_first_then_the_corpus_commonest(tiny_llama):
+    tok = Tokenizer(tiny_llama)
+    ids = head.ranked_tokens(tok, CUT)
+    assert len(ids) == CUT == len(set(ids)) and ids == sorted(ids)
+    assert tok.eos_token_id in ids
+    # Python source: spaces, "e" and newlines are everywhere; a control byte is nowhere.
+    assert all(tok.encode(c, add_special_tokens=False)[0] in ids for c in " e\n")
+    assert tok.encode("\x07", add_special_tokens=False)[0] not in ids
+
+
+def test_a_ranking_is_read_back_and_a_damaged_one_is_made_again(tiny_llama, monkeypatch):
+    tok = Tokenizer(tiny_llama)
+    first = head.ranked_tokens(tok, CUT)
+    (cached,) = head.cache_dir("heads").glob("*.json")
+    counted = []
+    real = head._ranking
+    monkeypatch.setattr(head, "_ranking", lambda t: counted.append(1) or real(t))
+    assert head.ranked_tokens(tok, CUT) == first and not counted  # read, not counted again
+    cached.write_text("[1, 2")  # cut short
+    assert head.ranked_tokens(tok, CUT) == first and counted == [1]
+
+
+def test_a_head_size_outside_the_vocabulary_is_refused(tiny_llama):
+    with pytest.raises(ValueError, match="1..257"):
+        head.ranked_tokens(Tokenizer(tiny_llama), 0)
+
+
+def prefill(model: CausalLM, ids: list[int]) -> torch.Tensor:
+    runner = ModelRunner(model, num_blocks=8, block_size=16, device="cpu")
+    with torch.no_grad():
+        return runner.forward([runner.sequence_query(list(range(8)), 0, ids, len(ids))])
+
+
+@pytest.mark.parametrize("quantization, kernels", [("int8", True), ("none", False)])
+def test_cut_logits_are_the_whole_heads_on_the_kept_tokens_and_minus_inf_off_them(
+    tiny_llama, quantization, kernels
+):
+    ids = list(b"def add(a, b):\n    return a + b")
+    load = dict(quantization=quantization, kernels=kernels, draft=True)
+    whole = prefill(load_model(tiny_llama, **load), ids)
+    cut = prefill(load_model(tiny_llama, **load, head_tokens=CUT), ids)
+    kept = head.ranked_tokens(Tokenizer(tiny_llama), CUT)
+    if kernels:  # a logit is its own row's bits on saguaro's kernels
+        assert torch.equal(cut[:, kept], whole[:, kept])
+    else:
+        torch.testing.assert_close(cut[:, kept], whole[:, kept], rtol=1e-5, atol=1e-5)
+    off = torch.ones(whole.shape[1], dtype=torch.bool)
+    off[kept] = False
+    assert torch.isneginf(cut[:, off]).all()
+
+
+@pytest.mark.parametrize("mode", ["sd", "ssd"])
+def test_greedy_with_a_cut_draft_head_equals_ar(tiny_llama, close_draft, mode):
+    head.ranked_tokens(Tokenizer(close_draft), CUT)  # cached for the SSD worker's process too
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    ar = LLM(model=str(tiny_llama), max_model_len=256).generate(PROMPTS, params)
+    with LLM(
+        model=str(tiny_llama),
+        draft=str(close_draft),
+        mode=mode,
+        draft_head_tokens=CUT,
+        num_speculative_tokens=3,
+        max_model_len=256,
+    ) as llm:
+        outs = llm.generate(PROMPTS, params)
+        assert [o.token_ids for o in outs] == [o.token_ids for o in ar]
+        assert sum(o.metrics["accepted"] for o in outs) > 0
