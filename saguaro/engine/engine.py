@@ -26,8 +26,8 @@ from saguaro.core.sequence import Sequence, Status
 from saguaro.core.snapshot import EngineSnapshot
 from saguaro.engine.block_manager import BlockManager
 from saguaro.engine.detokenizer import Detokenizer
-from saguaro.engine.loading import load_target
-from saguaro.engine.model_runner import ForwardClock, time_forward
+from saguaro.engine.loading import kv_report, load_target
+from saguaro.engine.model_runner import ForwardClock, ModelRunner, time_forward
 from saguaro.engine.scheduler import Scheduled, Scheduler
 from saguaro.engine.tensor_parallel import TensorParallelTarget, rank_placements
 from saguaro.engine.verification import verify_step
@@ -109,6 +109,8 @@ class LLMEngine:
         self.tokenizer, self.model_config = built.tokenizer, built.model_config
         self.max_model_len, self.eos_token_ids = built.max_model_len, built.eos_token_ids
         self.runner = built.runner
+        per_block = ModelRunner.kv_bytes_per_block(self.runner.model, cfg.block_size)
+        self.kv_report = kv_report(built.num_blocks, cfg.block_size, per_block, self.max_model_len)
         self.block_manager = BlockManager(
             built.num_blocks, cfg.block_size, cfg.enable_prefix_caching
         )

@@ -111,6 +111,16 @@ def kv_blocks(cfg: EngineConfig, target: CausalLM, max_model_len: int) -> int:
     return num_blocks
 
 
+def kv_report(num_blocks: int, block_size: int, bytes_per_block: int, max_model_len: int) -> str:
+    """The KV pool's size in words: blocks, tokens, memory and full-length sequences."""
+    tokens = num_blocks * block_size
+    return (
+        f"KV cache {num_blocks} blocks of {block_size} tokens ({tokens} tokens, "
+        f"{num_blocks * bytes_per_block / GIB:.2f} GiB): {tokens / max_model_len:.1f} sequences "
+        f"of max_model_len {max_model_len}"
+    )
+
+
 def target_runner(
     cfg: EngineConfig,
     target: CausalLM,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -66,6 +67,7 @@ def serve_main(argv: list[str] | None = None) -> int:
     args = serve_parser().parse_args(argv)
     cfg: ServerConfig = from_args(ServerConfig, args)
     llm = build_llm(args)
+    print(f"saguaro serve: {llm.engine.kv_report}", file=sys.stderr, flush=True)
     # uvicorn re-raises the signal that stopped it once it is done; SIGTERM's default action
     # would then end the process before the engine (and its draft worker) is closed.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)

@@ -1,8 +1,11 @@
-"""``saguaro serve``: its options come from ServerConfig and EngineConfig; bad settings exit 2."""
+"""``saguaro serve``: its options come from ServerConfig and EngineConfig; bad settings exit 2;
+it reports its KV cache at start-up."""
 
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
 
 import pytest
 
@@ -43,3 +46,18 @@ def test_bad_engine_settings_exit_2(capsys):
     assert main(["serve", "--model", "/nonexistent/model"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("saguaro serve: error:") and "does not exist" in err
+
+
+def test_serve_reports_its_kv_cache_at_start_up(tiny_llama):
+    """The first line a real ``saguaro serve`` writes, before it listens: the KV pool's blocks,
+    tokens, memory and how many full-length sequences it holds."""
+    cmd = [sys.executable, "-m", "saguaro", "serve", "--model", str(tiny_llama), "--port", "0"]
+    cmd += ["--max-model-len", "128", "--num-kv-blocks", "40", "--block-size", "16"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stderr.readline()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert line.startswith("saguaro serve: KV cache 40 blocks of 16 tokens (640 tokens, "), line
+    assert line.rstrip().endswith("GiB): 5.0 sequences of max_model_len 128"), line
