@@ -228,6 +228,14 @@ class BenchConfig:
         metavar="N,..",
         advanced=True,
     )
+    draft_head_tokens: tuple[int, ...] = opt(
+        (),
+        "the draft's LM head cut to its N likeliest tokens in sd, ssd and auto, side by side "
+        "(EngineConfig.draft_head_tokens; 0: the whole head; default: the engine's)",
+        parse=non_negative_ints,
+        metavar="N,..",
+        advanced=True,
+    )
     draft_stop_belows: tuple[float, ...] = opt(
         (),
         "the draft chains' confidence stop in sd, ssd and auto, side by side (EngineConfig."

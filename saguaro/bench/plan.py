@@ -47,6 +47,7 @@ class Variant:
     draft_dtype: str | None = None  # the draft's (EngineConfig.draft_dtype); None: dtype
     draft_lookup: int | None = None  # EngineConfig.draft_lookup; None: the engine's default
     draft_stop_below: float | None = None  # EngineConfig.draft_stop_below; None: the default
+    draft_head_tokens: int | None = None  # EngineConfig.draft_head_tokens; None, 0: whole head
 
     @property
     def setup(self) -> tuple[str, str, int, bool]:
@@ -133,8 +134,8 @@ def _mode_variants(
 
 
 def _expand_draft_and_core(cfg: BenchConfig, mode: str, found: list[Variant]) -> list[Variant]:
-    """``found`` per draft dtype, draft lookup and draft stop threshold where given and ``mode``
-    has them, plus their one-core copies with --one-core-baselines."""
+    """``found`` per draft dtype, draft lookup, draft head and draft stop threshold where given
+    and ``mode`` has them, plus their one-core copies with --one-core-baselines."""
     if cfg.draft_dtypes and mode in DRAFT_MODES:
         found = [
             replace(v, draft_dtype=d, label=f"{v.label} draft {d}")
@@ -146,6 +147,12 @@ def _expand_draft_and_core(cfg: BenchConfig, mode: str, found: list[Variant]) ->
             replace(v, draft_lookup=n, label=f"{v.label} lookup {n}")
             for v in found
             for n in cfg.draft_lookups
+        ]
+    if cfg.draft_head_tokens and mode in DRAFT_MODES:
+        found = [
+            replace(v, draft_head_tokens=n, label=f"{v.label} head {n or 'whole'}")
+            for v in found
+            for n in cfg.draft_head_tokens
         ]
     if cfg.draft_stop_belows and mode in DRAFT_MODES:
         found = [

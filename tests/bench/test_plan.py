@@ -23,6 +23,12 @@ def test_variants_per_k_fanout_and_c():
     assert [(v.label, v.saguaro_c) for v in swept] == [("ssd c=1", 1.0), ("ssd c=0.5", 0.5)]
 
 
+def test_draft_heads_run_side_by_side_in_the_draft_modes_only():
+    cfg = parse_config(["--modes", "ar,sd", "--k", "4", "--draft-head-tokens", "0,32768"])
+    got = [(v.label, v.draft_head_tokens) for v in build_variants(cfg)]
+    assert got == [("ar", None), ("sd head whole", 0), ("sd head 32768", 32768)]
+
+
 def test_jobs_interleave_variants_per_batch():
     cfg = parse_config(["--modes", "ar,sd", "--batch-sizes", "2", "--num-prompts", "3"])
     variants = build_variants(cfg)

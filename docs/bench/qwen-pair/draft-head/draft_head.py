@@ -1,10 +1,12 @@
-"""What a reduced output head would give the Qwen2.5-Coder 0.5B draft: its step with a head over
-the first N token ids only (a BPE vocabulary lists its merges roughly by frequency, so the first
-ids are the common ones; the control tokens are kept), and how often the target's own greedy
-tokens fall outside those N, which the draft could then never propose. The draft only proposes,
-so any head keeps the output exact (docs/design.md §10); this measures speed against reach.
+"""What a cut output head gives the Qwen2.5-Coder 0.5B draft: its step with a head of N rows,
+and how often the target's own greedy tokens fall outside those N (the draft could then never
+propose them), for two choices of the N: the engine's (``--draft-head-tokens``,
+:func:`saguaro.models.head.ranked_tokens`: special tokens, then by frequency in the code corpus)
+and the first N ids (a BPE vocabulary lists its merges roughly by frequency). The draft only
+proposes, so any head keeps the output exact (docs/design.md §10); this measures speed against
+reach, on HumanEval prompts as raw completions and as chat requests.
 
-    python docs/bench/qwen-pair/draft-head/draft_head.py [--heads 16384,32768,65536] [--out DIR]
+    python docs/bench/qwen-pair/draft-head/draft_head.py [--heads 32768,65536] [--out DIR]
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -20,24 +21,16 @@ import torch
 from saguaro import LLM, SamplingParams
 from saguaro.bench.datasets import humaneval_prompts
 from saguaro.models.catalog import DEFAULT_DRAFT, DEFAULT_MODEL, resolve_model
-from saguaro.models.linear import KernelLinear
-from saguaro.models.quant import permute_rows
+from saguaro.models.head import cut_head, ranked_tokens
+from saguaro.models.tokenizer import Tokenizer
 from saguaro.train.costs import ForwardTimer
 
 CONTEXT = 200
-FIRST_CONTROL_ID = 151643  # Qwen2's control tokens (<|endoftext|>, <|im_start|>, ...) from here
 
 
-def head_ids(n: int, vocab: int) -> torch.Tensor:
-    return torch.cat([torch.arange(n), torch.arange(FIRST_CONTROL_ID, vocab)])
-
-
-def reduce_head(timer: ForwardTimer, ids: torch.Tensor) -> None:
-    """The timer's model scoring ``ids`` only (its head's rows picked, the rest -inf)."""
-    model = timer.runner.model
-    head = model.lm_head
-    model.lm_head = KernelLinear(replace(permute_rows(head.weight, ids), n=len(ids)))
-    model.head_token_ids = ids
+def first_ids(n: int, tokenizer: Tokenizer) -> list[int]:
+    """The first n ids and the special tokens."""
+    return sorted(set(range(n)) | set(tokenizer.special_token_ids()))
 
 
 def step_ms(timer: ForwardTimer, threads: int) -> float:
@@ -45,41 +38,52 @@ def step_ms(timer: ForwardTimer, threads: int) -> float:
     return timer.positions_ms(1)
 
 
-def target_tokens(count: int, max_tokens: int) -> list[int]:
-    """The target's greedy tokens for HumanEval's first ``count`` prompts."""
+def target_tokens(count: int, max_tokens: int) -> dict[str, list[int]]:
+    """The target's greedy tokens for HumanEval's first ``count`` prompts, as completions of
+    the prompt's code and as chat requests for it."""
+    params = SamplingParams(temperature=0, max_tokens=max_tokens)
     with LLM(model=DEFAULT_MODEL, max_model_len=1024) as llm:
-        prompts = [llm.tokenizer.encode(p.text) for p in humaneval_prompts()[:count]]
-        outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=max_tokens))
-    return [t for o in outs for t in o.token_ids]
+        tok = llm.tokenizer
+        texts = [p.text for p in humaneval_prompts()[:count]]
+        asks = [tok.encode_chat([{"role": "user", "content": f"Complete:\n{t}"}]) for t in texts]
+        kinds = {"code": [tok.encode(t) for t in texts], "chat": asks}
+        return {k: [t for o in llm.generate(v, params) for t in o.token_ids] for k, v in kinds.items()}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--heads", default="16384,32768,65536")
+    p.add_argument("--heads", default="32768,65536")
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--out", default=str(Path(__file__).parent))
     a = p.parse_args()
-    tokens = torch.tensor(target_tokens(a.prompts, a.max_tokens))
+    tokens = target_tokens(a.prompts, a.max_tokens)
     draft = resolve_model(DEFAULT_DRAFT)
+    tokenizer = Tokenizer(draft)
     rows = []
     for n in [0, *map(int, a.heads.split(","))]:
-        timer = ForwardTimer(draft, CONTEXT, kernels=True)
-        vocab = timer.runner.model.config.vocab_size
-        if n:
-            reduce_head(timer, head_ids(n, vocab))
-        reach = float((tokens < n).float().mean()) if n else 1.0
-        rows.append({"head": n or vocab, "ms_1t": step_ms(timer, 1), "ms_2t": step_ms(timer, 2),
-                     "target_tokens_in_head": reach})  # fmt: skip
-        print(rows[-1], flush=True)
-    out = Path(a.out)
-    meta = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "target_tokens": len(tokens)}
+        for rule in ("corpus", "first ids") if n else ("whole",):
+            timer = ForwardTimer(draft, CONTEXT, kernels=True)
+            ids = list(range(tokenizer.vocab_size))
+            if n:
+                ids = ranked_tokens(tokenizer, n) if rule == "corpus" else first_ids(n, tokenizer)
+                cut_head(timer.runner.model, ids)
+            kept = set(ids)
+            reach = {k: sum(t in kept for t in v) / len(v) for k, v in tokens.items()}
+            rows.append({"head": len(ids), "rule": rule, "ms_1t": step_ms(timer, 1),
+                         "ms_2t": step_ms(timer, 2), "reach": reach})  # fmt: skip
+            print(rows[-1], flush=True)
+    write(Path(a.out), rows, {k: len(v) for k, v in tokens.items()})
+
+
+def write(out: Path, rows: list[dict], counts: dict[str, int]) -> None:
+    meta = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "target_tokens": counts}
     (out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
-    lines = ["| head rows | draft step ms, 1 thread | 2 threads | target's tokens in the head |",
-             "|---:|---:|---:|---:|"]  # fmt: skip
+    lines = ["| head rows | chosen by | draft step ms, 1 thread | 2 threads | target's code "
+             "tokens in the head | chat tokens |", "|---:|---|---:|---:|---:|---:|"]  # fmt: skip
     for r in rows:
-        lines.append(f"| {r['head']:,} | {r['ms_1t']:.1f} | {r['ms_2t']:.1f} | "
-                     f"{r['target_tokens_in_head']:.2%} |")  # fmt: skip
+        lines.append(f"| {r['head']:,} | {r['rule']} | {r['ms_1t']:.1f} | {r['ms_2t']:.1f} | "
+                     f"{r['reach']['code']:.2%} | {r['reach']['chat']:.2%} |")  # fmt: skip
     (out / "results.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
