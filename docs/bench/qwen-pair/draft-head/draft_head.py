@@ -47,7 +47,8 @@ def target_tokens(count: int, max_tokens: int) -> dict[str, list[int]]:
         texts = [p.text for p in humaneval_prompts()[:count]]
         asks = [tok.encode_chat([{"role": "user", "content": f"Complete:\n{t}"}]) for t in texts]
         kinds = {"code": [tok.encode(t) for t in texts], "chat": asks}
-        return {k: [t for o in llm.generate(v, params) for t in o.token_ids] for k, v in kinds.items()}
+        outs = {k: llm.generate(v, params) for k, v in kinds.items()}
+    return {k: [t for o in v for t in o.token_ids] for k, v in outs.items()}
 
 
 def main() -> None:
