@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from saguaro.cli import COMMANDS, generate_parser, main
+from saguaro.cli import COMMANDS, main
+from saguaro.generate import generate_parser
 from saguaro.options import GROUPS, HELP_ALL
 
 INTERNAL = ("train-pair", "draft-worker")

@@ -130,3 +130,15 @@ def test_importing_the_package_leaves_torch_unloaded_until_a_model_is_wanted():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["saguaro.api", "SamplingParams"]
+
+
+def test_the_commands_list_loads_no_torch():
+    """``saguaro --help`` answers at once: each command's module loads when that command runs."""
+    listed = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "saguaro", "--help"],
+        capture_output=True,
+        text=True,
+    )
+    assert listed.returncode == 0 and "generate" in listed.stdout, listed.stderr
+    loaded = {line.rsplit("|", 1)[-1].strip() for line in listed.stderr.splitlines()}
+    assert "saguaro.cli" in loaded and "torch" not in loaded
