@@ -610,7 +610,8 @@ QINLINE void group_k4(const __m256i t[4], const __m256i *qh, int g, __m256i q[4]
  * rows' sums of q p, times their scales sg. */
 QINLINE __m256i group_dot4(const __m256i q[4], const int8_t *p, __m256i sg) {
     __m256i a = _mm256_maddubs_epi16(q[0], bcast8(p));
-    for (int c = 1; c < 4; c++) a = _mm256_add_epi16(a, _mm256_maddubs_epi16(q[c], bcast8(p + 8 * c)));
+    for (int c = 1; c < 4; c++)
+        a = _mm256_add_epi16(a, _mm256_maddubs_epi16(q[c], bcast8(p + 8 * c)));
     return _mm256_madd_epi16(a, sg);
 }
 
