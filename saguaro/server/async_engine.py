@@ -157,9 +157,15 @@ def _put_all(items: list[tuple[RequestStream, StreamEvent]]) -> None:
         stream.queue.put_nowait(event)
 
 
+class AtCapacity(Exception):
+    """More requests would wait for a place in the running batch than the server allows."""
+
+
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(self, engine: LLMEngine, max_waiting: int | None = None) -> None:
         self.engine = engine
+        # Requests that may wait beyond the max_num_seqs the engine runs at once (None: any).
+        self.max_waiting = max_waiting
         self.stats = EngineStats(Histogram(tuple(range(1, engine.cfg.lookahead + 2))))
         self.stats_lock = threading.Lock()
         self._cond = threading.Condition()
@@ -203,9 +209,21 @@ class AsyncEngine:
         (``params.n``). Call from the event loop."""
         if not self.accepting:
             raise ShuttingDown("the server is shutting down")
+        waiting = self.in_flight() + params.n - self.engine.cfg.max_num_seqs
+        if self.max_waiting is not None and waiting > self.max_waiting:
+            raise AtCapacity(
+                f"the server is at capacity: {self.engine.cfg.max_num_seqs} requests run and "
+                f"{self.max_waiting} may wait; retry later"
+            )
         streams = [RequestStream(self, prompt_ids, params) for _ in range(params.n)]
         self._post(("add", streams))
         return streams
+
+    def in_flight(self) -> int:
+        """Requests submitted and not yet finished (samples count one each). Thread-safe."""
+        with self._cond:
+            queued = sum(len(streams) for kind, streams in self._commands if kind == "add")
+        return queued + len(self._active)
 
     def _post(self, command: tuple[str, list[RequestStream]]) -> None:
         with self._cond:

@@ -27,6 +27,7 @@ class APIError(Exception):
         param: str | None = None,
         code: str | None = None,
         kind: str = INVALID_REQUEST,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -34,6 +35,7 @@ class APIError(Exception):
         self.param = param
         self.code = code
         self.kind = kind  # OpenAI's error "type"
+        self.headers = headers  # e.g. Retry-After on a 429
 
 
 def error_body(message: str, kind: str, param: str | None, code: str | None) -> dict[str, Any]:
@@ -59,7 +61,7 @@ def validation_error(e: ValidationError) -> APIError:
 
 
 async def _api_error(_: Request, e: APIError) -> JSONResponse:
-    return error_response(e)
+    return error_response(e, e.headers)
 
 
 async def _http_error(request: Request, e: HTTPException) -> JSONResponse:

@@ -44,11 +44,20 @@ class ServerConfig:
         default_factory=_api_key_from_env,
     )
     served_model_name: str | None = opt(None, "model id clients use (default: dir name)")
+    max_waiting: int = opt(
+        256,
+        "requests that may wait for a place in the running batch (beyond max_num_seqs); more "
+        "get 429 with Retry-After, and memory stays bounded",
+    )
     shutdown_grace_s: float = opt(
         10.0,
         "on SIGTERM / SIGINT, how long requests in flight may take to finish before they are "
         "ended (a second signal stops at once)",
     )
+
+    def __post_init__(self) -> None:
+        if self.max_waiting < 0:
+            raise ValueError(f"max_waiting must be >= 0, got {self.max_waiting}")
 
 
 def serve_parser() -> OptionParser:
@@ -72,7 +81,7 @@ def serve_main(argv: list[str] | None = None) -> int:
     # would then end the process before the engine (and its draft worker) is closed.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     with llm:
-        app = build_app(llm, cfg.api_key, cfg.served_model_name)
+        app = build_app(llm, cfg.api_key, cfg.served_model_name, cfg.max_waiting)
         config = uvicorn.Config(
             app,
             host=cfg.host,

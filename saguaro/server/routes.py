@@ -31,7 +31,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from saguaro.engine.engine import LLMEngine
 from saguaro.errors import RequestError
 from saguaro.sampling import SamplingParams
-from saguaro.server.async_engine import AsyncEngine, RequestStream, ShuttingDown, StreamEvent
+from saguaro.server.async_engine import (
+    AsyncEngine,
+    AtCapacity,
+    RequestStream,
+    ShuttingDown,
+    StreamEvent,
+)
 from saguaro.server.errors import (
     EXCEPTION_HANDLERS,
     SERVER_ERROR,
@@ -57,6 +63,8 @@ from saguaro.server.protocol import (
 
 MAX_BODY_BYTES = 8 << 20  # far above any prompt that fits a context; bounds a hostile upload
 BODY_TIMEOUT_S = 30.0  # a request body not fully received by then gets 408
+# A 429's Retry-After: about what a waiting request takes to get a place when the batch moves.
+RETRY_AFTER_S = 1
 ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
 MODEL_CARD_ROUTE = "/v1/models/{model}"  # every model card's path counts as this route
 
@@ -138,6 +146,9 @@ class ServedModel:
             return self.ae.submit(ids, params)
         except ShuttingDown as e:
             raise APIError(503, "the server is shutting down", kind=SERVER_ERROR) from e
+        except AtCapacity as e:
+            retry = {"Retry-After": str(RETRY_AFTER_S)}
+            raise APIError(429, str(e), code="server_at_capacity", headers=retry) from e
 
 
 def _served(request: Request) -> ServedModel:
@@ -517,13 +528,17 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 
 def build_app(
-    llm: Any, api_key: str | None = None, served_model_name: str | None = None
+    llm: Any,
+    api_key: str | None = None,
+    served_model_name: str | None = None,
+    max_waiting: int | None = None,
 ) -> FastAPI:
     """The HTTP app serving ``llm`` (a ``saguaro.LLM``). Its lifespan runs the engine loop;
     closing ``llm`` stays with the caller. ``served_model_name`` defaults to the model
-    directory's name."""
+    directory's name; beyond ``max_waiting`` requests waiting for a place in the batch, new
+    ones get 429 (None: no bound)."""
     engine = llm.engine
-    ae = AsyncEngine(engine)
+    ae = AsyncEngine(engine, max_waiting)
     served = ServedModel(ae, served_model_name or engine.target_dir.name)
     app = FastAPI(
         title="saguaro",

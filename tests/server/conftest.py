@@ -47,8 +47,8 @@ class Served:
 
 
 @contextlib.contextmanager
-def serve(llm: LLM) -> Iterator[Served]:
-    app = build_app(llm, api_key=KEY, served_model_name=MODEL)
+def serve(llm: LLM, max_waiting: int | None = None) -> Iterator[Served]:
+    app = build_app(llm, api_key=KEY, served_model_name=MODEL, max_waiting=max_waiting)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))  # a free port, held from the start: no race with other tests
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))

@@ -29,9 +29,10 @@ def test_server_options_build_a_server_config(monkeypatch):
     assert from_args(ServerConfig, serve_parser().parse_args([])) == ServerConfig(
         host="127.0.0.1", port=8000, api_key=None, served_model_name=None, shutdown_grace_s=10.0
     )
-    argv = "--host 0.0.0.0 --port 9000 --api-key k --served-model-name m --shutdown-grace-s 2.5"
+    argv = "--host 0.0.0.0 --port 9000 --api-key k --served-model-name m --max-waiting 8 "
+    argv += "--shutdown-grace-s 2.5"
     assert from_args(ServerConfig, serve_parser().parse_args(argv.split())) == ServerConfig(
-        "0.0.0.0", 9000, "k", "m", 2.5
+        "0.0.0.0", 9000, "k", "m", 8, 2.5
     )
 
 
@@ -46,6 +47,8 @@ def test_bad_engine_settings_exit_2(capsys):
     assert main(["serve", "--model", "/nonexistent/model"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("saguaro serve: error:") and "does not exist" in err
+    assert main(["serve", "--max-waiting", "-1"]) == 2
+    assert "max_waiting must be >= 0" in capsys.readouterr().err
 
 
 def test_serve_reports_its_kv_cache_at_start_up(tiny_llama):

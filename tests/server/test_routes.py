@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import openai
+import pytest
 
 from saguaro import LLM
 from saguaro.server import routes
@@ -175,6 +176,29 @@ def test_disconnect_while_waiting_for_a_plain_completion_frees_kv_blocks(server)
         wait_until(lambda: server.ae.engine.has_unfinished())
     wait_until(lambda: num_aborted(server) == aborted + 1)
     assert idle_free_blocks(server) == free
+
+
+def test_beyond_its_waiting_bound_the_server_answers_429_with_retry_after(tiny_llama):
+    """One request runs (max_num_seqs 1) and one may wait (max_waiting 1): a third gets 429 with
+    Retry-After, which the openai client reads as a rate limit; the two finish whole, and once
+    they have, requests are taken again."""
+    llm = LLM(model=str(tiny_llama), max_model_len=256, max_num_seqs=1)
+    with llm, serve(llm, max_waiting=1) as served:
+        client = served.client()
+        long = dict(model=MODEL, prompt="def", max_tokens=200, stream=True, **GREEDY)
+        first = client.completions.create(**long)
+        chunks = iter(first)
+        head = next(chunks).choices[0].text  # running
+        second = client.completions.create(**long)  # waits for the one place
+        wait_until(lambda: served.ae.in_flight() == 2)
+        with pytest.raises(openai.RateLimitError) as refused:
+            client.completions.create(model=MODEL, prompt="x", max_tokens=2)
+        assert refused.value.response.headers["retry-after"] == str(routes.RETRY_AFTER_S)
+        assert "capacity" in refused.value.message
+        for rest in (list(chunks), list(second)):  # both run to their length, not aborted
+            assert head and rest[-1].choices[0].finish_reason == "length"
+        wait_until(lambda: served.ae.in_flight() == 0)
+        assert client.completions.create(model=MODEL, prompt="x", max_tokens=2).choices
 
 
 # ---- speculative modes ----------------------------------------------------------------------
