@@ -209,8 +209,10 @@ class AsyncEngine:
         (``params.n``). Call from the event loop."""
         if not self.accepting:
             raise ShuttingDown("the server is shutting down")
-        waiting = self.in_flight() + params.n - self.engine.cfg.max_num_seqs
-        if self.max_waiting is not None and waiting > self.max_waiting:
+        # An idle server takes any request (a large n included): only a crowd is turned away.
+        busy = self.in_flight()
+        waiting = busy + params.n - self.engine.cfg.max_num_seqs
+        if self.max_waiting is not None and busy and waiting > self.max_waiting:
             raise AtCapacity(
                 f"the server is at capacity: {self.engine.cfg.max_num_seqs} requests run and "
                 f"{self.max_waiting} may wait; retry later"
