@@ -246,12 +246,37 @@ def sample_first_two(
             prepare(llm)
         for _ in range(samples // batch):
             params = [make_params(next(seeds)) for _ in range(batch)]
-            for out in llm.generate([[1, 4, 2]] * batch, params):
-                if check is not None:
+            if check is None:
+                pairs = first_two_tokens(llm, [1, 4, 2], params)
+            else:  # ``check`` sees whole outputs
+                outs = llm.generate([[1, 4, 2]] * batch, params)
+                for out in outs:
                     check(out)
-                counts[out.token_ids[0], out.token_ids[1]] += 1
+                pairs = [tuple(out.token_ids[:2]) for out in outs]
+            for t1, t2 in pairs:
+                counts[t1, t2] += 1
             hits += llm.last_run.get("cache_hit_rate", 0) > 0
     return counts, hits
+
+
+def first_two_tokens(llm, prompt: list[int], params: list) -> list[tuple[int, int]]:
+    """The first two tokens of one request of ``prompt`` per ``params``, run together in
+    ``llm``'s engine until each has committed two tokens and then aborted: the rounds after a
+    token is committed cannot change it, so its law is ``generate``'s, at the cost of the
+    rounds that commit tokens 1 and 2 only. ``llm.last_run`` summarizes the rounds that ran, as
+    ``generate`` would."""
+    from saguaro.core.metrics import summarize
+
+    engine = llm.engine
+    seqs = [engine.add_request(list(prompt), p) for p in params]
+    try:
+        while any(s.num_output_tokens < 2 and not s.is_finished for s in seqs):
+            engine.step()
+    finally:
+        for s in seqs:
+            engine.abort(s.seq_id)
+    llm.last_run = summarize(r for s in seqs for r in s.records)
+    return [tuple(s.output_token_ids[:2]) for s in seqs]
 
 
 def scaled_head_copy(src: Path, dst: Path, factor: float) -> Path:

@@ -12,7 +12,13 @@ from saguaro import LLM, SamplingParams
 from saguaro.kernels import transfer
 from saguaro.speculation import ngram, sd
 from saguaro.speculation.lookup import LookupProposer
-from tests.conftest import FIRST_TWO_SAMPLES, PROMPTS, SMALL_VOCAB, exact_first_two
+from tests.conftest import (
+    FIRST_TWO_SAMPLES,
+    PROMPTS,
+    SMALL_VOCAB,
+    exact_first_two,
+    first_two_tokens,
+)
 from tests.stats import assert_first_two_follow
 
 
@@ -301,8 +307,8 @@ def check_sd_first_two(
             )
             for _ in range(2000)
         ]
-        for out in llm.generate([prompt] * 2000, params):
-            counts[out.token_ids[0], out.token_ids[1]] += 1
+        for t1, t2 in first_two_tokens(llm, prompt, params):
+            counts[t1, t2] += 1
     try:
         assert_first_two_follow(counts, expected, f"SD T={temperature} top_p={top_p} {engine}")
     except AssertionError:

@@ -19,7 +19,13 @@ import torch
 from saguaro import LLM, SamplingParams
 from saguaro.distributed.channel import free_port
 from saguaro.speculation import protocol
-from tests.conftest import FIRST_TWO_SAMPLES, PROMPTS, SMALL_VOCAB, exact_first_two
+from tests.conftest import (
+    FIRST_TWO_SAMPLES,
+    PROMPTS,
+    SMALL_VOCAB,
+    exact_first_two,
+    first_two_tokens,
+)
 from tests.stats import assert_first_two_follow
 
 GREEDY = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
@@ -226,8 +232,8 @@ def check_first_two(target, draft, name, temperature, top_p, overrides):
                 )
                 for _ in range(BATCH)
             ]
-            for out in llm.generate([prompt] * BATCH, params):
-                counts[out.token_ids[0], out.token_ids[1]] += 1
+            for t1, t2 in first_two_tokens(llm, prompt, params):
+                counts[t1, t2] += 1
             hits += llm.last_run["cache_hit_rate"] > 0
             backups.update(llm.last_run.get("backups", {}))
     assert_first_two_follow(counts, expected, name)
