@@ -8,9 +8,9 @@ head) and only loses the proposals it would have made outside them.
 
 The ranking: token frequencies over the code corpus (:mod:`saguaro.corpus`, the running
 interpreter's standard library, code with its comments and docstrings in English), its first
-``CORPUS_BYTES`` in file order, tokenized by the draft's own tokenizer; the tokenizer's special
-tokens come first (an end of turn must stay proposable). Computed once per tokenizer and cut
-size, then read from ``$SAGUARO_CACHE/heads``.
+``CORPUS_CHARS`` characters in file order, tokenized by the draft's own tokenizer; the
+tokenizer's special tokens come first (an end of turn must stay proposable). Computed once per
+tokenizer and cut size, then read from ``$SAGUARO_CACHE/heads``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from saguaro.models.tokenizer import Tokenizer
 from saguaro.paths import cache_dir, write_atomically
 
 # Corpus text counted (file order): the ranking's top tens of thousands settle well within it.
-CORPUS_BYTES = 8_000_000
+CORPUS_CHARS = 8_000_000
 RANKING_VERSION = 1  # bump when the rule above changes: cached rankings are keyed by it
 
 
@@ -53,18 +53,16 @@ def ranked_tokens(tokenizer: Tokenizer, n: int) -> list[int]:
 
 def _ranking(tokenizer: Tokenizer) -> list[int]:
     counts: Counter[int] = Counter()
-    left = CORPUS_BYTES
+    left = CORPUS_CHARS
     for text in corpus.read_documents(corpus.split_files(corpus.stdlib_root()).train):
         counts.update(tokenizer.encode(text[:left], add_special_tokens=False))
         left -= len(text)
         if left <= 0:
             break
-    special = sorted(
-        {i for i in (tokenizer.eos_token_id, tokenizer.bos_token_id) if i is not None}
-        | set(tokenizer.special_token_ids())
-    )
+    special = {i for i in (tokenizer.eos_token_id, tokenizer.bos_token_id) if i is not None}
+    special |= set(tokenizer.special_token_ids())
     rest = sorted(range(tokenizer.vocab_size), key=lambda i: (-counts[i], i))
-    return special + [i for i in rest if i not in set(special)]
+    return sorted(special) + [i for i in rest if i not in special]
 
 
 def cut_head(model: CausalLM, ids: list[int]) -> None:

@@ -17,12 +17,12 @@ from saguaro.models.tokenizer import Tokenizer
 from tests.conftest import PROMPTS
 
 CUT = 96  # of the byte tokenizer's 257: many a draft can no longer propose
-SMALL_CORPUS = 50_000  # bytes: enough for a byte tokenizer's ranking, quick to count
+SMALL_CORPUS = 50_000  # characters: enough for a byte tokenizer's ranking, quick to count
 
 
 @pytest.fixture(autouse=True)
 def small_corpus(monkeypatch, tmp_path):
-    monkeypatch.setattr(head, "CORPUS_BYTES", SMALL_CORPUS)
+    monkeypatch.setattr(head, "CORPUS_CHARS", SMALL_CORPUS)
     monkeypatch.setenv("SAGUARO_CACHE", str(tmp_path))
 
 
