@@ -20,6 +20,7 @@ def test_worker_config_from_engine_maps_every_field():
         dtype="float32",
         draft_dtype="bfloat16",
         draft_quantization="int8",
+        draft_head_tokens=4096,
         device="cpu",
         draft_device="cuda:1",
         draft_cpus=[2, 3],
@@ -43,6 +44,7 @@ def test_worker_config_from_engine_maps_every_field():
         block_size=8,
         dtype="bfloat16",
         quantization="int8",
+        head_tokens=4096,
         kernels=False,  # --compile runs torch's operators
         device="cuda:1",
         cpus=[2, 3],
