@@ -8,13 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from saguaro import LLM, SamplingParams
-from saguaro.engine.model_runner import ModelRunner
 from saguaro.models import head
-from saguaro.models.llama import CausalLM
-from saguaro.models.loader import load_model
 from saguaro.models.tokenizer import Tokenizer
-from tests.conftest import PROMPTS
+from tests.speculation.test_reduced_head import greedy_outputs, prefill_logits
 
 CUT = 96  # of the byte tokenizer's 257: many a draft can no longer propose
 SMALL_CORPUS = 50_000  # characters: enough for a byte tokenizer's ranking, quick to count
@@ -53,20 +49,14 @@ def test_a_head_size_outside_the_vocabulary_is_refused(tiny_llama):
         head.ranked_tokens(Tokenizer(tiny_llama), 0)
 
 
-def prefill(model: CausalLM, ids: list[int]) -> torch.Tensor:
-    runner = ModelRunner(model, num_blocks=8, block_size=16, device="cpu")
-    with torch.no_grad():
-        return runner.forward([runner.sequence_query(list(range(8)), 0, ids, len(ids))])
-
-
 @pytest.mark.parametrize("quantization, kernels", [("int8", True), ("none", False)])
 def test_cut_logits_are_the_whole_heads_on_the_kept_tokens_and_minus_inf_off_them(
     tiny_llama, quantization, kernels
 ):
     ids = list(b"def add(a, b):\n    return a + b")
     load = dict(quantization=quantization, kernels=kernels, draft=True)
-    whole = prefill(load_model(tiny_llama, **load), ids)
-    cut = prefill(load_model(tiny_llama, **load, head_tokens=CUT), ids)
+    whole = prefill_logits(tiny_llama, ids, **load)
+    cut = prefill_logits(tiny_llama, ids, **load, head_tokens=CUT)
     kept = head.ranked_tokens(Tokenizer(tiny_llama), CUT)
     if kernels:  # a logit is its own row's bits on saguaro's kernels
         assert torch.equal(cut[:, kept], whole[:, kept])
@@ -80,16 +70,8 @@ def test_cut_logits_are_the_whole_heads_on_the_kept_tokens_and_minus_inf_off_the
 @pytest.mark.parametrize("mode", ["sd", "ssd"])
 def test_greedy_with_a_cut_draft_head_equals_ar(tiny_llama, close_draft, mode):
     head.ranked_tokens(Tokenizer(close_draft), CUT)  # cached for the SSD worker's process too
-    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    ar = LLM(model=str(tiny_llama), max_model_len=256).generate(PROMPTS, params)
-    with LLM(
-        model=str(tiny_llama),
-        draft=str(close_draft),
-        mode=mode,
-        draft_head_tokens=CUT,
-        num_speculative_tokens=3,
-        max_model_len=256,
-    ) as llm:
-        outs = llm.generate(PROMPTS, params)
-        assert [o.token_ids for o in outs] == [o.token_ids for o in ar]
-        assert sum(o.metrics["accepted"] for o in outs) > 0
+    ar = greedy_outputs(tiny_llama)
+    draft = dict(draft=str(close_draft), mode=mode, draft_head_tokens=CUT)
+    outs = greedy_outputs(tiny_llama, **draft, num_speculative_tokens=3)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in ar]
+    assert sum(o.metrics["accepted"] for o in outs) > 0

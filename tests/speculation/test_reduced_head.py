@@ -38,10 +38,19 @@ def reduced_copy(src: Path, dst: Path, token_ids: list[int]) -> Path:
     return dst
 
 
-def prefill_logits(model_dir: Path, ids: list[int]) -> torch.Tensor:
-    runner = ModelRunner(load_model(model_dir), num_blocks=8, block_size=16, device="cpu")
+def prefill_logits(model_dir: Path, ids: list[int], **load) -> torch.Tensor:
+    """The logits of every position of ``ids`` from ``load_model(model_dir, **load)``."""
+    runner = ModelRunner(load_model(model_dir, **load), num_blocks=8, block_size=16, device="cpu")
     with torch.no_grad():
         return runner.forward([runner.sequence_query(list(range(8)), 0, ids, len(ids))])
+
+
+def greedy_outputs(target: Path, **engine) -> list:
+    """The outputs of ``PROMPTS``, greedy, from ``target`` with the engine's ``engine`` settings
+    (none: AR)."""
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    with LLM(model=str(target), max_model_len=256, **engine) as llm:
+        return llm.generate(PROMPTS, params)
 
 
 @pytest.fixture(scope="module")
@@ -75,22 +84,14 @@ def test_bad_token_ids_are_refused(close_draft, tmp_path):
 @pytest.mark.parametrize("mode", ["sd", "ssd"])
 @pytest.mark.parametrize("sampling", ["rejection", "coupled"])
 def test_greedy_with_a_reduced_draft_equals_ar(tiny_llama, reduced_draft, mode, sampling):
-    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    ar = LLM(model=str(tiny_llama), max_model_len=256).generate(PROMPTS, params)
-    with LLM(
-        model=str(tiny_llama),
-        draft=str(reduced_draft[0]),
-        mode=mode,
-        sampling=sampling,
-        num_speculative_tokens=3,
-        max_model_len=256,
-    ) as llm:
-        outs = llm.generate(PROMPTS, params)
-        assert [o.token_ids for o in outs] == [o.token_ids for o in ar]
-        # The target's own tokens include some the draft cannot propose, and yet it accepts.
-        committed = {t for o in outs for t in o.token_ids}
-        assert committed - set(reduced_draft[1])
-        assert sum(o.metrics["accepted"] for o in outs) > 0
+    ar = greedy_outputs(tiny_llama)
+    draft = dict(draft=str(reduced_draft[0]), mode=mode, sampling=sampling)
+    outs = greedy_outputs(tiny_llama, **draft, num_speculative_tokens=3)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in ar]
+    # The target's own tokens include some the draft cannot propose, and yet it accepts.
+    committed = {t for o in outs for t in o.token_ids}
+    assert committed - set(reduced_draft[1])
+    assert sum(o.metrics["accepted"] for o in outs) > 0
 
 
 @pytest.fixture(scope="module")
