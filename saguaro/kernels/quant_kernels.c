@@ -27,8 +27,11 @@
  * them, the row path's 8 lanes (lane l: bytes 4l .. 4l + 3 of every 32 weights, as vpmaddubsw +
  * vpmaddwd give them) or the four-row tiles' words (below): I = sum_j s_j sum_{i in j} q_i p_i
  * and M = sum_j m_j P_j, folded per super-block, in order, f = fmaf(d e, (float) I, f) and
- * c = fmaf(dmin e, (float) M, c); the result is f - c. The other formats keep the row path's 8
- * lanes as floats: per block, in block order, f_l = fma(d e, (float) lane_l, f_l) (Q6_K's lane
+ * c = fmaf(dmin e, (float) M, c); the result is f - c. Q5_0 likewise: a block's I = sum (q - 16)
+ * p, folded into two chains by the block's parity, f_(b mod 2) = fmaf(d e, (float) I, f_(b mod
+ * 2)), the result f_0 + f_1 (the four-row tile folds two blocks a step). The other formats
+ * keep the row path's 8 lanes as floats: per block, in block order, f_l = fma(d e, (float)
+ * lane_l, f_l) (Q6_K's lane
  * less its offset, 32 (s_2l P_2l + s_2l+1 P_2l+1), as integers; Q5_1's minimum in one float,
  * c = fmaf(m e, P, c)), and the result tree(f) (Q5_1: tree(f) + c), tree((0+4, 1+5, 2+6, 3+7),
  * then (0+2, 1+3), then 0+1). The generic C below computes exactly these sums and steps, so the
@@ -708,6 +711,123 @@ QINLINE void tile4_k45(const uint8_t *w, int64_t row_bytes, int64_t blocks, int 
     }
 }
 
+/* Q5_0's codes of four rows' block (b[j]: row j's block), unsigned 0..31, transposed: q[c] =
+ * weights 8c .. 8c + 7 of rows [0, 1 | 2, 3]. Weight i < 16 is the low nibble of code byte i,
+ * weight i >= 16 the high nibble of byte i - 16, and its fifth bit is bit i of qh; h holds the
+ * rows' qh as int32 lanes [0, 1, .. | 2, 3, ..]. */
+QINLINE void block4_q5(const uint8_t *const b[4], __m256i h, __m256i q[4]) {
+    const __m256i x = _mm256_setr_m128i(_mm_loadu_si128((const __m128i *)(b[0] + 6)),
+                                        _mm_loadu_si128((const __m128i *)(b[2] + 6)));
+    const __m256i y = _mm256_setr_m128i(_mm_loadu_si128((const __m128i *)(b[1] + 6)),
+                                        _mm_loadu_si128((const __m128i *)(b[3] + 6)));
+    const __m256i lo = _mm256_unpacklo_epi64(x, y), hi = _mm256_unpackhi_epi64(x, y);
+    const __m256i low = _mm256_set1_epi8(0xF);
+    q[0] = _mm256_and_si256(lo, low);
+    q[1] = _mm256_and_si256(hi, low);
+    q[2] = _mm256_and_si256(_mm256_srli_epi16(lo, 4), low);
+    q[3] = _mm256_and_si256(_mm256_srli_epi16(hi, 4), low);
+    /* byte 0 of each row's (shifted) qh, eight times: bits 8c .. 8c + 7 for word c */
+    const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4, 0, 0, 0,
+                                          0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    UNROLL for (int c = 0; c < 4; c++) {
+        const __m256i set =
+            _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(h, pick), bit), bit);
+        q[c] = _mm256_or_si256(q[c], _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+        h = _mm256_srli_epi32(h, 8);
+    }
+}
+
+/* Lanes [w0 w0 w1 w1 | w2 w2 w3 w3] of one activation row's block (codes p) against four
+ * rows' unsigned 5-bit codes: a product pair is at most 2 * 31 * 127, four add up in int16
+ * (<= 31,496) before one vpmaddwd. */
+QINLINE __m256i block_dot4(const __m256i q[4], const int8_t *p) {
+    __m256i a = _mm256_maddubs_epi16(q[0], bcast8(p));
+    for (int c = 1; c < 4; c++)
+        a = _mm256_add_epi16(a, _mm256_maddubs_epi16(q[c], bcast8(p + 8 * c)));
+    return _mm256_madd_epi16(a, _mm256_set1_epi16(1));
+}
+
+/* The first 8 bytes (d, qh, two codes) of four rows' blocks (b: row 0's; rows rb apart) as
+ * 64-bit lanes [0, 1 | 2, 3]. */
+QINLINE __m256i heads4_q5(const uint8_t *b, int64_t rb) {
+    const __m128i r01 = _mm_insert_epi64(_mm_loadl_epi64((const __m128i *)b),
+                                         *(const long long *)(b + rb), 1);
+    const __m128i r23 = _mm_insert_epi64(_mm_loadl_epi64((const __m128i *)(b + 2 * rb)),
+                                         *(const long long *)(b + 3 * rb), 1);
+    return _mm256_setr_m128i(r01, r23);
+}
+
+/* Four rows' Q5_0 blocks A = bi and B = bi + 1 (B absent where two is 0: its lanes then get
+ * d e = 0 and I = 0, and fma(0, 0, f) leaves them) against activation rows r < nr: [I_A I_B]
+ * of the four rows from one hadd, less 16 P (q - 16 is the weight), folded into f[r]'s lanes
+ * [A0 A1 B0 B1 | A2 A3 B2 B3]. */
+QINLINE void pair4_q50(const uint8_t *w, int64_t row_bytes, int64_t bi, int two, const XRow *x,
+                       int nr, __m256 *f) {
+    /* int16 pairs [16, 0] where a lane takes block A's P, [0, 16] block B's */
+    const __m256i sixteen = _mm256_setr_epi16(16, 0, 16, 0, 0, 16, 0, 16, 16, 0, 16, 0, 0, 16,
+                                              0, 16);
+    const uint8_t *a0 = w + bi * Q50_BYTES, *b[4];
+    const __m256i ha = heads4_q5(a0, row_bytes);
+    const __m256i hb = two ? heads4_q5(a0 + Q50_BYTES, row_bytes) : ha;
+    /* qh: bytes 2-5 of each head, as int32 lanes [A0 A1 B0 B1 | A2 A3 B2 B3]; d: bytes 0-1, as
+     * int16 lanes [A0 A1 B0 B1 | .. | A2 A3 B2 B3 | ..] */
+    const __m256i qh = _mm256_or_si256(
+        _mm256_shuffle_epi8(ha, _mm256_setr_epi8(2, 3, 4, 5, 10, 11, 12, 13, -1, -1, -1, -1, -1,
+                                                 -1, -1, -1, 2, 3, 4, 5, 10, 11, 12, 13, -1, -1,
+                                                 -1, -1, -1, -1, -1, -1)),
+        _mm256_shuffle_epi8(hb, _mm256_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, 2, 3, 4, 5, 10,
+                                                 11, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1, 2, 3,
+                                                 4, 5, 10, 11, 12, 13)));
+    const __m256i dd = _mm256_or_si256(
+        _mm256_shuffle_epi8(ha, _mm256_setr_epi8(0, 1, 8, 9, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                                 -1, -1, -1, 0, 1, 8, 9, -1, -1, -1, -1, -1, -1,
+                                                 -1, -1, -1, -1, -1, -1)),
+        _mm256_shuffle_epi8(hb, _mm256_setr_epi8(-1, -1, -1, -1, 0, 1, 8, 9, -1, -1, -1, -1, -1,
+                                                 -1, -1, -1, -1, -1, -1, -1, 0, 1, 8, 9, -1, -1,
+                                                 -1, -1, -1, -1, -1, -1)));
+    const __m256 d =
+        _mm256_cvtph_ps(_mm256_castsi256_si128(_mm256_permute4x64_epi64(dd, 0x08)));
+    for (int j = 0; j < 4; j++) b[j] = a0 + j * row_bytes;
+    __m256i q[4], sa[TILE_ROWS];
+    block4_q5(b, qh, q);
+    for (int r = 0; r < nr; r++) sa[r] = block_dot4(q, x[r].p + bi * SMALL);
+    if (two) {
+        for (int j = 0; j < 4; j++) b[j] += Q50_BYTES;
+        block4_q5(b, _mm256_srli_si256(qh, 8), q);
+    }
+    for (int r = 0; r < nr; r++) {
+        const __m256i sb = two ? block_dot4(q, x[r].p + (bi + 1) * SMALL) : _mm256_setzero_si256();
+        const uint16_t pa = (uint16_t)x[r].sum32[bi], pb = two ? (uint16_t)x[r].sum32[bi + 1] : 0;
+        const __m256i offset =
+            _mm256_madd_epi16(_mm256_set1_epi32((int)(pa | (uint32_t)pb << 16)), sixteen);
+        const __m256i ints = _mm256_sub_epi32(_mm256_hadd_epi32(sa[r], sb), offset);
+        const __m256 da = _mm256_mul_ps(d, _mm256_set1_ps(x[r].e[bi]));
+        const __m256 db = two ? _mm256_mul_ps(d, _mm256_set1_ps(x[r].e[bi + 1])) : _mm256_setzero_ps();
+        f[r] = _mm256_fmadd_ps(_mm256_blend_ps(da, db, 0xCC), _mm256_cvtepi32_ps(ints), f[r]);
+    }
+}
+
+/* y[4 r + j] for Q5_0 weight rows j of w (row_bytes apart) and activation rows r < nr, two
+ * blocks at a time; a row's lanes hold its even- and odd-block chains: the row path's. */
+QINLINE void tile4_q50(const uint8_t *w, int64_t row_bytes, int64_t blocks, const XRow *x,
+                       int nr, float *y) {
+    __m256 f[TILE_ROWS]; /* [e0 e1 o0 o1 | e2 e3 o2 o3]: rows' even- and odd-block chains */
+    for (int r = 0; r < nr; r++) f[r] = _mm256_setzero_ps();
+    int64_t bi = 0;
+    for (; bi + 1 < blocks; bi += 2) {
+        /* the next four rows (contiguous), swept at the pace this tile reads its own */
+        const uint8_t *next = w + 4 * row_bytes + 4 * bi * Q50_BYTES;
+        for (int o = 0; o < 8 * Q50_BYTES; o += LINE) __builtin_prefetch(next + o);
+        pair4_q50(w, row_bytes, bi, 1, x, nr, f);
+    }
+    if (bi < blocks) pair4_q50(w, row_bytes, bi, 0, x, nr, f);
+    for (int r = 0; r < nr; r++) {
+        const __m128 lo = _mm256_castps256_ps128(f[r]), hi = _mm256_extractf128_ps(f[r], 1);
+        _mm_storeu_ps(y + 4 * r, _mm_add_ps(_mm_movelh_ps(lo, hi), _mm_movehl_ps(hi, lo)));
+    }
+}
+
 #endif
 
 /* A block's weights (256 for the super-block formats, 32 for the others) and bytes. */
@@ -723,11 +843,33 @@ QINLINE int block_bytes(int fmt) {
     }
 }
 
-/* The 32-weight formats: Q5_0 (signed codes q - 16), Q8_0 (signed codes q) and Q5_1 (codes q,
- * plus the minimum m e P). */
+/* Q5_0, one weight row: per block the exact integer I = sum (q - 16) p, folded into the chain
+ * of the block's parity, f_(b mod 2) = fmaf(d e, (float) I, f_(b mod 2)); the result f_0 + f_1
+ * (the four-row tile's lanes). */
+QINLINE void tile_q50(const uint8_t *w, int64_t blocks, const XRow *x, int nr, float *y) {
+    float f[TILE_ROWS][2];
+    for (int r = 0; r < nr; r++) f[r][0] = f[r][1] = 0.0f;
+    for (int64_t bi = 0; bi < blocks; bi++) {
+        const uint8_t *b = w + bi * Q50_BYTES;
+        prefetch_ahead(b, Q50_BYTES);
+        const float d = f16_to_f32(b);
+        uint32_t qh;
+        memcpy(&qh, b + 2, 4);
+        Codes sq, absq;
+        signed_q5(block_q5(b + 6, qh), &sq, &absq);
+        for (int r = 0; r < nr; r++) {
+            const int32_t i = sum_lanes(dot_signed(absq, sq, x[r].p + bi * SMALL));
+            f[r][bi & 1] = fmaf(d * x[r].e[bi], (float)i, f[r][bi & 1]);
+        }
+    }
+    for (int r = 0; r < nr; r++) y[r] = f[r][0] + f[r][1];
+}
+
+/* The other 32-weight formats: Q8_0 (signed codes q) and Q5_1 (codes q, plus the minimum
+ * m e P). */
 QINLINE void tile_small(const uint8_t *w, int64_t blocks, int fmt, const XRow *x, int nr,
                         float *y) {
-    const int bytes = block_bytes(fmt), with_min = fmt == FMT_Q51, qh_off = with_min ? 4 : 2;
+    const int bytes = block_bytes(fmt), with_min = fmt == FMT_Q51;
     Lanes f[TILE_ROWS];
     float c[TILE_ROWS];
     for (int r = 0; r < nr; r++) f[r] = zero_f(), c[r] = 0.0f;
@@ -735,21 +877,19 @@ QINLINE void tile_small(const uint8_t *w, int64_t blocks, int fmt, const XRow *x
         const uint8_t *b = w + bi * bytes;
         prefetch_ahead(b, bytes);
         const float d = f16_to_f32(b);
-        Codes q, sq, absq;
-        if (fmt == FMT_Q80) {
-            signed_q8(b + 2, &sq, &absq);
-            q = sq;
-        } else {
+        Codes q, absq;
+        if (with_min) {
             uint32_t qh;
-            memcpy(&qh, b + qh_off, 4);
-            q = sq = absq = block_q5(b + qh_off + 4, qh);
-            if (!with_min) signed_q5(q, &sq, &absq);
+            memcpy(&qh, b + 4, 4);
+            q = absq = block_q5(b + 8, qh);
+        } else {
+            signed_q8(b + 2, &q, &absq);
         }
         for (int r = 0; r < nr; r++) {
             const int8_t *p = x[r].p + bi * SMALL;
             const float e = x[r].e[bi];
             f[r] = fold(f[r], d * e, with_min ? dot_scaled(q, p, scale_ones())
-                                              : dot_signed(absq, sq, p));
+                                              : dot_signed(absq, q, p));
             if (with_min) c[r] = fmaf(f16_to_f32(b + 2) * e, (float)x[r].sum32[bi], c[r]);
         }
     }
@@ -763,7 +903,7 @@ QINLINE void tile(const uint8_t *w, int64_t k, int fmt, const XRow *x, int nr, f
     case FMT_Q5K: tile_k45(w, blocks, 1, x, nr, y); break;
     case FMT_Q6K: tile_q6k(w, blocks, x, nr, y); break;
     /* Each format by name: a constant fmt inlines its own block loop. */
-    case FMT_Q50: tile_small(w, blocks, FMT_Q50, x, nr, y); break;
+    case FMT_Q50: tile_q50(w, blocks, x, nr, y); break;
     case FMT_Q51: tile_small(w, blocks, FMT_Q51, x, nr, y); break;
     default: tile_small(w, blocks, FMT_Q80, x, nr, y); break;
     }
@@ -782,11 +922,14 @@ static void tile_rows(const uint8_t *w, int64_t k, int fmt, const XRow *x, int n
 
 #ifdef QUANT_AVX2
 #define TILE4_CASE(NR)                                                                       \
-    case NR: tile4_k45(w, row_bytes, k / SUPER, fmt == FMT_Q5K, x, NR, y); break;
+    case NR:                                                                                 \
+        if (fmt == FMT_Q50) tile4_q50(w, row_bytes, k / SMALL, x, NR, y);                   \
+        else tile4_k45(w, row_bytes, k / SUPER, fmt == FMT_Q5K, x, NR, y);                  \
+        break;
 /* Four weight rows at once where the format has a four-row tile: whether it did. */
 static int tile4_rows(const uint8_t *w, int64_t row_bytes, int64_t k, int fmt, const XRow *x,
                       int nr, float *y) {
-    if (fmt != FMT_Q4K && fmt != FMT_Q5K) return 0;
+    if (fmt != FMT_Q4K && fmt != FMT_Q5K && fmt != FMT_Q50) return 0;
     switch (nr) {
     TILE4_CASE(1) TILE4_CASE(2) TILE4_CASE(3) TILE4_CASE(4)
     TILE4_CASE(5) TILE4_CASE(6) TILE4_CASE(7) TILE4_CASE(8)

@@ -20,11 +20,12 @@ ROW_COUNTS = (1, 2, 5, 8, 9, 17)  # every tile height of 8 rows, and tiles after
 # A few float32 roundings per block against a float64 reference: relative to the largest output.
 REL_TOLERANCE = 1e-5
 INT8_LEVELS = 127
+ODD_BLOCKS = 5
 
 
-def weight(fmt: str, seed: int = 0) -> PackedWeight:
+def weight(fmt: str, seed: int = 0, k: int | None = None) -> PackedWeight:
     kind, block, _ = RAW_TYPES[fmt]
-    k = 2 * max(block, 256)  # two super-blocks, or sixteen small blocks
+    k = k or 2 * max(block, 256)  # two super-blocks, or sixteen small blocks
     return from_gguf_raw(random_blocks(kind, N, k, np.random.default_rng(seed)), kind, N, k)
 
 
@@ -62,12 +63,13 @@ def test_the_avx2_build_computes_the_generic_codes_bits():
     every row the same bits in every format, so logits do not depend on the vector code."""
     avx2 = build.build((*build.BASE_FLAGS, "-march=x86-64-v3"))
     generic = build.build((*build.BASE_FLAGS, "-march=x86-64-v3", "-DSAGUARO_GENERIC"))
-    for fmt in RAW_TYPES:
-        w = weight(fmt, seed=4)
+    # an odd count of small blocks: the tiles that fold two blocks a step end on one
+    for fmt, k in [(fmt, None) for fmt in RAW_TYPES] + [("q5_0", ODD_BLOCKS * 32)]:
+        w = weight(fmt, seed=4, k=k)
         x = torch.randn(9, w.k, generator=torch.Generator().manual_seed(5))
         want = ops.linear(x, w, generic)
-        assert torch.equal(ops.linear(x, w, avx2), want), fmt
-        assert torch.equal(ops.linear(x, w), want), fmt
+        assert torch.equal(ops.linear(x, w, avx2), want), (fmt, k)
+        assert torch.equal(ops.linear(x, w), want), (fmt, k)
 
 
 def test_rows_that_are_not_whole_blocks_are_refused():
