@@ -97,6 +97,7 @@ def test_the_kernels_name_a_missing_compiler(monkeypatch):
     "fields, message",
     [
         (dict(draft_lookup=-1), r"draft_lookup must be >= 0"),
+        (dict(draft_head_tokens=-1), r"draft_head_tokens must be >= 0"),
         (dict(draft_stop_below=1.5), r"draft_stop_below must be in \[0, 1\]"),
         (dict(draft_stop_below=-0.1), r"draft_stop_below must be in \[0, 1\]"),
     ],

@@ -124,9 +124,10 @@ class SaguaroBackend:
             dtype=variant.dtype,
             draft_dtype=variant.draft_dtype,
             **_set_only(
-                draft_lookup=variant.draft_lookup, draft_stop_below=variant.draft_stop_below
+                draft_lookup=variant.draft_lookup,
+                draft_stop_below=variant.draft_stop_below,
+                draft_head_tokens=variant.draft_head_tokens,
             ),
-            draft_head_tokens=variant.draft_head_tokens or None,
             tensor_parallel_size=variant.tensor_parallel_size,
             # Equal hardware by default: the engine's placement (AR/SD: every core; SSD: target
             # and worker on their own; auto: AR and SD on every core, SSD's target on the

@@ -47,7 +47,8 @@ class Variant:
     draft_dtype: str | None = None  # the draft's (EngineConfig.draft_dtype); None: dtype
     draft_lookup: int | None = None  # EngineConfig.draft_lookup; None: the engine's default
     draft_stop_below: float | None = None  # EngineConfig.draft_stop_below; None: the default
-    draft_head_tokens: int | None = None  # EngineConfig.draft_head_tokens; None, 0: whole head
+    # EngineConfig.draft_head_tokens (0: the whole head); None: the engine's default
+    draft_head_tokens: int | None = None
 
     @property
     def setup(self) -> tuple[str, str, int, bool]:

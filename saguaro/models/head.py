@@ -84,8 +84,8 @@ def cut_head(model: CausalLM, ids: list[int]) -> None:
 
 
 def cut_draft_head(model: CausalLM, model_dir: Path, n: int | None) -> None:
-    """The draft's head cut to its ``n`` likeliest tokens (None: left whole; a draft trained
-    with a reduced head keeps its own)."""
-    if n is None or model.head_token_ids is not None or n >= model.config.vocab_size:
+    """The draft's head cut to its ``n`` likeliest tokens (None or 0: left whole; a draft
+    trained with a reduced head keeps its own)."""
+    if not n or model.head_token_ids is not None or n >= model.config.vocab_size:
         return
     cut_head(model, ranked_tokens(Tokenizer(model_dir), n))

@@ -63,7 +63,7 @@ class WorkerConfig:
     block_size: int
     dtype: str  # the draft's (EngineConfig.draft_dtype)
     quantization: str  # the draft's (EngineConfig.draft_quantization)
-    head_tokens: int | None  # rows the draft's LM head keeps (EngineConfig.draft_head_tokens)
+    head_tokens: int  # rows the draft's LM head keeps, 0 all (EngineConfig.draft_head_tokens)
     kernels: bool  # saguaro's kernels (EngineConfig.kernels == "saguaro")
     device: str
     cpus: list[int] | None  # CPU affinity of the worker process

@@ -57,7 +57,7 @@ def worker_config(**kw) -> P.WorkerConfig:
         block_size=BLOCK,
         dtype="float32",
         quantization="none",
-        head_tokens=None,
+        head_tokens=0,
         kernels=False,
         device="cpu",
         cpus=None,
