@@ -250,6 +250,21 @@ def test_seeded_sd_reproducible(tiny_llama, close_draft):
     assert [o.token_ids for o in a] == [o.token_ids for o in b]
 
 
+def test_a_long_prompts_first_token_waits_for_no_draft(tiny_llama, close_draft, ar_reference):
+    """A request's first round proposes nothing where its prompt is longer than the draft may
+    read first (the draft reads it in the next round); a short prompt's proposes at once.
+    Greedy output equals AR's either way."""
+    llm = sd_engine(tiny_llama, close_draft, 4, draft_lookup=0, draft_stop_below=0)
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    long_prompt = next(p for p in PROMPTS if len(p) > sd.PREFILL_CATCH_UP)
+    short = [1, 4, 2]
+    out_long, out_short = llm.generate([long_prompt, short], params)
+    assert out_long.token_ids == ar_reference[long_prompt].token_ids
+    assert out_long.records[0].num_drafted == 0
+    assert out_long.records[1].num_drafted > 0
+    assert out_short.records[0].num_drafted > 0
+
+
 def test_sd_metrics(tiny_llama, close_draft):
     llm = LLM(
         model=str(tiny_llama),
