@@ -22,6 +22,7 @@ import torch
 
 from saguaro.config import EngineConfig
 from saguaro.distributed.channel import Channel, ChannelError
+from saguaro.distributed.processes import exit_now
 from saguaro.engine.block_manager import BlockManager
 from saguaro.engine.graphs import MAX_GRAPH_POSITIONS, graph_buckets
 from saguaro.engine.model_runner import ForwardClock, ModelRunner
@@ -293,4 +294,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())
