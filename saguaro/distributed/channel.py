@@ -24,7 +24,8 @@ A doorbell rides beside the messages: :meth:`ring` counts, in the rendezvous sto
 about to be sent, and :meth:`rings` reads the count. A gloo receive cannot be polled, but the store
 can be read at any time for one small request, so a busy peer can check between steps of work
 whether its next request is already on the way (the draft worker cuts its cache build short when
-it is).
+it is). Other bells, each counted under its own name, signal events that no message follows at
+once (the target has released every sequence it sent).
 """
 
 from __future__ import annotations
@@ -292,17 +293,18 @@ class Channel:
             raise ChannelError(f"no answer from rank {peer}: {e}") from e
         return kind, obj
 
-    def ring(self) -> None:
-        """Count one message about to be sent (see the module docstring)."""
+    def ring(self, bell: str = _DOORBELL) -> None:
+        """Count one message about to be sent, or one event of another ``bell`` (see the module
+        docstring)."""
         try:
-            self.store.add(_DOORBELL, 1)
+            self.store.add(bell, 1)
         except (RuntimeError, dist.DistStoreError) as e:
             raise ChannelError(f"rendezvous store on {self.addr}:{self.port} failed: {e}") from e
 
-    def rings(self) -> int:
-        """How many times either side has rung so far."""
+    def rings(self, bell: str = _DOORBELL) -> int:
+        """How many times either side has rung ``bell`` so far."""
         try:
-            return self.store.add(_DOORBELL, 0)
+            return self.store.add(bell, 0)
         except (RuntimeError, dist.DistStoreError) as e:
             raise ChannelError(f"rendezvous store on {self.addr}:{self.port} failed: {e}") from e
 

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from saguaro import placement
+from saguaro.distributed.processes import exit_now
 from saguaro.distributed.rank_group import RankGroup
 from saguaro.engine.model_runner import ModelRunner
 from saguaro.models.loader import load_model
@@ -114,6 +115,7 @@ def rank_main(spec: RankSpec) -> None:
 
 def main() -> None:
     rank_main(RankSpec.from_json(sys.argv[1]))
+    exit_now(0)
 
 
 # The rank's command line before its spec; ``-c``, not ``-m``: the package imports this module

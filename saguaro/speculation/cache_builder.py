@@ -20,7 +20,9 @@ target's next request is already on its way (``stop``, checked before each depth
 first): branches keep the depths decoded so far. A late cache would stall the target for the rest
 of the build; a shallower one costs only tokens on a hit. An empty one would turn every outcome
 into a miss, so the first depth always runs. A fan-out or budget fixed by the user is built in
-full. For the same reason a sequence more than ``CATCH_UP_CHUNK`` committed tokens ahead of its
+full. Any build ends at once when the target has released every sequence it is for (the
+requests finished or were aborted): nobody could read its caches. For the same reason as a cut,
+a sequence more than ``CATCH_UP_CHUNK`` committed tokens ahead of its
 draft KV (a new long prompt) is left out of the build and catches up after it, that many tokens
 a forward, ``stop`` checked before each after the first; it gets no cache until it has (misses,
 served by the fast backup: a neural one would read the rest of its context on the target's
@@ -161,6 +163,26 @@ class DraftSeq:
         processed as the target will process its row there."""
         assert self.processors is not None
         return RowsOf(self.processors, self.token_ids[self.num_prompt :], rows, prefixes)
+
+
+class _Released(Exception):
+    """The target released every sequence of the build under way (``CacheBuilder.build``)."""
+
+
+@dataclass
+class _Checks:
+    """What a build polls between its forwards: ``stop`` (cut it short, keeping the depths
+    decoded so far) and ``released`` (abandon it: nobody will read its caches)."""
+
+    stop_when: Callable[[], bool] | None
+    released: Callable[[], bool] | None
+
+    def stop(self) -> bool:
+        return self.stop_when is not None and self.stop_when()
+
+    def abandon_if_released(self) -> None:
+        if self.released is not None and self.released():
+            raise _Released
 
 
 def kv_blocks(cfg: P.WorkerConfig) -> int:
@@ -315,26 +337,39 @@ class CacheBuilder:
 
     # ---- building (overlaps the target's verification) ---------------------------------------
 
-    def build(self, seqs: list[DraftSeq], stop: Callable[[], bool] | None = None) -> None:
+    def build(
+        self,
+        seqs: list[DraftSeq],
+        stop: Callable[[], bool] | None = None,
+        released: Callable[[], bool] | None = None,
+    ) -> None:
         """Plan, then glue, candidates and branch decoding for ``seqs``; ``stop`` (polled before
         each depth after the first) ends the build with the depths decoded so far. With ``stop``,
-        sequences far behind catch up instead, after the others' caches."""
-        t0 = time.perf_counter()
-        self._plan(len(seqs))
-        far = [s for s in seqs if s.catching_up()] if stop is not None else []
-        if far:  # the others' caches first, then the catch-up in what is left of the window
-            self._cache([s for s in seqs if not s.catching_up()], stop, t0)
-            caught_up = self._catch_up(far, stop)
-            self.cut = self.cut or not caught_up
-        else:
-            self._cache(seqs, stop, t0)
+        sequences far behind catch up instead, after the others' caches. ``released`` (polled
+        before the build and before each forward after the glue) says the target has released
+        every sequence of ``seqs``: no cache of theirs can be read any more, so the build ends
+        there, its figures (times, cut) left those of the last build that ran to its end."""
+        checks = _Checks(stop, released)
+        try:
+            checks.abandon_if_released()
+            t0 = time.perf_counter()
+            self._plan(len(seqs))
+            far = [s for s in seqs if s.catching_up()] if stop is not None else []
+            if far:  # the others' caches first, then the catch-up in what is left of the window
+                self._cache([s for s in seqs if not s.catching_up()], checks, t0)
+                caught_up = self._catch_up(far, checks)
+                self.cut = self.cut or not caught_up
+            else:
+                self._cache(seqs, checks, t0)
+        except _Released:
+            return
 
-    def _cache(self, seqs: list[DraftSeq], stop: Callable[[], bool] | None, t0: float) -> None:
+    def _cache(self, seqs: list[DraftSeq], checks: _Checks, t0: float) -> None:
         """Glue, candidates and branch decoding for ``seqs``, timed from ``t0`` (the build's
         start: its plan counts with the glue)."""
-        self.glue_s = self.branch_s = self.build_s = 0.0
-        self.cut = False
         if not seqs:
+            self.glue_s = self.branch_s = self.build_s = 0.0
+            self.cut = False
             return
         clock = ForwardClock(self.runner)
         glue_logits = self._glue(seqs)
@@ -345,13 +380,13 @@ class CacheBuilder:
             m = len(seq.spec) + 1
             branches.append(self._candidates(seq, glue_logits[offset : offset + m]))
             offset += m
-        depths_s = self._decode_branches(seqs, branches, stop)
+        depths_s, self.cut = self._decode_branches(seqs, branches, checks)
         t2 = time.perf_counter()
         clock.stop()
         self.glue_s, self.branch_s, self.build_s = t1 - t0, t2 - t1, t2 - t0
         self.costs.fixed.update(clock.seconds() - depths_s)
 
-    def _catch_up(self, seqs: list[DraftSeq], stop: Callable[[], bool]) -> bool:
+    def _catch_up(self, seqs: list[DraftSeq], checks: _Checks) -> bool:
         """Feed the committed tokens of sequences more than ``CATCH_UP_CHUNK`` behind to the
         draft, that many a forward, until none is or ``stop()`` holds (checked before each
         forward after the first, so that every build makes progress; the planner's costs and the
@@ -359,7 +394,8 @@ class CacheBuilder:
         behind."""
         chunks = 0
         while far := [s for s in seqs if s.catching_up()]:
-            if chunks and stop():
+            checks.abandon_if_released()
+            if chunks and checks.stop():
                 return False
             chunks += 1
             queries = []
@@ -432,19 +468,18 @@ class CacheBuilder:
         self,
         seqs: list[DraftSeq],
         branches: list[list[tuple[int, int]]],
-        stop: Callable[[], bool] | None = None,
-    ) -> float:
+        checks: _Checks,
+    ) -> tuple[float, bool]:
         """Decode every branch for d = ``self.depth`` tokens (at least 1 once ``stop()``), all
         sequences' branches in one forward per depth; store them in each sequence's cache.
-        Returns the seconds spent in the depth steps.
+        Returns the seconds spent in the depth steps, and whether ``stop()`` cut them short.
 
         Cutting is exact: a branch's first j tokens are sampled exactly as a j-token branch's
         would be, and where the cut falls depends only on the target's timing."""
         d, fanout = self.depth, self.fanout(self.depth)
-        self.cut = False
         live = [i for i, b in enumerate(branches) if b]
         if not live:
-            return 0.0
+            return 0.0, False
         scratch = {i: self._scratch(seqs[i], branches[i]) for i in live}
         tokens = {i: [t for _, t in branches[i]] for i in live}
         out_tokens: dict[int, list[list[int]]] = {i: [[] for _ in branches[i]] for i in live}
@@ -454,8 +489,9 @@ class CacheBuilder:
         depths_s, done = 0.0, d
         stops = {i: [d] * len(branches[i]) for i in live}  # a branch's tokens end there
         for depth in range(d):
-            if depth and stop is not None and stop():
-                self.cut, done = True, depth
+            checks.abandon_if_released()
+            if depth and checks.stop():
+                done = depth
                 break
             clock = ForwardClock(self.runner)
             queries = [scratch[i].query(seqs[i], tokens[i], depth) for i in live]
@@ -475,7 +511,7 @@ class CacheBuilder:
         for i in live:
             ends = [min(done, stop_at) for stop_at in stops[i]]
             self._store(seqs[i], branches[i], out_tokens[i], out_q.get(i), ends)
-        return depths_s
+        return depths_s, done < d
 
     @staticmethod
     def _store(

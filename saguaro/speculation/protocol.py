@@ -12,7 +12,9 @@
                                   <───────────────  SPEC(RoundReply)
                                                     build the speculation cache for the
                                                     outcomes of the round just sent, until
-                                                    done or the doorbell rings
+                                                    done, the doorbell rings, or the idle
+                                                    bell does (the target released every
+                                                    sequence: abandon the build)
     ... the target verifies while the worker builds ...
     ROUND ...
     SHUTDOWN                      ───────────────>  exit
@@ -39,6 +41,9 @@ if TYPE_CHECKING:
     from saguaro.config import EngineConfig
 
 HELLO, READY, ROUND, SPEC, SHUTDOWN, ERROR = range(6)
+# The channel bell the target rings when it has released every sequence it sent (requests that
+# finished or were aborted): no message follows, since there is nothing left to ask.
+IDLE_BELL = "saguaro/idle"
 
 
 def lane_between(target_device: str, worker_device: str) -> bool:

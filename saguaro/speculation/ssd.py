@@ -11,6 +11,7 @@ not answer within ``draft_timeout_s``, :class:`DraftWorkerError` is raised; the 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import subprocess
@@ -242,8 +243,16 @@ class SSDProposer(Proposer):
     def release(self, seq: Sequence) -> None:
         if self.known.pop(seq.seq_id, None) is not None:
             self.dropped.append(seq.seq_id)
+            if not self.known:  # the worker may stop building caches nobody will read
+                self._ring_idle()
         if not self.known:  # idle until the next request: not part of any round or window
             self.pause()
+
+    def _ring_idle(self) -> None:
+        # A bell that does not ring only costs the worker a build: not worth failing a request
+        # for (the next round's own use of the channel reports a broken one).
+        with contextlib.suppress(ChannelError):
+            self.channel.ring(P.IDLE_BELL)
 
     def pause(self) -> None:
         # Time until the next request is not one round of ours, nor a window to build in.

@@ -22,6 +22,7 @@ import torch
 
 from saguaro.config import EngineConfig
 from saguaro.distributed.channel import Channel, ChannelError
+from saguaro.distributed.processes import exit_now
 from saguaro.engine.block_manager import BlockManager
 from saguaro.engine.graphs import MAX_GRAPH_POSITIONS, graph_buckets
 from saguaro.engine.model_runner import ForwardClock, ModelRunner
@@ -188,13 +189,18 @@ class DraftWorker:
             spec.tokens, spec.q, spec.backup = list(seq.spec), q, "neural"
         return len(neural)
 
-    def build_pending(self, stop: Callable[[], bool] | None = None) -> None:
+    def build_pending(
+        self,
+        stop: Callable[[], bool] | None = None,
+        released: Callable[[], bool] | None = None,
+    ) -> None:
         """Build the cache for the sequences of the last reply; while planning online, ``stop``
         is polled before each depth after the first and, once true, ends the build with the
-        depths decoded so far."""
+        depths decoded so far. Once ``released()`` holds, the target has released them all,
+        and the build is abandoned (CacheBuilder.build)."""
         seqs, self.pending = self.pending, []
         if seqs:
-            self.builder.build(seqs, stop if self.builder.planned else None)
+            self.builder.build(seqs, stop if self.builder.planned else None, released)
 
 
 def serve(channel: Channel) -> None:
@@ -216,6 +222,11 @@ def serve(channel: Channel) -> None:
     def next_request_sent() -> bool:
         return channel.rings() > rounds
 
+    idle = channel.rings(P.IDLE_BELL)  # the idle bell's count as the build under way began
+
+    def all_released() -> bool:
+        return channel.rings(P.IDLE_BELL) > idle
+
     while True:
         ready = time.perf_counter()
         kind, msg = channel.recv(0, timeout_s=IDLE_TIMEOUT_S)
@@ -232,7 +243,10 @@ def serve(channel: Channel) -> None:
         # Zero when the request was already waiting: the build overran the target's window.
         reply.idle_s = time.perf_counter() - ready - reply.handle_s
         channel.send(0, P.SPEC, reply)
-        worker.build_pending(stop=next_request_sent)
+        # Read after the reply, off the target's critical path: a target that went idle before
+        # this read is missed, and the build then runs in full, as it would without the bell.
+        idle = channel.rings(P.IDLE_BELL)
+        worker.build_pending(stop=next_request_sent, released=all_released)
 
 
 def _die_with(parent_pid: int) -> None:
@@ -280,4 +294,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -10,6 +10,7 @@ import torch
 
 from saguaro.models import head
 from saguaro.models.tokenizer import Tokenizer
+from saguaro.paths import cache_dir
 from tests.speculation.test_reduced_head import greedy_outputs, prefill_logits
 
 CUT = 96  # of the byte tokenizer's 257: many a draft can no longer propose
@@ -18,6 +19,11 @@ SMALL_CORPUS = 50_000  # characters: enough for a byte tokenizer's ranking, quic
 
 @pytest.fixture(autouse=True)
 def small_corpus(monkeypatch, tmp_path):
+    """Rankings of a small corpus, in a cache of the test's own, where the kernels already built
+    are found too: a process (an SSD worker) compiling them into an empty cache takes ~15 s."""
+    kernels = cache_dir("kernels")
+    kernels.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "kernels").symlink_to(kernels, target_is_directory=True)
     monkeypatch.setattr(head, "CORPUS_CHARS", SMALL_CORPUS)
     monkeypatch.setenv("SAGUARO_CACHE", str(tmp_path))
 

@@ -253,6 +253,26 @@ def test_a_build_cut_short_keeps_the_depths_decoded(tiny_draft):
     assert not fixed.builder.cut and {len(b) for b, _ in fixed.seqs[0].cache.values()} == {k}
 
 
+@pytest.mark.parametrize("fanout", ["auto", [2, 1, 1, 2]])
+@pytest.mark.parametrize("released_after", [0, 1, 2])
+def test_a_build_whose_sequences_were_all_released_is_abandoned(tiny_draft, fanout, released_after):
+    """Once the target has released every sequence of a build (polled before it and before each
+    depth), the build stops, planned or fixed: what it decoded is never stored, and the figures
+    the next reply reports stay the last finished build's."""
+    prompt = [5, 17, 99, 3, 42, 8, 61]
+    worker = make_worker(tiny_draft, K, fanout)
+    worker.handle(P.RoundRequest([P.SeqUpdate(0, prompt, new=True)], backup="neural"))
+    worker.build_pending()
+    seq, b = worker.seqs[0], worker.builder
+    figures = (b.glue_s, b.branch_s, b.build_s, b.cut)
+    (kk, t), _ = next(iter(seq.cache.items()))
+    worker.handle(P.RoundRequest([P.SeqUpdate(0, seq.spec[:kk] + [t])], backup="neural"))
+    polls = iter(range(100))
+    worker.build_pending(released=lambda: next(polls) >= released_after)
+    assert seq.cache == {} and (b.glue_s, b.branch_s, b.build_s, b.cut) == figures
+    assert next(polls) == released_after + 1  # no poll after the one that said released
+
+
 def test_a_long_prompt_catches_up_a_chunk_a_build_while_the_target_rings(tiny_draft):
     """A new sequence more than CATCH_UP_CHUNK tokens ahead of its draft KV is answered by the
     fast backup (a neural one would read its whole prompt first), and a build the target's next

@@ -403,10 +403,14 @@ def test_requests_that_reach_the_end_of_the_context_keep_the_worker(tiny_llama, 
             assert llm.engine.draft_health().state == "running", llm.engine.draft_health().failure
             assert [o.token_ids for o in outs] == [o.token_ids for o in ar]
             assert all(len(o.prompt_token_ids) + len(o.token_ids) == limit for o in outs)
+            worker = llm.engine.proposer.worker
+            idle = worker.channel.rings(protocol.IDLE_BELL)
             again = llm.generate(PROMPTS[:2], GREEDY)  # the worker still answers
             assert llm.engine.draft_health().state == "running" and len(again[0].token_ids) == 32
-            # finished requests leave nothing in the engine or the proposer
-            assert llm.engine.seqs == {} and llm.engine.proposer.worker.known == {}
+            # finished requests leave nothing in the engine or the proposer, and the worker is
+            # told once, when the last one ends, that no build of theirs will be read
+            assert llm.engine.seqs == {} and worker.known == {}
+            assert worker.channel.rings(protocol.IDLE_BELL) == idle + 1
 
 
 def test_a_killed_worker_is_restarted_and_speculation_resumes(
