@@ -738,16 +738,6 @@ QINLINE void block4_q5(const uint8_t *const b[4], __m256i h, __m256i q[4]) {
     }
 }
 
-/* Lanes [w0 w0 w1 w1 | w2 w2 w3 w3] of one activation row's block (codes p) against four
- * rows' unsigned 5-bit codes: a product pair is at most 2 * 31 * 127, four add up in int16
- * (<= 31,496) before one vpmaddwd. */
-QINLINE __m256i block_dot4(const __m256i q[4], const int8_t *p) {
-    __m256i a = _mm256_maddubs_epi16(q[0], bcast8(p));
-    for (int c = 1; c < 4; c++)
-        a = _mm256_add_epi16(a, _mm256_maddubs_epi16(q[c], bcast8(p + 8 * c)));
-    return _mm256_madd_epi16(a, _mm256_set1_epi16(1));
-}
-
 /* The first 8 bytes (d, qh, two codes) of four rows' blocks (b: row 0's; rows rb apart) as
  * 64-bit lanes [0, 1 | 2, 3]. */
 QINLINE __m256i heads4_q5(const uint8_t *b, int64_t rb) {
@@ -789,15 +779,19 @@ QINLINE void pair4_q50(const uint8_t *w, int64_t row_bytes, int64_t bi, int two,
     const __m256 d =
         _mm256_cvtph_ps(_mm256_castsi256_si128(_mm256_permute4x64_epi64(dd, 0x08)));
     for (int j = 0; j < 4; j++) b[j] = a0 + j * row_bytes;
+    /* a block's sums as group_dot4's with unit scales: a product pair is at most 2 * 31 * 127,
+     * so four add up in int16 (<= 31,496) */
+    const __m256i ones = _mm256_set1_epi16(1);
     __m256i q[4], sa[TILE_ROWS];
     block4_q5(b, qh, q);
-    for (int r = 0; r < nr; r++) sa[r] = block_dot4(q, x[r].p + bi * SMALL);
+    for (int r = 0; r < nr; r++) sa[r] = group_dot4(q, x[r].p + bi * SMALL, ones);
     if (two) {
         for (int j = 0; j < 4; j++) b[j] += Q50_BYTES;
         block4_q5(b, _mm256_srli_si256(qh, 8), q);
     }
     for (int r = 0; r < nr; r++) {
-        const __m256i sb = two ? block_dot4(q, x[r].p + (bi + 1) * SMALL) : _mm256_setzero_si256();
+        const __m256i sb =
+            two ? group_dot4(q, x[r].p + (bi + 1) * SMALL, ones) : _mm256_setzero_si256();
         const uint16_t pa = (uint16_t)x[r].sum32[bi], pb = two ? (uint16_t)x[r].sum32[bi + 1] : 0;
         const __m256i offset =
             _mm256_madd_epi16(_mm256_set1_epi32((int)(pa | (uint32_t)pb << 16)), sixteen);

@@ -31,8 +31,8 @@ from saguaro.sampling.reduce import argmax_rows, top_probability_rows
 from saguaro.speculation.ngram import CopyIndex, CopyIndexes, Lookup
 
 # The longest prompt whose first round still proposes: a longer one's would delay the first token
-# by the draft's own prefill (1.3 s of a 142-token prompt on the 0.5B Qwen draft, one core),
-# which the next round catches up after it.
+# by the draft's prefill of the whole prompt, which the next round catches up after it; up to
+# this many tokens that is a few draft steps' work.
 PREFILL_CATCH_UP = 32
 # (draft logits [m, V], chain indices of the m rows, depth, positions [m]) -> tokens, q (None:
 # the proposals need no q, as under coupled sampling)
