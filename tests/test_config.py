@@ -97,6 +97,7 @@ def test_the_kernels_name_a_missing_compiler(monkeypatch):
     "fields, message",
     [
         (dict(draft_lookup=-1), r"draft_lookup must be >= 0"),
+        (dict(copy_lookup=-1), r"copy_lookup must be >= 0"),
         (dict(draft_head_tokens=-1), r"draft_head_tokens must be >= 0"),
         (dict(draft_stop_below=1.5), r"draft_stop_below must be in \[0, 1\]"),
         (dict(draft_stop_below=-0.1), r"draft_stop_below must be in \[0, 1\]"),
@@ -112,7 +113,7 @@ def test_bad_draft_chain_settings_are_refused(fields, message):
     [
         (dict(mode="ssd"), r"runs no draft model: mode sd only, got 'ssd'"),
         (dict(mode="auto"), r"runs no draft model: mode sd only, got 'auto'"),
-        (dict(draft_lookup=0), r"copies by draft_lookup's rule: need it >= 1"),
+        (dict(copy_lookup=0), r"copies by copy_lookup's rule: need it >= 1"),
     ],
 )
 def test_the_lookup_draft_is_for_sd_with_copies(fields, message):

@@ -124,7 +124,8 @@ class SaguaroBackend:
             dtype=variant.dtype,
             draft_dtype=variant.draft_dtype,
             **_set_only(
-                draft_lookup=variant.draft_lookup,
+                # lookup mode sweeps the rule it copies by; the draft modes their chains'
+                **{"copy_lookup" if lookup else "draft_lookup": variant.draft_lookup},
                 draft_stop_below=variant.draft_stop_below,
                 draft_head_tokens=variant.draft_head_tokens,
             ),

@@ -222,8 +222,9 @@ class BenchConfig:
     )
     draft_lookups: tuple[int, ...] = opt(
         (),
-        "the draft chains' context lookup in sd, ssd and auto, side by side (EngineConfig."
-        "draft_lookup: the shortest n-gram copied, 0 none; default: the engine's)",
+        "the context lookup, side by side: of the draft chains in sd, ssd and auto (EngineConfig."
+        "draft_lookup), of the copies in lookup (EngineConfig.copy_lookup); the shortest n-gram "
+        "copied, 0 none; default: the engine's",
         parse=non_negative_ints,
         metavar="N,..",
         advanced=True,

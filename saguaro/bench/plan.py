@@ -45,7 +45,8 @@ class Variant:
     tensor_parallel_size: int = 1  # ranks of saguaro's target
     dtype: str = "float32"  # saguaro's weights and activations (EngineConfig.dtype)
     draft_dtype: str | None = None  # the draft's (EngineConfig.draft_dtype); None: dtype
-    draft_lookup: int | None = None  # EngineConfig.draft_lookup; None: the engine's default
+    # EngineConfig.draft_lookup (lookup mode: copy_lookup); None: the engine's default
+    draft_lookup: int | None = None
     draft_stop_below: float | None = None  # EngineConfig.draft_stop_below; None: the default
     # EngineConfig.draft_head_tokens (0: the whole head); None: the engine's default
     draft_head_tokens: int | None = None

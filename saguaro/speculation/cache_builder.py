@@ -68,6 +68,11 @@ MAX_BUDGET = 64  # the planner's largest B: branches per sequence the KV pool is
 MAX_RANK = 64  # candidates ranked per position for the fan-out statistics
 FIT = 0.9  # plan the cache build against this fraction of the target's window (timing noise)
 INITIAL_BUDGET = 8  # B until the planner has the timings to choose one
+# The start-up probe of a branch depth's cost (CacheBuilder.calibrate): one branch and this many,
+# each seeing this many keys, the faster of this many tries (the first may allocate).
+PROBE_BRANCHES = 8
+PROBE_CONTEXT = 32
+PROBE_TRIES = 2
 # The plan's inputs (online timings, hit statistics) move little from one round to the next,
 # while planning costs a sizeable part of a draft forward inside the build's window: plan on
 # every REPLAN_EVERY-th build, and at once whenever the number of sequences changes.
@@ -248,6 +253,7 @@ class CacheBuilder:
         self.verify_s: float | None = None  # the target's last verification forward
         self._since_plan = 0  # builds since (B, d) were last planned
         self._plan_seqs = 0  # the number of sequences they were planned for
+        self._replied_positions: int | None = None  # what the last reply gave the target
 
     # ---- fan-out and plan -------------------------------------------------------------------
 
@@ -263,11 +269,42 @@ class CacheBuilder:
                 self._fanouts[m] = self.estimator.allocate(self.budget, m, mode, cap=cap)
         return self._fanouts[m]
 
+    def calibrate(self) -> None:
+        """Measure the depth-cost line's prior (BuildCosts.calibrate): a depth over one branch
+        and over ``PROBE_BRANCHES``. Writes KV only into the first blocks, which no sequence
+        holds yet: call it before serving."""
+        one, many = (
+            min(self._probe_depth_s(m) for _ in range(PROBE_TRIES)) for m in (1, PROBE_BRANCHES)
+        )
+        self.costs.calibrate(one, PROBE_BRANCHES, many)
+
+    def _probe_depth_s(self, m: int) -> float:
+        """Seconds of one forward shaped like a branch depth: m tokens at one position, each
+        seeing ``PROBE_CONTEXT`` keys and itself."""
+        size = self.cfg.block_size
+        n = PROBE_CONTEXT + m
+        keys = token_slots(list(range(-(-n // size))), 0, n, size)
+        mask = torch.cat([torch.ones(m, PROBE_CONTEXT), torch.eye(m)], dim=1).bool()
+        positions = torch.full((m,), PROBE_CONTEXT)
+        query = Query([0] * m, positions, keys[PROBE_CONTEXT:], keys, m, mask)
+        clock = ForwardClock(self.runner)
+        self.runner.forward([query])
+        clock.stop()
+        return clock.seconds()
+
     def observe_request(self, req: P.RoundRequest) -> None:
-        """The target's timings and backup choice, as the next plan's inputs."""
-        if req.window_s:
-            self.costs.window.update(req.window_s)
+        """The target's timings and backup choice, as the next plan's inputs; its window was
+        spent verifying what the last reply gave it."""
+        if req.window_s and self._replied_positions:
+            self.costs.window.observe(self._replied_positions, req.window_s)
         self.backup_kind, self.verify_s = req.backup, req.verify_s
+
+    def replied(self, specs: list[P.SeqSpec]) -> None:
+        """The target verifies these speculations next: each its tokens and one more. Unless
+        a sequence is new: the target prefills its prompt in that window, which no steady round
+        does (``hit`` None: nothing could be prepared for it)."""
+        new = any(spec.hit is None for spec in specs)
+        self._replied_positions = None if new else sum(len(spec.tokens) + 1 for spec in specs)
 
     def observe_backup(self, seconds: float) -> None:
         """Seconds a neural backup took this round (the cost of a miss)."""
@@ -281,11 +318,16 @@ class CacheBuilder:
         self._since_plan += 1
         if num_seqs == self._plan_seqs and self._since_plan < REPLAN_EVERY:
             return
-        window = self.costs.window.value or self.verify_s
+        observed = self.costs.window
         fixed = self.costs.fixed.value
         depth_s = self.costs.depth_s
-        if not window or fixed is None or depth_s(1) is None:
+        if (not observed.knots and not self.verify_s) or fixed is None or depth_s(1) is None:
             return
+
+        def window_s(d: int) -> float:  # every sequence verifying d tokens and one more
+            seconds = observed(num_seqs * (d + 1))
+            return FIT * (seconds if seconds is not None else self.verify_s)
+
         self._since_plan, self._plan_seqs = 0, num_seqs
         backup_s = 0.0
         miss_tokens = 1.0  # a fast backup: the round commits the target's token, rarely more
@@ -294,7 +336,7 @@ class CacheBuilder:
             miss_tokens = self.estimator.expected_tokens(self.k)
         cap = fanout_cap(self.vocab_size)
         plan = plan_build(
-            window_s=FIT * window,
+            window_s=window_s,
             fixed_s=fixed,
             depth_s=depth_s,
             hit_rates=self.estimator.hit_rates(MAX_BUDGET, self.depth, cap=cap),
@@ -372,6 +414,8 @@ class CacheBuilder:
             self.cut = False
             return
         clock = ForwardClock(self.runner)
+        # A glue that reads a prompt (more than a round's tokens unseen) is no steady build's.
+        steady = all(seq.behind() <= self.k + 1 for seq in seqs)
         glue_logits = self._glue(seqs)
         t1 = time.perf_counter()
         branches: list[list[tuple[int, int]]] = []
@@ -384,7 +428,8 @@ class CacheBuilder:
         t2 = time.perf_counter()
         clock.stop()
         self.glue_s, self.branch_s, self.build_s = t1 - t0, t2 - t1, t2 - t0
-        self.costs.fixed.update(clock.seconds() - depths_s)
+        if steady:
+            self.costs.fixed.update(clock.seconds() - depths_s)
 
     def _catch_up(self, seqs: list[DraftSeq], checks: _Checks) -> bool:
         """Feed the committed tokens of sequences more than ``CATCH_UP_CHUNK`` behind to the

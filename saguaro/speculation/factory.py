@@ -21,8 +21,8 @@ def make_proposer(cfg: EngineConfig, setup: DraftSetup) -> Proposer:
     start. auto: both (SSD where ``auto_ssd``), chosen between step by step. SD with no draft
     model (``draft="lookup"``): copies from the context alone."""
     if cfg.mode == "sd" and setup.draft_dir is None:
-        lookup = Lookup.of(cfg.draft_lookup)
-        assert lookup is not None  # EngineConfig refuses draft="lookup" with draft_lookup 0
+        lookup = Lookup.of(cfg.copy_lookup)
+        assert lookup is not None  # EngineConfig refuses draft="lookup" with copy_lookup 0
         return LookupProposer(lookup)
     if cfg.mode == "sd":
         return _in_process(cfg, setup)
@@ -41,7 +41,7 @@ def make_proposer(cfg: EngineConfig, setup: DraftSetup) -> Proposer:
             cfg.num_speculative_tokens,
             cfg.max_num_seqs,
             _shared_threads(cfg),
-            Lookup.of(cfg.draft_lookup),
+            Lookup.of(cfg.copy_lookup),
         )
     raise ValueError(f"mode {cfg.mode!r} has no proposer")
 

@@ -7,11 +7,12 @@ build costs `T_build(B, d) = T_fixed + d T_depth(n B)`: a fixed part (glue pass,
 ranking), then one batched forward per depth over all n B branches. It pays off through the hit
 rate p(B) (the best allocation of B branches, from :class:`FanoutEstimator`) and the tokens a
 hit brings, E(d) (expected commits of a round speculating d tokens). A build longer than the
-target's window W (its time between our reply and its next request) delays the round; a miss
-delays the batch by a backup. Per round:
+target's window W(d) (its time between our reply and its next request, which grows with the d
+tokens a sequence's speculation gives it to verify) delays the round; a miss delays the batch by
+a backup. Per round:
 
     tokens(B, d) = p(B) E(d) + (1 - p(B)) E_miss
-    time(B, d)   = max(W, T_build(B, d)) + (1 - p(B)^n) T_backup
+    time(B, d)   = max(W(d), T_build(B, d)) + (1 - p(B)^n) T_backup
 
 The planner picks the (B, d) with the most tokens per second over B = 0..max_budget and
 d = 1..K. B = 0 builds no branches: every round misses, as in synchronous SD with the draft
@@ -21,9 +22,13 @@ cost is large against the window (a CPU), short, narrow caches pay. d < K is exa
 branch of d tokens is a valid speculation of length d (the target verifies whatever length it
 is given), and d depends only on timings, never on sampled tokens.
 
-Timings are online estimates: exponential moving averages, and for T_depth a least-squares line
-`a + b m` over recent (m branches, seconds) observations, with a prior slope while the observed
-m have not varied enough to fit one.
+Timings are online estimates: exponential moving averages; for W a curve over the positions the
+target verified; for T_depth a least-squares line `a + b m` over recent (m branches, seconds)
+observations, with a prior slope while the observed m have not varied enough to fit one. The
+prior is measured when the worker starts (:meth:`BuildCosts.calibrate`): a branch costs a few
+percent of a one-branch forward on a GPU and a third of one on a CPU core, and a prior from the
+wrong one sends the first builds far off (64 branches a depth on a CPU, each depth several
+windows long).
 """
 
 from __future__ import annotations
@@ -33,8 +38,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 # Before a line can be fitted: each extra branch costs this fraction of a one-branch forward.
-# Only a starting point; the fitted slope replaces it once the branch counts vary.
+# Only a starting point until the worker measures its own (BuildCosts.calibrate); the fitted
+# slope replaces either once the branch counts vary.
 PRIOR_SLOPE_FRACTION = 0.07
+# The measured fraction's cap: a depth whose m branches cost m one-branch forwards (no gain from
+# batching) has f -> infinity, the line through zero; at this f the line is within 10% of it.
+MAX_SLOPE_FRACTION = 10.0
 # Below this variance of the observed branch counts m a fitted slope is noise: use the prior.
 MIN_BRANCH_VARIANCE = 0.25
 EMA_ALPHA = 0.1  # weight of the newest observation in every online cost
@@ -47,83 +56,6 @@ class _Ema:
 
     def update(self, x: float) -> None:
         self.value = x if self.value is None else self.value + self.alpha * (x - self.value)
-
-
-@dataclass
-class BuildCosts:
-    """Online seconds: a build's fixed part (glue pass, ranking), one branch depth over m
-    branches, a backup, the target's window."""
-
-    alpha: float = EMA_ALPHA
-    fixed: _Ema = field(init=False)
-    backup: _Ema = field(init=False)
-    window: _Ema = field(init=False)
-    _moments: list[float] = field(init=False)  # EMAs of 1, m, t, m^2, m t
-
-    def __post_init__(self) -> None:
-        self.fixed, self.backup, self.window = (_Ema(self.alpha) for _ in range(3))
-        self._moments = [0.0] * 5
-
-    def observe_depth(self, m: int, seconds: float) -> None:
-        x = (1.0, float(m), seconds, float(m * m), m * seconds)
-        self._moments = [
-            old + self.alpha * (new - old) for old, new in zip(self._moments, x, strict=True)
-        ]
-
-    def depth_s(self, m: int) -> float | None:
-        """Seconds of one depth over m branches: the fitted line, or the prior slope through the
-        mean observation while the m's have not varied."""
-        w, sm, st, smm, smt = self._moments
-        if w == 0.0:
-            return None
-        mean_m, mean_t = sm / w, st / w
-        var = smm / w - mean_m**2
-        if var > MIN_BRANCH_VARIANCE:
-            slope = max(0.0, (smt / w - mean_m * mean_t) / var)
-            intercept = max(0.0, mean_t - slope * mean_m)
-        else:
-            intercept = mean_t / (1.0 + PRIOR_SLOPE_FRACTION * mean_m)
-            slope = PRIOR_SLOPE_FRACTION * intercept
-        return intercept + slope * m
-
-
-@dataclass(frozen=True)
-class Plan:
-    budget: int
-    depth: int
-    rate: float  # predicted tokens per second per sequence
-
-
-def plan_build(
-    *,
-    window_s: float,
-    fixed_s: float,
-    depth_s: Callable[[int], float],  # branches in the batch -> seconds of one depth
-    hit_rates: list[float],  # p(B) for B = 0..max_budget
-    expected_tokens: list[float],  # E(d) for d = 0..K
-    miss_tokens: float,
-    backup_s: float,
-    num_seqs: int,
-    max_budget: int,
-) -> Plan:
-    """The (B, d) with the highest predicted tokens per second (see the module docstring)."""
-    max_depth = len(expected_tokens) - 1
-    no_cache = miss_tokens / (max(window_s, fixed_s) + backup_s)
-    best = Plan(0, max_depth, no_cache)
-    for b in range(1, max_budget + 1):
-        p = hit_rates[min(b, len(hit_rates) - 1)]
-        per_depth = depth_s(num_seqs * b)
-        stall = (1.0 - p**num_seqs) * backup_s
-        for d in range(1, max_depth + 1):
-            tokens = p * expected_tokens[d] + (1.0 - p) * miss_tokens
-            seconds = max(window_s, fixed_s + d * per_depth) + stall
-            rate = tokens / seconds
-            if rate > best.rate:
-                best = Plan(b, d, rate)
-    return best
-
-
-# ---- which mode runs a round (docs/design.md §12) ----------------------------------------------
 
 
 @dataclass
@@ -168,6 +100,93 @@ class Curve:
         value = self.knots[m].value
         assert value is not None
         return value
+
+
+@dataclass
+class BuildCosts:
+    """Online seconds: a build's fixed part (glue pass, ranking), one branch depth over m
+    branches, a backup, the target's window over the positions it verified."""
+
+    alpha: float = EMA_ALPHA
+    slope_fraction: float = PRIOR_SLOPE_FRACTION  # the prior: a branch's share of a forward
+    fixed: _Ema = field(init=False)
+    backup: _Ema = field(init=False)
+    window: Curve = field(init=False)
+    _moments: list[float] = field(init=False)  # EMAs of 1, m, t, m^2, m t
+
+    def __post_init__(self) -> None:
+        self.fixed, self.backup = _Ema(self.alpha), _Ema(self.alpha)
+        self.window = Curve(self.alpha)
+        self._moments = [0.0] * 5
+
+    def calibrate(self, one_s: float, m: int, m_s: float) -> None:
+        """The prior slope from a depth over one branch (``one_s``) and over ``m`` (``m_s``):
+        with t(m) = c (1 + f m), t(m) / t(1) = R gives f = (R - 1) / (m - R)."""
+        ratio = m_s / one_s
+        f = (ratio - 1.0) / (m - ratio) if ratio < m else MAX_SLOPE_FRACTION
+        self.slope_fraction = min(max(f, 0.0), MAX_SLOPE_FRACTION)
+
+    def observe_depth(self, m: int, seconds: float) -> None:
+        x = (1.0, float(m), seconds, float(m * m), m * seconds)
+        self._moments = [
+            old + self.alpha * (new - old) for old, new in zip(self._moments, x, strict=True)
+        ]
+
+    def depth_s(self, m: int) -> float | None:
+        """Seconds of one depth over m branches: the fitted line, or the prior slope through the
+        mean observation while the m's have not varied."""
+        w, sm, st, smm, smt = self._moments
+        if w == 0.0:
+            return None
+        mean_m, mean_t = sm / w, st / w
+        var = smm / w - mean_m**2
+        if var > MIN_BRANCH_VARIANCE:
+            slope = max(0.0, (smt / w - mean_m * mean_t) / var)
+            intercept = max(0.0, mean_t - slope * mean_m)
+        else:
+            intercept = mean_t / (1.0 + self.slope_fraction * mean_m)
+            slope = self.slope_fraction * intercept
+        return intercept + slope * m
+
+
+@dataclass(frozen=True)
+class Plan:
+    budget: int
+    depth: int
+    rate: float  # predicted tokens per second per sequence
+
+
+def plan_build(
+    *,
+    window_s: Callable[[int], float],  # d -> the target's window verifying d-token speculations
+    fixed_s: float,
+    depth_s: Callable[[int], float],  # branches in the batch -> seconds of one depth
+    hit_rates: list[float],  # p(B) for B = 0..max_budget
+    expected_tokens: list[float],  # E(d) for d = 0..K
+    miss_tokens: float,
+    backup_s: float,
+    num_seqs: int,
+    max_budget: int,
+) -> Plan:
+    """The (B, d) with the highest predicted tokens per second (see the module docstring)."""
+    max_depth = len(expected_tokens) - 1
+    # No cache: every sequence gets its backup's speculation, K tokens if neural.
+    no_cache = miss_tokens / (max(window_s(max_depth), fixed_s) + backup_s)
+    best = Plan(0, max_depth, no_cache)
+    for b in range(1, max_budget + 1):
+        p = hit_rates[min(b, len(hit_rates) - 1)]
+        per_depth = depth_s(num_seqs * b)
+        stall = (1.0 - p**num_seqs) * backup_s
+        for d in range(1, max_depth + 1):
+            tokens = p * expected_tokens[d] + (1.0 - p) * miss_tokens
+            seconds = max(window_s(d), fixed_s + d * per_depth) + stall
+            rate = tokens / seconds
+            if rate > best.rate:
+                best = Plan(b, d, rate)
+    return best
+
+
+# ---- which mode runs a round (docs/design.md §12) ----------------------------------------------
 
 
 @dataclass(frozen=True)

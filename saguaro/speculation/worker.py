@@ -92,6 +92,8 @@ class DraftWorker:
         # (K + 1) at start; other widths capture on first use, their timings net of it.
         self.runner.capture_graphs((1, cfg.k + 1))
         self.builder = CacheBuilder(cfg, self.runner, self.bm, self.vocab_size)
+        if self.builder.planned:
+            self.builder.calibrate()
         self.grammars = draft_grammars(Path(cfg.draft_dir), model.config)
         self.seqs: dict[int, DraftSeq] = {}
         self.pending: list[DraftSeq] = []  # the last reply's sequences, whose cache comes next
@@ -121,6 +123,7 @@ class DraftWorker:
             for spec in specs.values():
                 spec.q = spec.q.to("cpu") if spec.q is not None else None
         b = self.builder
+        b.replied(list(specs.values()))
         return P.RoundReply(
             specs=[specs[s.seq_id] for s, _ in order],
             fanout=list(b.fanout(b.depth)),

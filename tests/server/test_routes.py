@@ -233,7 +233,7 @@ def test_sd_streams_every_round_as_one_chunk(tiny_llama, offline):
 def test_copies_alone_serve_offline_text_plain_streamed_and_in_chat(tiny_llama, offline):
     """SD with no draft model (draft="lookup") behind the server: the official client gets
     offline AR's text, plain and streamed, and /metrics counts the rounds as copies alone."""
-    llm = LLM(model=str(tiny_llama), draft="lookup", max_model_len=256, draft_lookup=1)
+    llm = LLM(model=str(tiny_llama), draft="lookup", max_model_len=256, copy_lookup=1)
     with serve(llm) as served:
         client = served.client()
         for prompt in PROMPTS[:4]:

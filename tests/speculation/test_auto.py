@@ -406,7 +406,8 @@ def test_forced_copies_alone_in_auto_keep_coupled_text_and_learn_their_own_accep
 ):
     """Over 8 tokens two-token n-grams recur within a few dozen: copies are proposed, and at
     T = 1 accepted now and then. Under coupled sampling the text is the one AR draws from the
-    same seeds, and the copies' acceptance goes to their own tracker, not the draft's."""
+    same seeds, and the copies' acceptance goes to their own tracker, not the draft's. Copies
+    alone follow copy_lookup whatever the draft's chains do (draft_lookup 0: none of theirs)."""
     target, close, _ = small_vocab_pair
     params = [
         SamplingParams(temperature=1.0, max_tokens=48, ignore_eos=True, seed=s) for s in range(4)
@@ -414,7 +415,7 @@ def test_forced_copies_alone_in_auto_keep_coupled_text_and_learn_their_own_accep
     prompts = [[1, 4, 2], [3, 3, 5], [7, 0], [2, 6, 1, 2]]
     with LLM(model=str(target), max_model_len=256, sampling="coupled") as ar:
         want = [o.token_ids for o in ar.generate(prompts, params)]
-    with auto(target, close, auto_ssd=False, sampling="coupled") as llm:
+    with auto(target, close, auto_ssd=False, sampling="coupled", draft_lookup=0) as llm:
         llm.engine.proposer.force = lambda step: Choice("lookup", K)
         outs = llm.generate(prompts, params)
         proposer = llm.engine.proposer

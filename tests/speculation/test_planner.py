@@ -10,7 +10,7 @@ from saguaro.speculation.fanout import (
     hit_rates,
     marginal_fanout,
 )
-from saguaro.speculation.planner import BuildCosts, plan_build
+from saguaro.speculation.planner import MAX_SLOPE_FRACTION, BuildCosts, plan_build
 
 K = 4
 
@@ -18,7 +18,7 @@ K = 4
 def plan(window_ms, glue_ms, depth_ms, estimator=None, backup_ms=10.0, num_seqs=1):
     est = estimator or FanoutEstimator(K)
     return plan_build(
-        window_s=window_ms / 1000,
+        window_s=lambda d: (window_ms(d) if callable(window_ms) else window_ms) / 1000,
         fixed_s=glue_ms / 1000,
         depth_s=lambda m: depth_ms(m) / 1000,
         hit_rates=est.hit_rates(64, K),
@@ -91,3 +91,35 @@ def test_depth_cost_line_and_prior():
         costs.observe_depth(9, 0.004)
     assert costs.depth_s(5) == pytest.approx(0.003, rel=0.05)
     assert costs.depth_s(17) == pytest.approx(0.006, rel=0.05)
+
+
+def test_a_calibrated_prior_shapes_the_line_until_branch_counts_vary():
+    """The worker's start-up probe (a depth over 1 and over 8 branches) sets the prior slope:
+    t(8) / t(1) = 4 gives f = 3 / 4, and a line through one observed m keeps that shape."""
+    costs = BuildCosts()
+    costs.calibrate(0.010, 8, 0.040)
+    assert costs.slope_fraction == pytest.approx(0.75)
+    for _ in range(50):
+        costs.observe_depth(1, 0.020)  # twice as slow as probed (a longer context, say)
+    assert costs.depth_s(1) == pytest.approx(0.020)
+    assert costs.depth_s(8) == pytest.approx(0.080)
+    costs.calibrate(0.010, 8, 0.090)  # no cheaper batched than alone: capped, near proportional
+    assert costs.slope_fraction == MAX_SLOPE_FRACTION
+    assert costs.depth_s(8) == pytest.approx(8 * 0.020, rel=0.1)
+    costs.calibrate(0.010, 8, 0.009)  # a noisy probe cannot make branches cheaper than free
+    assert costs.slope_fraction == 0.0
+
+
+def test_the_window_of_a_shallow_speculation_is_its_own():
+    """The target verifies d + 1 positions, so a shallow cache shortens the window it must fit
+    in. Planned against the full-depth window, a shallow build overruns the window its own
+    speculations leave; planned against W(d), it fits."""
+    windows = {d: 8.0 + 3.0 * d for d in range(K + 1)}  # W(K) = 20 ms
+
+    def build_ms(p):
+        return 3 + p.depth * (2.0 + 0.5 * p.budget)
+
+    const = plan(window_ms=windows[K], glue_ms=3, depth_ms=lambda m: 2.0 + 0.5 * m)
+    curve = plan(window_ms=lambda d: windows[d], glue_ms=3, depth_ms=lambda m: 2.0 + 0.5 * m)
+    assert const.depth < K and build_ms(const) > windows[const.depth]
+    assert build_ms(curve) <= windows[curve.depth]

@@ -182,7 +182,7 @@ def test_greedy_sd_with_copies_alone_equals_ar(tiny_llama, ar_reference, monkeyp
 
     monkeypatch.setattr(ngram.CopyIndex, "chain", spy)
     llm = LLM(
-        model=str(tiny_llama), draft="lookup", num_speculative_tokens=4, draft_lookup=1,
+        model=str(tiny_llama), draft="lookup", num_speculative_tokens=4, copy_lookup=1,
         max_model_len=256, max_num_seqs=8,
     )  # fmt: skip
     assert isinstance(llm.engine.proposer, LookupProposer) and llm.engine.draft_dir is None
@@ -382,7 +382,7 @@ def test_sd_with_copies_alone_first_two_tokens_follow_target(
     target, _, _ = small_vocab_pair
     prompt = [*range(V), 0]
     llm = check_sd_first_two(
-        target, "lookup", temperature, top_p, prompt, draft_lookup=1, sampling=sampling
+        target, "lookup", temperature, top_p, prompt, copy_lookup=1, sampling=sampling
     )
     assert 0 < llm.last_run["accepted"] < llm.last_run["drafted"]
 
