@@ -69,7 +69,8 @@ MAX_RANK = 64  # candidates ranked per position for the fan-out statistics
 FIT = 0.9  # plan the cache build against this fraction of the target's window (timing noise)
 INITIAL_BUDGET = 8  # B until the planner has the timings to choose one
 # The start-up probe of a branch depth's cost (CacheBuilder.calibrate): one branch and this many,
-# each seeing this many keys, the faster of this many tries (the first may allocate).
+# each seeing this many keys, the fastest of this many timed tries after an untimed one (which
+# may allocate, or capture a graph).
 PROBE_BRANCHES = 8
 PROBE_CONTEXT = 32
 PROBE_TRIES = 2
@@ -273,10 +274,13 @@ class CacheBuilder:
         """Measure the depth-cost line's prior (BuildCosts.calibrate): a depth over one branch
         and over ``PROBE_BRANCHES``. Writes KV only into the first blocks, which no sequence
         holds yet: call it before serving."""
-        one, many = (
-            min(self._probe_depth_s(m) for _ in range(PROBE_TRIES)) for m in (1, PROBE_BRANCHES)
-        )
-        self.costs.calibrate(one, PROBE_BRANCHES, many)
+        times = []
+        for m in (1, PROBE_BRANCHES):
+            self._probe_depth_s(m)
+            times.append(min(self._probe_depth_s(m) for _ in range(PROBE_TRIES)))
+        one, many = times
+        if one > 0.0:  # a clock that read nothing leaves the prior as it was
+            self.costs.calibrate(one, PROBE_BRANCHES, many)
 
     def _probe_depth_s(self, m: int) -> float:
         """Seconds of one forward shaped like a branch depth: m tokens at one position, each
