@@ -125,6 +125,15 @@ class ModelRunner:
         keys = token_slots(block_table, 0, end, self.block_size)
         return Query(token_ids, torch.arange(start, end), keys[start:], keys, num_logits)
 
+    def fork_query(self, block_table: list[int], context: int, token_ids: list[int]) -> Query:
+        """One token per branch, every branch forked after the first ``context`` tokens of
+        ``block_table`` (all at position ``context``), each seeing that context and itself, with
+        logits at each: the shape of one depth of SSD's branches."""
+        m = len(token_ids)
+        keys = token_slots(block_table, 0, context + m, self.block_size)
+        mask = torch.cat([torch.ones(m, context), torch.eye(m)], dim=1).bool()
+        return Query(token_ids, torch.full((m,), context), keys[context:], keys, m, mask)
+
     def warm_up(self) -> None:
         """Run each kind of forward once, so that a compiled runner compiles now rather than
         inside a request or a timed build: prefill from an empty cache (logits at every token,
@@ -136,11 +145,7 @@ class ModelRunner:
         width = min(WARM_UP_TOKENS, self.block_size)
         tokens = [0] * width
         q = self.sequence_query
-        prefix = token_slots(table, 0, width, self.block_size)
-        slots = token_slots(table, width, 2 * width, self.block_size)
-        mask = torch.cat([torch.ones(width, width), torch.eye(width)], dim=1).bool()
-        positions = torch.full((width,), width)
-        branches = Query(tokens, positions, slots, torch.cat([prefix, slots]), width, mask)
+        branches = self.fork_query(table, width, tokens)
         for n in (1, 2):
             for start, length in ((0, width), (width, 1), (width, width)):
                 # Logits at every token (verification), the last only (a prompt's final chunk)

@@ -285,12 +285,8 @@ class CacheBuilder:
     def _probe_depth_s(self, m: int) -> float:
         """Seconds of one forward shaped like a branch depth: m tokens at one position, each
         seeing ``PROBE_CONTEXT`` keys and itself."""
-        size = self.cfg.block_size
-        n = PROBE_CONTEXT + m
-        keys = token_slots(list(range(-(-n // size))), 0, n, size)
-        mask = torch.cat([torch.ones(m, PROBE_CONTEXT), torch.eye(m)], dim=1).bool()
-        positions = torch.full((m,), PROBE_CONTEXT)
-        query = Query([0] * m, positions, keys[PROBE_CONTEXT:], keys, m, mask)
+        blocks = -(-(PROBE_CONTEXT + m) // self.cfg.block_size)
+        query = self.runner.fork_query(list(range(blocks)), PROBE_CONTEXT, [0] * m)
         clock = ForwardClock(self.runner)
         self.runner.forward([query])
         clock.stop()

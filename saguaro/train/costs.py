@@ -17,7 +17,6 @@ from typing import Any
 
 import torch
 
-from saguaro.core.query import Query, token_slots
 from saguaro.engine.model_runner import ModelRunner
 from saguaro.models.loader import load_model
 
@@ -97,12 +96,7 @@ class ForwardTimer:
 
     def branches_ms(self, b: int, repeats: int = REPEATS) -> float:
         """b branches forked at the context's end, each seeing the context and itself."""
-        ctx = self.context
-        keys = token_slots(self.table, 0, ctx + b, BLOCK_SIZE)
-        mask = torch.zeros(b, ctx + b, dtype=torch.bool)
-        mask[:, :ctx] = True
-        mask[torch.arange(b), ctx + torch.arange(b)] = True
-        query = Query(self.prompt[:b], torch.full((b,), ctx), keys[ctx:], keys, b, mask)
+        query = self.runner.fork_query(self.table, self.context, self.prompt[:b])
         return median_ms(lambda: self.runner.forward([query]), repeats)
 
 
