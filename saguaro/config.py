@@ -240,9 +240,8 @@ class EngineConfig:
         group=SPECULATION,
         advanced=True,
     )
-    # 0 by default: the Qwen2.5-Coder draft agrees with its target more often than a copy does
-    # (SD commits 4.0-4.4 tokens a round without copies, 3.2-3.3 with 2-token ones,
-    # docs/bench/qwen-pair); a weaker draft gains from them (the SmolLM2 pair: 2).
+    # 0 by default: the default pair's draft agrees with its target more often than a copy does,
+    # while a weaker draft gains from copies (the SmolLM2 pair: 2); docs/bench/qwen-pair.
     draft_lookup: int = opt(
         0,
         "sd/ssd: where the context's last N or more tokens occurred before in it, the draft's "

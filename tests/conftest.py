@@ -22,9 +22,9 @@ torch.set_num_threads(1)
 def _older_objects_frozen() -> None:
     """Keeps the cyclic garbage collector off the objects that exist when a test module starts.
 
-    Each full collection scans every tracked object: with torch, transformers and the session's
-    fixtures in the heap, tests/speculation/test_sd.py alone spent 45 of its 167 s in the
-    collector (6 s with this). Frozen objects are never scanned, and those alive at a module's
+    Each full collection scans every tracked object, and torch, transformers and the session's
+    fixtures make that heap large while the engine tests allocate many short-lived objects.
+    Frozen objects are never scanned, and those alive at a module's
     start are modules, imported code and session fixtures, which live to the end anyway (the
     previous module's fixtures are torn down before this runs). Reference counting frees as
     before; garbage is collected before freezing, and everything a module creates, engines

@@ -25,10 +25,9 @@ is given), and d depends only on timings, never on sampled tokens.
 Timings are online estimates: exponential moving averages; for W a curve over the positions the
 target verified; for T_depth a least-squares line `a + b m` over recent (m branches, seconds)
 observations, with a prior slope while the observed m have not varied enough to fit one. The
-prior is measured when the worker starts (:meth:`BuildCosts.calibrate`): a branch costs a few
-percent of a one-branch forward on a GPU and a third of one on a CPU core, and a prior from the
-wrong one sends the first builds far off (64 branches a depth on a CPU, each depth several
-windows long).
+prior is measured when the worker starts (:meth:`BuildCosts.calibrate`): what an extra branch
+costs relative to one differs by an order of magnitude between a GPU and a CPU core, and a
+prior from the wrong device sends the first builds far wider than their window.
 """
 
 from __future__ import annotations
