@@ -43,6 +43,10 @@ COMMANDS: dict[str, Command] = {
         lazy("saguaro.bench.serve:main"),
         "benchmark servers (saguaro's modes, llama-server) under concurrent load",
     ),
+    "soak": Command(
+        lazy("saguaro.bench.soak:main"),
+        "soak a server with mixed requests, worker kills and disconnects; check nothing was lost",
+    ),
     "fetch-pair": Command(
         lazy("saguaro.models.fetch:main"), "download the Qwen2.5-Coder pair's GGUF files"
     ),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import subprocess
@@ -9,6 +10,24 @@ import sys
 
 # A child asked to exit (or terminated) gets this long before SIGKILL.
 SHUTDOWN_GRACE_S = 5.0
+
+
+def children(pid: int) -> list[int]:
+    """Child processes of ``pid``, whichever of its threads started them."""
+    out = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(FileNotFoundError), open(f"/proc/{pid}/task/{task}/children") as f:
+            out += [int(p) for p in f.read().split()]
+    return out
+
+
+def alive(pid: int) -> bool:
+    """``pid`` exists and is not a zombie waiting to be reaped."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def reap(proc: subprocess.Popen | None, grace_s: float = SHUTDOWN_GRACE_S) -> None:

@@ -340,6 +340,8 @@ class AutoProposer(Proposer):
     # ---- the Proposer interface ----------------------------------------------------------------
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> Proposal:
+        if self.ssd is not None:
+            self.ssd.maintain()
         choice = self.choose(seqs)
         self.advance(choice)
         return self._proposal(choice, seqs, ks)

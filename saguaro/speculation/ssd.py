@@ -289,6 +289,11 @@ class SSDProposer(Proposer):
             )
         return out
 
+    def exit_code(self) -> int | None:
+        """The spawned worker's exit code once it has exited, else None (an external worker's
+        death shows at its next round)."""
+        return None if self.proc is None else self.proc.poll()
+
     def _why(self, err: Exception) -> str:
         if self.proc is not None:
             try:  # a dead worker closes its socket first; give it a moment to be reaped

@@ -4,8 +4,10 @@ A worker that dies, errors or stops answering raises :class:`DraftWorkerError` f
 The supervisor closes it and answers that round, and every round until a new worker is up, with
 no proposals: those rounds are AR rounds, exact like any other (the target samples every token
 it commits). Restarts come after ``backoff_s``, doubling with each, at most ``max_restarts``
-times over the supervisor's life; then speculation stays off. Requests in flight carry on
-across a restart: the new worker is sent each sequence's tokens as it first sees it.
+times over the supervisor's life; then speculation stays off. A worker that exits between
+rounds is found by :meth:`Supervised.maintain`, which its owner runs before every step.
+Requests in flight carry on across a restart: the new worker is sent each sequence's tokens as
+it first sees it.
 """
 
 from __future__ import annotations
@@ -40,13 +42,22 @@ class Supervised(Proposer):
         self._restart_at: float | None = None  # when the next restart is due (monotonic)
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> Proposal:
-        self._restart_if_due()
+        self.maintain()
         if self.worker is not None:
             try:
                 return self.worker.propose(seqs, ks)
             except DraftWorkerError as e:
                 self._drop(e)
         return Proposal.none(len(seqs), self.width)
+
+    def maintain(self) -> None:
+        """Drop a worker whose process has exited, and restart one whose backoff has passed.
+        SSD runs this before each round; auto before each step, whatever mode it runs, so a
+        worker killed while auto ran AR or SD is back before SSD is next weighed."""
+        code = self.worker.exit_code() if self.worker is not None else None
+        if code is not None:
+            self._drop(DraftWorkerError(f"draft worker exited with code {code}"))
+        self._restart_if_due()
 
     def _drop(self, why: Exception) -> None:
         log.warning("saguaro: %s; continuing without speculation (AR)", why)

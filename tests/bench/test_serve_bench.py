@@ -32,7 +32,7 @@ from saguaro.bench.serve_stats import (
     summarize,
     tpot,
 )
-from tests.procs import children
+from saguaro.distributed.processes import children
 
 # ---- statistics --------------------------------------------------------------------------------
 

@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from saguaro import LLM, SamplingParams
+from saguaro.distributed.processes import alive, children
 from saguaro.engine.model_runner import ModelRunner
 from saguaro.errors import TensorParallelError
 from saguaro.models.loader import load_model
 from tests.conftest import PROMPTS, write_tiny_model
 from tests.models.test_parity import LLAMA3_ROPE
-from tests.procs import children, running
 from tests.speculation.test_sd import check_sd_first_two
 
 # TP = 2 sums each projection in two halves: float reassociation, not bit-for-bit equality.
@@ -144,15 +144,15 @@ def test_a_killed_rank_ends_the_engine_with_a_clear_error(tiny_llama):
     with pytest.raises(TensorParallelError):  # the engine stays failed: it cannot compute
         llm.generate(["x"], GREEDY)
     llm.close()
-    assert not running(pid)
+    assert not alive(pid)
 
 
 def test_closing_stops_every_rank(tiny_llama):
     llm = LLM(str(tiny_llama), tensor_parallel_size=2)
     pids = llm.engine.tensor_parallel.pids()
-    assert all(running(p) for p in pids)
+    assert all(alive(p) for p in pids)
     llm.close()
-    assert not any(running(p) for p in pids)
+    assert not any(alive(p) for p in pids)
 
 
 def test_ranks_do_not_outlive_a_killed_rank_0(tiny_llama):
@@ -166,11 +166,11 @@ def test_ranks_do_not_outlive_a_killed_rank_0(tiny_llama):
         [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
     (rank,) = (int(p) for p in proc.stdout.readline().split())
-    assert running(rank)
+    assert alive(rank)
     proc.kill()
     proc.wait()
     deadline = time.monotonic() + 10
-    while running(rank):
+    while alive(rank):
         assert time.monotonic() < deadline, "a rank outlived its killed rank 0"
         time.sleep(0.05)
 
@@ -188,5 +188,5 @@ def test_an_interrupted_forward_stops_the_ranks_and_the_engine(tiny_llama, monke
     with pytest.raises(KeyboardInterrupt):
         llm.generate(["x"], GREEDY)
     assert "KeyboardInterrupt" in llm.snapshot().failure
-    assert not running(pid)
+    assert not alive(pid)
     llm.close()

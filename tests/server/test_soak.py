@@ -20,8 +20,9 @@ import httpx
 import pytest
 
 from saguaro import LLM, SamplingParams
+from saguaro.bench.soak import rss_mib
 from saguaro.distributed.channel import free_port
-from tests.procs import children
+from saguaro.distributed.processes import children
 
 CONTEXT = 128
 REQUESTS = 240
@@ -30,12 +31,6 @@ KILL_AT = (REQUESTS // 3, 2 * REQUESTS // 3)  # SIGKILL the draft worker at thes
 RSS_GROWTH_BOUND_MB = 150  # the server's RSS after the soak vs after its warm-up requests
 PROMPTS = ["def add(a, b):", "import os\n", "hello world", "for i in range(3):", "x = [", "#"]
 POISON = [dict(temperature=1e-38), dict(temperature=1.0, top_p=1e-50), dict(top_k=2**63)]
-
-
-def _rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        line = next(x for x in f if x.startswith("VmRSS:"))
-    return int(line.split()[1]) / 1024
 
 
 def _metrics(url: str) -> dict[str, float]:
@@ -159,7 +154,7 @@ def test_soak_ssd_server(tiny_llama, close_draft):
     with server_process(port, *args) as (proc, url):
         warm = [send(url, j) for j in jobs[:12]]
         assert all(r["status"] == 200 for r in warm), warm
-        rss_before = _rss_mb(proc.pid)
+        rss_before = rss_mib(proc.pid)
         results: dict[int, dict] = {}
         with ThreadPoolExecutor(CONCURRENCY) as pool:
             futures = {job["i"]: pool.submit(send, url, job) for job in jobs}
@@ -170,7 +165,7 @@ def test_soak_ssd_server(tiny_llama, close_draft):
                     os.kill(w, signal.SIGKILL)
             for i, f in futures.items():
                 results[i] = f.result()
-        rss_after = _rss_mb(proc.pid)
+        rss_after = rss_mib(proc.pid)
 
         def restarted() -> bool:  # a restart is due once its backoff passed, at an engine step
             assert send(url, dict(jobs[0], stream=False))["status"] == 200

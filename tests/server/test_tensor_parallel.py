@@ -12,7 +12,7 @@ import httpx
 
 from saguaro import LLM, SamplingParams
 from saguaro.distributed.channel import free_port
-from tests.procs import children, running
+from saguaro.distributed.processes import alive, children
 from tests.server.test_soak import _port_free, _wait, server_process
 
 PROMPTS = ["def add(a, b):", "import os\n", "hello world", "for i in range(3):", "x = [", "#"]
@@ -39,7 +39,7 @@ def test_two_rank_server_serves_concurrently_and_stops_every_rank(tiny_llama):
         assert [r.json()["choices"][0]["text"] for r in got] == want * 2
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 128 + signal.SIGTERM  # drained, then ended
-    assert not running(rank), "a rank outlived its server"
+    assert not alive(rank), "a rank outlived its server"
     assert _port_free(port)
 
 
@@ -61,5 +61,5 @@ def test_a_killed_rank_fails_the_server_clearly_and_leaves_nothing_behind(tiny_l
         assert again.status_code == 500 and "rank 1" in again.json()["error"]["message"]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 128 + signal.SIGTERM  # drained, then ended
-        assert not running(rank)
+        assert not alive(rank)
     assert _port_free(port)

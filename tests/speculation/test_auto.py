@@ -549,3 +549,29 @@ def test_auto_without_ssd_chooses_between_ar_sd_and_copies_with_no_worker(tiny_l
         ar = LLM(model=str(tiny_llama), max_model_len=256).generate(PROMPTS[:2], params)
     assert [o.token_ids for o in outs] == [o.token_ids for o in ar]
     assert {r.mode for o in outs for r in o.records} <= {"ar", "sd", "lookup"}
+
+
+def test_a_worker_killed_while_auto_runs_ar_is_restarted_before_ssd_runs_again(
+    tiny_llama, close_draft
+):
+    """Auto sends the worker nothing while AR runs, so no round finds it dead: the supervisor
+    looks before every step. The worker is back while AR still runs, and SSD then hits again
+    with the new one, the text still AR's."""
+    params = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)
+    ar = LLM(model=str(tiny_llama), max_model_len=256).generate(PROMPTS[:2], params)
+    with auto(tiny_llama, close_draft, draft_restart_backoff_s=0.0, fanout=[2, 1, 1, 2]) as llm:
+        eng = llm.engine
+        first = eng.proposer.ssd.worker.proc
+        eng.proposer.force = lambda step: Choice("ar", 0)
+        seqs = [eng.add_request(eng.encode_prompt(p), params) for p in PROMPTS[:2]]
+        eng.step()
+        first.kill()
+        first.wait()
+        for _ in range(3):
+            eng.step()
+        assert eng.draft_health().restarts == 1 and eng.draft_health().state == "running"
+        eng.proposer.force = lambda step: Choice("ssd", K)
+        while eng.has_unfinished():
+            eng.step()
+    assert [s.output_token_ids for s in seqs] == [o.token_ids for o in ar]
+    assert any(r.hit for s in seqs for r in s.records if r.mode == "ssd"), "no SSD hit after"
