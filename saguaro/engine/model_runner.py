@@ -123,7 +123,8 @@ class ModelRunner:
         whose tokens before ``start`` already have KV."""
         end = start + len(token_ids)
         keys = token_slots(block_table, 0, end, self.block_size)
-        return Query(token_ids, torch.arange(start, end), keys[start:], keys, num_logits)
+        positions = np.arange(start, end, dtype=np.int64)
+        return Query(token_ids, positions, keys[start:], keys, num_logits)
 
     def fork_query(self, block_table: list[int], context: int, token_ids: list[int]) -> Query:
         """One token per branch, every branch forked after the first ``context`` tokens of
@@ -131,8 +132,9 @@ class ModelRunner:
         logits at each: the shape of one depth of SSD's branches."""
         m = len(token_ids)
         keys = token_slots(block_table, 0, context + m, self.block_size)
-        mask = torch.cat([torch.ones(m, context), torch.eye(m)], dim=1).bool()
-        return Query(token_ids, torch.full((m,), context), keys[context:], keys, m, mask)
+        mask = np.concatenate([np.ones((m, context), dtype=bool), np.eye(m, dtype=bool)], axis=1)
+        positions = np.full(m, context, dtype=np.int64)
+        return Query(token_ids, positions, keys[context:], keys, m, mask)
 
     def warm_up(self) -> None:
         """Run each kind of forward once, so that a compiled runner compiles now rather than
@@ -216,46 +218,53 @@ class ModelRunner:
         """The flat tensors of one forward, on the CPU (a tensor-parallel rank 0 sends them to
         the other ranks as they are). Built as NumPy arrays and handed to torch without a copy:
         a step's metadata is a few small arrays, and NumPy's cost per operation on them is a
-        fraction of torch's."""
-        q_lens = [len(q.token_ids) for q in queries]
-        k_lens = [len(q.key_slots) for q in queries]
-        b, n_q, n_k = len(queries), max(q_lens), max(k_lens)
-        mask = np.zeros((b, 1, n_q, n_k), dtype=bool)
+        fraction of torch's. Laid out with whole-batch operations (a step may hold thousands of
+        queries), the given masks alone copied one by one."""
+        b = len(queries)
+        q_lens = np.fromiter((len(q.token_ids) for q in queries), dtype=np.int64, count=b)
+        k_lens = np.fromiter((len(q.key_slots) for q in queries), dtype=np.int64, count=b)
+        n_q, n_k = int(q_lens.max()), int(k_lens.max())
         key_slots = np.zeros((b, n_k), dtype=np.int64)
-        logits_index: list[int] = []
-        offset = 0
+        key_slots[np.arange(n_k) < k_lens[:, None]] = np.concatenate([q.key_slots for q in queries])
+        mask = _causal_masks(q_lens, k_lens, n_q, n_k)[:, None]
         for i, q in enumerate(queries):
-            ql, kl = q_lens[i], k_lens[i]
-            key_slots[i, :kl] = q.key_slots.numpy()
-            if q.mask is None:  # query j sees keys 0 .. kl - ql + j
-                mask[i, 0, :ql, :kl] = np.arange(kl) <= np.arange(kl - ql, kl)[:, None]
-            else:
-                mask[i, 0, :ql, :kl] = q.mask.numpy()
-            # Padded query rows attend to one key so softmax stays finite; their output is dropped.
-            mask[i, 0, ql:, 0] = True
-            logits_index.extend(range(offset + ql - q.num_logits, offset + ql))
-            offset += ql
+            if q.mask is not None:
+                mask[i, 0, : q_lens[i], : k_lens[i]] = q.mask
         query_index = out_index = None
-        if any(ql != n_q for ql in q_lens):
-            query_index = np.zeros((b, n_q), dtype=np.int64)
-            out_rows = []
-            offset = 0
-            for i, ql in enumerate(q_lens):
-                query_index[i, :ql] = np.arange(offset, offset + ql)
-                out_rows.append(np.arange(i * n_q, i * n_q + ql))
-                offset += ql
-            out_index = torch.from_numpy(np.concatenate(out_rows))
-            query_index = torch.from_numpy(query_index)
+        if (q_lens != n_q).any():
+            filled = np.arange(n_q) < q_lens[:, None]  # [b, Q]: the real query rows
+            index = np.zeros((b, n_q), dtype=np.int64)
+            index[filled] = np.arange(int(q_lens.sum()))
+            query_index = torch.from_numpy(index)
+            out_index = torch.from_numpy(np.flatnonzero(filled))
+        num_logits = np.fromiter((q.num_logits for q in queries), dtype=np.int64, count=b)
         return StepInputs(
             input_ids=torch.tensor([t for q in queries for t in q.token_ids], dtype=torch.int64),
-            positions=torch.from_numpy(np.concatenate([q.positions.numpy() for q in queries])),
-            slot_mapping=torch.from_numpy(np.concatenate([q.slots.numpy() for q in queries])),
+            positions=torch.from_numpy(np.concatenate([q.positions for q in queries])),
+            slot_mapping=torch.from_numpy(np.concatenate([q.slots for q in queries])),
             key_slots=torch.from_numpy(key_slots),
             mask=torch.from_numpy(mask),
             query_index=query_index,
             out_index=out_index,
-            logits_index=torch.tensor(logits_index, dtype=torch.int64),
+            logits_index=torch.from_numpy(_last_rows(np.cumsum(q_lens), num_logits)),
         )
+
+
+def _causal_masks(q_lens: np.ndarray, k_lens: np.ndarray, n_q: int, n_k: int) -> np.ndarray:
+    """[b, Q, L]: query j of sequence i sees keys 0 .. k_lens[i] - q_lens[i] + j; a padded query
+    row (j >= q_lens[i]) sees key 0 only, so its softmax stays finite (its output is dropped)."""
+    row = np.arange(n_q)[None, :, None]
+    key = np.arange(n_k)[None, None, :]
+    ql, kl = q_lens[:, None, None], k_lens[:, None, None]
+    causal = (key <= kl - ql + row) & (key < kl) & (row < ql)
+    return causal | ((row >= ql) & (key == 0))
+
+
+def _last_rows(ends: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """The flat rows ``ends[i] - counts[i] .. ends[i] - 1`` of every i, in order (int64)."""
+    firsts = np.repeat(ends - counts, counts)
+    starts = np.repeat(np.cumsum(counts) - counts, counts)
+    return firsts + np.arange(int(counts.sum()), dtype=np.int64) - starts
 
 
 def _padded_rows(inputs: StepInputs) -> torch.Tensor:

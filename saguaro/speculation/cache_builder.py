@@ -94,9 +94,9 @@ Branch = tuple[list[int], SparseQ | None]
 class BranchScratch:
     """Where one sequence's branches decode: branch j's token at depth i goes to scratch index
     ``base + j d + i`` (its slot ``keys[...]``) and sees the keys ``mask[j]`` marks, which each
-    depth extends by that slot. The per-depth layout is a few small integer arrays: NumPy,
-    handed to torch without a copy (docs/design.md §10); the torch views share the arrays, so
-    the mask's edits show in them."""
+    depth extends by that slot. The per-depth layout is a few small integer arrays, NumPy as a
+    :class:`Query`'s are (docs/design.md §10); each depth's query shares them, so the mask's
+    edits show in it."""
 
     base: int  # scratch index of branch 0's first token
     d: int  # slots per branch
@@ -111,11 +111,11 @@ class BranchScratch:
         self.mask[np.arange(nb), own] = True
         return Query(
             token_ids=tokens,
-            positions=torch.from_numpy(len(seq.token_ids) + self.fork + depth),
-            slots=torch.from_numpy(self.keys[own]),
-            key_slots=torch.from_numpy(self.keys),
+            positions=len(seq.token_ids) + self.fork + depth,
+            slots=self.keys[own],
+            key_slots=self.keys,
             num_logits=nb,
-            mask=torch.from_numpy(self.mask),  # copied into the batch mask before the next edit
+            mask=self.mask,  # copied into the batch mask before the next edit
         )
 
 
@@ -578,7 +578,7 @@ class CacheBuilder:
         d, nb, n = self.depth, len(branches), len(seq.token_ids)
         base = n + self.k
         self.bm.allocate(seq, base + nb * d)
-        keys = token_slots(seq.block_table, 0, base + nb * d, self.cfg.block_size).numpy()
+        keys = token_slots(seq.block_table, 0, base + nb * d, self.cfg.block_size)
         fork = np.array([k for k, _ in branches], dtype=np.int64)
         mask = np.zeros((nb, base + nb * d), dtype=bool)
         mask[:, :n] = True

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from torch._dynamo.utils import counters
@@ -28,11 +29,11 @@ def _batches(runner: ModelRunner) -> list[tuple[str, list[Query]]]:
     # shared prefix and its own token only.
     prefix = token_slots(a, 0, 20, runner.block_size)
     branch_slots = token_slots(a, 40, 43, runner.block_size)
-    mask = torch.zeros(3, 23, dtype=torch.bool)
+    mask = np.zeros((3, 23), dtype=bool)
     mask[:, :20] = True
-    mask[torch.arange(3), 20 + torch.arange(3)] = True
+    mask[np.arange(3), 20 + np.arange(3)] = True
     branches = Query(
-        ids[20:23], torch.full((3,), 20), branch_slots, torch.cat([prefix, branch_slots]), 3, mask
+        ids[20:23], np.full(3, 20), branch_slots, np.concatenate([prefix, branch_slots]), 3, mask
     )
     return [
         ("prefill", [q(a, 0, ids[:20], 1), q(b, 0, ids[20:50], 1)]),
@@ -74,7 +75,7 @@ def test_prepare_lays_out_masks_padding_and_rows(tiny_llama):
     runner = ModelRunner(load_model(tiny_llama), 8, 4, "cpu")
     causal = runner.sequence_query([2, 5], 3, [11, 12], 2)
     keys = token_slots([6], 0, 2, 4)
-    branch = Query([13], torch.tensor([1]), keys[1:], keys, 1, torch.tensor([[False, True]]))
+    branch = Query([13], np.array([1]), keys[1:], keys, 1, np.array([[False, True]]))
     inputs = runner.prepare([causal, branch])
     assert inputs.input_ids.tolist() == [11, 12, 13]
     assert inputs.positions.tolist() == [3, 4, 1]

@@ -4,6 +4,7 @@ every weight format, for prefill, decode, verification, mixed batches and masked
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -31,10 +32,10 @@ def forwards(model, stacked: bool) -> tuple[list[torch.Tensor], list[torch.Tenso
     # Three branches of one token each after sequence 1's verified tokens: each sees the
     # prefix and itself (a tree's sibling rows).
     prefix = q(tables[1], 0, [0] * (n1 + 5), 0).key_slots
-    slots = torch.tensor([32 + 10, 32 + 11, 32 + 12])
-    mask = torch.cat([torch.ones(3, n1 + 5), torch.eye(3)], dim=1).bool()
-    positions = torch.full((3,), n1 + 5)
-    branches = Query([7, 8, 9], positions, slots, torch.cat([prefix, slots]), 3, mask)
+    slots = np.array([32 + 10, 32 + 11, 32 + 12])
+    mask = np.concatenate([np.ones((3, n1 + 5), dtype=bool), np.eye(3, dtype=bool)], axis=1)
+    positions = np.full(3, n1 + 5)
+    branches = Query([7, 8, 9], positions, slots, np.concatenate([prefix, slots]), 3, mask)
     out.append(runner.forward([branches]))
     assert (model._stack is not None) == stacked
     return out, [c for kv in runner.kv_caches for c in kv]
