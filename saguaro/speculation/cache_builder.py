@@ -191,6 +191,23 @@ class _Checks:
             raise _Released
 
 
+@dataclass
+class _BranchQ:
+    """The q rows of one build's rejection-sampled branches (greedy and coupled branches are
+    point masses: their tokens are all a hit needs): one SparseQ [branches, d, M] for them all,
+    so that a depth's draws go in with one write, not two per sequence. Sequence i's branches
+    are the rows from ``first[i]`` on, the sequences in the order their rows are drawn in."""
+
+    q: SparseQ | None
+    first: dict[int, int]
+
+    def rows(self, i: int, n: int) -> SparseQ | None:
+        """Sequence i's ``n`` branches' rows (None: not rejection-sampled)."""
+        if self.q is None or i not in self.first:
+            return None
+        return self.q[self.first[i] : self.first[i] + n]
+
+
 def kv_blocks(cfg: P.WorkerConfig) -> int:
     """Draft KV blocks for ``max_num_seqs`` sequences, each its full context plus
     ``SCRATCH_RUNS`` runs of K slots (ceil to whole blocks)."""
@@ -555,7 +572,7 @@ class CacheBuilder:
             self.costs.observe_depth(num_branches, seconds)
         for i in live:
             ends = [min(done, stop_at) for stop_at in stops[i]]
-            self._store(seqs[i], branches[i], out_tokens[i], out_q.get(i), ends)
+            self._store(seqs[i], branches[i], out_tokens[i], out_q.rows(i, len(ends)), ends)
         return depths_s, done < d
 
     @staticmethod
@@ -587,15 +604,17 @@ class CacheBuilder:
 
     def _branch_q(
         self, seqs: list[DraftSeq], branches: list[list[tuple[int, int]]], live: list[int]
-    ) -> dict[int, SparseQ]:
-        """The q rows to fill for each rejection-sampled sequence's branches (greedy and coupled
-        branches are point masses: their tokens are all a hit needs)."""
+    ) -> _BranchQ:
+        """The q rows to fill for the rejection-sampled sequences' branches, in the order of
+        ``live``: the order :meth:`_draw` draws their rows in."""
         width, d = min(self.cfg.top_m, self.vocab_size), self.depth
-        sampled = [i for i in live if not seqs[i].params.greedy and not seqs[i].coupled]
-        return {
-            i: SparseQ.point_mass(torch.zeros(len(branches[i]), d, dtype=torch.long), width)
-            for i in sampled
-        }
+        first, rows = {}, 0
+        for i in live:
+            if draw_kind(seqs[i]) == "sampled":
+                first[i], rows = rows, rows + len(branches[i])
+        if not first:
+            return _BranchQ(None, first)
+        return _BranchQ(SparseQ.point_mass(torch.zeros(rows, d, dtype=torch.long), width), first)
 
     def _copy(
         self,
@@ -604,7 +623,7 @@ class CacheBuilder:
         out_tokens: dict[int, list[list[int]]],
         drawn: dict[int, list[int]],
         depth: int,
-        out_q: dict[int, SparseQ],
+        out_q: _BranchQ,
     ) -> set[tuple[int, int]]:
         """Where a branch's context (the committed tokens, the speculation up to its fork, its
         outcome token and its own tokens so far) ends in an n-gram that occurred before, the
@@ -624,8 +643,9 @@ class CacheBuilder:
                     copied.add((i, j))
                     rows.append(j)
                     made.append(copy)
-            if rows and (q := out_q.get(i)) is not None:
-                at, mass = torch.tensor(rows), SparseQ.point_mass(torch.tensor(made), q.width)
+            if rows and (q := out_q.q) is not None and i in out_q.first:
+                at = torch.tensor([out_q.first[i] + j for j in rows])
+                mass = SparseQ.point_mass(torch.tensor(made), q.width)
                 q.ids[at, depth], q.probs[at, depth] = mass.ids, mass.probs
         return copied
 
@@ -677,11 +697,11 @@ class CacheBuilder:
         logits: torch.Tensor,
         depth: int,
         fanout: int,
-        out_q: dict[int, SparseQ],
+        out_q: _BranchQ,
     ) -> dict[int, list[int]]:
         """Each sequence's next branch tokens from one depth's logits (rows in the order of
-        ``forks``' sequences, ``len(branches[i])`` each); a rejection-sampled sequence's q goes
-        into ``out_q`` at this depth.
+        ``forks``' sequences, ``len(branches[i])`` each); the rejection-sampled sequences' q go
+        into ``out_q`` at this depth (their rows there are theirs here, in the same order).
 
         The rows of every sequence of one kind (greedy, coupled, rejection-sampled) are drawn in
         one call. Each rule works row by row: a row's token (and q) depends only on its logits,
@@ -705,13 +725,13 @@ class CacheBuilder:
             else:
                 rows_of = [(seqs[i], len(branches[i]), forks[i]) for i in members]
                 drawn, q = self._sample(rows_of, rows, depth, fanout, group == "coupled")
+            if q is not None:  # the rejection-sampled group: every row of out_q
+                assert out_q.q is not None
+                out_q.q.ids[:, depth], out_q.q.probs[:, depth] = q.ids, q.probs
             start, drawn_list = 0, drawn.tolist()
             for i in members:
                 end = start + len(branches[i])
                 out[i] = drawn_list[start:end]
-                if q is not None:
-                    out_q[i].ids[:, depth] = q.ids[start:end]
-                    out_q[i].probs[:, depth] = q.probs[start:end]
                 start = end
         return out
 
