@@ -184,6 +184,13 @@ class EngineConfig:
         group=MEMORY,
         advanced=True,
     )
+    kv_prefault: bool = opt(
+        False,
+        "write every page of the KV pools at start-up, the draft's too: resident from the "
+        "start, so RSS stays flat and no request pays the first touch (saguaro serve: on)",
+        group=MEMORY,
+        advanced=True,
+    )
     enable_prefix_caching: bool = opt(
         True, "share KV blocks of common prompt prefixes", group=MEMORY, advanced=True
     )

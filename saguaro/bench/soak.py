@@ -2,7 +2,8 @@
 worker SIGKILLed under load, a tenth of its clients leaving mid-stream; then SIGTERM with streams
 in flight. It passes when no valid request failed, every greedy text equals what the same server
 gave serving one request at a time, the KV cache is empty again, the worker came back after each
-kill, RSS grew less than ``--rss-growth`` after warm-up, and the server drained and exited
+kill, its anonymous memory (the heap, where a leak shows; the weights are file pages mapped as
+they are read) grew less than ``--rss-growth`` after warm-up, and the server drained and exited
 (128 + SIGTERM).
 The workload is :mod:`saguaro.bench.soak_jobs`. Output: results.json and results.md in ``--out``.
 
@@ -71,7 +72,9 @@ class SoakConfig:
     warmup_share: float = opt(
         0.1, "share of the soak's requests before the RSS baseline is taken", metavar="F"
     )
-    rss_growth: float = opt(0.01, "the RSS growth after warm-up that fails the soak", metavar="F")
+    rss_growth: float = opt(
+        0.01, "growth of anonymous RSS after warm-up that fails the soak", metavar="F"
+    )
     context_per_slot: int = opt(512, "tokens of context per sequence (--max-model-len)")
     cpus: list[int] | None = opt(
         None, "cores the server is pinned to (default: those this process may use)", parse=cpu_list
@@ -90,10 +93,22 @@ class SoakConfig:
             raise ValueError("--warmup-share must lie in (0, 1)")
 
 
-def rss_mib(pid: int) -> float:
+MEMORY_FIELDS = {"VmRSS:": "rss", "RssAnon:": "anon", "RssFile:": "file"}
+
+
+def memory_mib(pid: int) -> dict[str, float]:
+    """``pid``'s resident memory in MiB: all of it, anonymous, and file pages."""
+    out = {}
     with open(f"/proc/{pid}/status") as f:
-        line = next(x for x in f if x.startswith("VmRSS:"))
-    return int(line.split()[1]) / KIB_PER_MIB
+        for line in f:
+            name = MEMORY_FIELDS.get(line.split(":", 1)[0] + ":")
+            if name is not None:
+                out[name] = int(line.split()[1]) / KIB_PER_MIB
+    return out
+
+
+def rss_mib(pid: int) -> float:
+    return memory_mib(pid)["rss"]
 
 
 @dataclass
@@ -104,7 +119,7 @@ class Soak:
     server: Server
     done: int = 0
     kills_sent: int = 0
-    rss_baseline_mib: float | None = None
+    baseline: dict[str, float] | None = None  # the server's memory at the warm-up's end
 
     def __post_init__(self) -> None:
         self.rss: list[dict[str, float]] = []
@@ -114,9 +129,9 @@ class Soak:
         pid = self.server.proc.pid
         workers = [w for w in children(pid) if alive(w)]
         entry = {"t_s": time.perf_counter() - self.start, "done": self.done}
-        entry["server_mib"] = rss_mib(pid)
-        with contextlib.suppress(OSError, StopIteration):
-            entry["worker_mib"] = sum(rss_mib(w) for w in workers)
+        entry |= {f"server_{k}_mib": v for k, v in memory_mib(pid).items()}
+        with contextlib.suppress(OSError, KeyError):
+            entry["worker_rss_mib"] = sum(rss_mib(w) for w in workers)
         self.rss.append(entry)
 
     def finished_one(self) -> None:
@@ -124,8 +139,8 @@ class Soak:
         ``requests / (kills + 1)`` requests the worker is killed."""
         self.done += 1
         cfg = self.cfg
-        if self.rss_baseline_mib is None and self.done >= cfg.warmup_share * cfg.requests:
-            self.rss_baseline_mib = rss_mib(self.server.proc.pid)
+        if self.baseline is None and self.done >= cfg.warmup_share * cfg.requests:
+            self.baseline = memory_mib(self.server.proc.pid)
             self.sample_rss()
         due = self.done * (cfg.kills + 1) // cfg.requests
         if self.kills_sent < min(due, cfg.kills):
@@ -238,6 +253,21 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
+def kv_empty(m: dict[str, float]) -> bool:
+    """No sequence left running, every KV block free again."""
+    free, total = m.get("saguaro_kv_blocks_free"), m.get("saguaro_kv_blocks_total")
+    return free == total and m.get("saguaro_requests_running") == 0
+
+
+def drained_cleanly(drained: dict[str, Any]) -> bool:
+    """Every stream ended with a finish reason, the server exited on SIGTERM, no worker left."""
+    return (
+        drained["exit_code"] == SIGTERM_EXIT
+        and drained["streams_ended"] == DRAIN_STREAMS
+        and not drained["worker_left"]
+    )
+
+
 def summarize(
     soak: Soak,
     outcomes: list[Outcome],
@@ -253,18 +283,16 @@ def summarize(
     ]
     answered = [o for o in outcomes if o.ok]
     tokens = sum(o.completion_tokens for o in answered)
-    end = soak.rss[-1]["server_mib"]
-    base = soak.rss_baseline_mib or end
+    end = {k: soak.rss[-1][f"server_{k}_mib"] for k in MEMORY_FIELDS.values()}
+    base = soak.baseline or end
+    growth = {k: (end[k] - base[k]) / base[k] for k in end}
     wall_s = soak.rss[-1]["t_s"]
     checks = {
         "no valid request failed": not problems,
         "worker back after every kill": worker_back(m, soak.kills_sent),
-        "KV cache empty": m.get("saguaro_kv_blocks_free") == m.get("saguaro_kv_blocks_total")
-        and m.get("saguaro_requests_running") == 0,
-        "RSS growth under bound": (end - base) / base < soak.cfg.rss_growth,
-        "drained and exited on SIGTERM": drained["exit_code"] == SIGTERM_EXIT
-        and drained["streams_ended"] == DRAIN_STREAMS
-        and not drained["worker_left"],
+        "KV cache empty": kv_empty(m),
+        "anonymous RSS growth under bound": growth["anon"] < soak.cfg.rss_growth,
+        "drained and exited on SIGTERM": drained_cleanly(drained),
     }
     return {
         "passed": all(checks.values()),
@@ -278,9 +306,9 @@ def summarize(
         ),
         "kills": soak.kills_sent,
         "restarts": m.get("saguaro_draft_worker_restarts_total"),
-        "rss_baseline_mib": base,
-        "rss_end_mib": end,
-        "rss_growth_percent": PERCENT * (end - base) / base,
+        "memory_baseline_mib": base,
+        "memory_end_mib": end,
+        "memory_growth_percent": {k: PERCENT * g for k, g in growth.items()},
         "output_tokens": tokens,
         "wall_s": wall_s,
         "output_tok_s": tokens / wall_s,
@@ -288,6 +316,15 @@ def summarize(
         "latency_p99_s": _percentile([o.latency_s for o in answered], 0.99),
         "drain": drained,
     }
+
+
+def _growth(s: dict[str, Any]) -> str:
+    """The server's memory after warm-up and at the end, per kind."""
+    base, end, pct = s["memory_baseline_mib"], s["memory_end_mib"], s["memory_growth_percent"]
+    return ", ".join(
+        f"{kind} {base[kind]:.0f} -> {end[kind]:.0f} MiB ({pct[kind]:+.2f}%)"
+        for kind in MEMORY_FIELDS.values()
+    )
 
 
 def write(out: Path, meta: dict[str, Any], summary: dict[str, Any], rss: list[dict]) -> None:
@@ -306,8 +343,7 @@ def write(out: Path, meta: dict[str, Any], summary: dict[str, Any], rss: list[di
         f"{s['requests']} requests ({', '.join(f'{k} {v}' for k, v in s['kinds'].items())}); "
         f"{s['exact_checked']} compared with the quiet server's text; {s['kills']} worker kills, "
         f"{s['restarts']:.0f} restarts; {s['output_tokens']} tokens in {s['wall_s']:.0f} s "
-        f"({s['output_tok_s']:.1f} tok/s); RSS {s['rss_baseline_mib']:.0f} -> "
-        f"{s['rss_end_mib']:.0f} MiB ({s['rss_growth_percent']:+.2f}%); drain exit "
+        f"({s['output_tok_s']:.1f} tok/s); after warm-up, {_growth(s)}; drain exit "
         f"{s['drain']['exit_code']} after {s['drain']['exit_s']:.1f} s.",
         "",
         "| check | held |",

@@ -136,7 +136,13 @@ def target_runner(
             cfg.graphs, cfg.max_num_seqs, max_model_len + cfg.lookahead, cfg.num_speculative_tokens
         )
         runner = ModelRunner(
-            target, num_blocks, cfg.block_size, cfg.device, cfg.compile, buckets=buckets
+            target,
+            num_blocks,
+            cfg.block_size,
+            cfg.device,
+            cfg.compile,
+            buckets=buckets,
+            prefault=cfg.kv_prefault,
         )
     if cfg.compile:
         runner.warm_up()

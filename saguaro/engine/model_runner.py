@@ -7,6 +7,7 @@ import math
 import time
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
@@ -42,17 +43,22 @@ class StepInputs:
     logits_index: torch.Tensor  # [m]
 
 
-def kv_pool(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def kv_pool(
+    shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, prefault: bool = False
+) -> torch.Tensor:
     """One layer's K or V pool, zeros.
 
     On the CPU the zeros come from ``calloc`` (NumPy's ``zeros``), whose large blocks are pages
     the OS maps zeroed on first touch: a pool costs time and memory as it fills, where
-    ``torch.zeros`` writes, and makes resident, every byte of it at start-up.
+    ``torch.zeros`` writes, and makes resident, every byte of it at start-up. ``prefault``
+    writes them at once (a server: memory flat from its start, no page faults mid-request).
     """
     if device.type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
     size = math.prod(shape) * dtype.itemsize
     raw = np.zeros(size + ALIGNMENT, dtype=np.uint8)
+    if prefault:
+        raw.fill(0)
     start = -raw.ctypes.data % ALIGNMENT
     return torch.from_numpy(raw[start : start + size]).view(dtype).view(shape)
 
@@ -67,6 +73,7 @@ class ModelRunner:
         compile: bool = False,
         compile_options: dict | None = None,
         buckets: Buckets | None = None,
+        prefault: bool = False,
     ) -> None:
         self.model = model
         # Compiled: one graph per kind of forward, with symbolic token and key counts, so a new
@@ -86,15 +93,12 @@ class ModelRunner:
         self.device = torch.device(device)
         self.block_size = block_size
         self.num_slots = num_blocks * block_size
-        dtype = model.embed_tokens.dtype
         # A tensor-parallel rank caches its own KV heads only.
         # The bucketed path's padding writes one row past the pool (its scratch slot).
         rows = self.num_slots + (buckets is not None)
         shape = (rows, model.num_kv_heads, self.config.head_dim)
-        self.kv_caches = [
-            (kv_pool(shape, dtype, self.device), kv_pool(shape, dtype, self.device))
-            for _ in range(self.config.num_hidden_layers)
-        ]
+        pool = partial(kv_pool, shape, model.embed_tokens.dtype, self.device, prefault)
+        self.kv_caches = [(pool(), pool()) for _ in range(self.config.num_hidden_layers)]
         # Forwards that fit a bucket run over static buffers, as CUDA graphs on a GPU.
         self.static = (
             None

@@ -67,6 +67,8 @@ def serve_parser() -> OptionParser:
     )
     engine_options(parser)
     add_options(parser, ServerConfig, group="server")
+    # A server's memory is its steady state: resident from the start, flat while it serves.
+    parser.set_defaults(kv_prefault=True)
     return parser
 
 

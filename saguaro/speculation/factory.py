@@ -68,7 +68,13 @@ def _in_process(cfg: EngineConfig, setup: DraftSetup) -> DraftProposer:
     k = cfg.num_speculative_tokens
     buckets = graph_buckets(cfg.graphs, cfg.max_num_seqs, setup.max_model_len + k, k)
     runner = ModelRunner(
-        draft, setup.num_kv_blocks, cfg.block_size, cfg.device, cfg.compile, buckets=buckets
+        draft,
+        setup.num_kv_blocks,
+        cfg.block_size,
+        cfg.device,
+        cfg.compile,
+        buckets=buckets,
+        prefault=cfg.kv_prefault,
     )
     if cfg.compile:
         runner.warm_up()

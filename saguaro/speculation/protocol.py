@@ -81,6 +81,7 @@ class WorkerConfig:
     lane: bool = False
     lookup: Lookup | None = None  # copies from the context in the draft's chains (§3)
     stop_below: float = 0.0  # chains and branches stop before an unsure draft row (§3, "Stops")
+    prefault: bool = False  # write the KV pool's pages at start (EngineConfig.kv_prefault)
 
     @classmethod
     def from_engine(
@@ -111,6 +112,7 @@ class WorkerConfig:
             lane=lane_between(cfg.device, cfg.draft_device or cfg.device),
             lookup=Lookup.of(cfg.draft_lookup),
             stop_below=cfg.draft_stop_below or 0.0,
+            prefault=cfg.kv_prefault,
         )
 
 

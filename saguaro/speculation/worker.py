@@ -84,7 +84,13 @@ class DraftWorker:
         max_keys = cfg.max_model_len + MAX_GRAPH_POSITIONS * (cfg.k + 1)
         buckets = graph_buckets(cfg.graphs, cfg.max_num_seqs, max_keys, cfg.k)
         self.runner = ModelRunner(
-            model, num_blocks, cfg.block_size, cfg.device, cfg.compile, buckets=buckets
+            model,
+            num_blocks,
+            cfg.block_size,
+            cfg.device,
+            cfg.compile,
+            buckets=buckets,
+            prefault=cfg.prefault,
         )
         if cfg.compile:  # compile before any build is timed: compiling is not drafting
             self.runner.warm_up()

@@ -122,3 +122,26 @@ def test_a_kv_pool_is_aligned_zeros_that_keep_what_is_written(dtype):
     pools[0][5] = 1.5
     assert pools[0][5].eq(1.5).all() and pools[0].sum() == 1.5 * 16
     assert all(p.sum() == 0 for p in pools[1:])  # no pool shares another's memory
+
+
+def _anon_mib() -> float:
+    with open("/proc/self/status") as f:
+        line = next(x for x in f if x.startswith("RssAnon:"))
+    return int(line.split()[1]) / 1024
+
+
+POOL_MIB = 64  # large enough that calloc maps fresh pages rather than reusing the heap's
+
+
+@pytest.mark.parametrize("prefault", [False, True])
+def test_a_prefaulted_pool_is_resident_at_once_and_a_lazy_one_as_it_fills(prefault):
+    """calloc's pages cost memory when first written; ``prefault`` writes them all at start."""
+    shape = (POOL_MIB * 2**20 // 4 // 64, 1, 64)  # float32 rows of 64
+    before = _anon_mib()
+    pool = kv_pool(shape, torch.float32, torch.device("cpu"), prefault=prefault)
+    grown = _anon_mib() - before
+    assert not pool.any()
+    if prefault:
+        assert grown > 0.9 * POOL_MIB
+    else:
+        assert grown < 0.1 * POOL_MIB

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from saguaro.cli import main
+from saguaro.config import EngineConfig
 from saguaro.options import flag, from_args
 from saguaro.server.main import API_KEY_ENV, ServerConfig, serve_parser
 
@@ -64,3 +65,9 @@ def test_serve_reports_its_kv_cache_at_start_up(tiny_llama):
         proc.wait()
     assert line.startswith("saguaro serve: KV cache 40 blocks of 16 tokens (640 tokens, "), line
     assert line.rstrip().endswith("GiB): 5.0 sequences of max_model_len 128"), line
+
+
+def test_a_server_prefaults_its_kv_pools_by_default_and_an_engine_does_not():
+    assert serve_parser().parse_args([]).kv_prefault is True
+    assert serve_parser().parse_args(["--no-kv-prefault"]).kv_prefault is False
+    assert EngineConfig.kv_prefault is False
