@@ -52,6 +52,7 @@ DRAIN_STREAMS = 4  # streams in flight when SIGTERM arrives
 DRAIN_MAX_TOKENS = 64
 DRAIN_AFTER_S = 1.0  # SIGTERM this long after the drain's streams were sent
 DRAIN_EXIT_S = 120.0  # the server must exit this long after SIGTERM
+DRAIN_REASONS = ("stop", "length", "abort")  # abort: still in flight when the grace ran out
 # saguaro serve ends a drain by re-raising SIGTERM: it exits as shells report a signal's end.
 SIGTERM_EXIT = 128 + signal.SIGTERM
 KIB_PER_MIB = 1024
@@ -224,6 +225,12 @@ async def _streams_then_sigterm(server: Server, jobs: list[Job], timeout_s: floa
         return list(await asyncio.gather(*tasks))
 
 
+def ended(out: Outcome) -> bool:
+    """A drained stream ended with a final chunk: finished, or ended by the server when its
+    shutdown grace ran out (finish reason "abort")."""
+    return out.ok and len(out.reasons) == 1 and out.reasons[0] in DRAIN_REASONS
+
+
 def drain(server: Server, timeout_s: float) -> dict[str, Any]:
     """SIGTERM with ``DRAIN_STREAMS`` sampled streams in flight: each must end with a finish
     reason, the server must exit within ``DRAIN_EXIT_S``, its worker with it."""
@@ -242,8 +249,8 @@ def drain(server: Server, timeout_s: float) -> dict[str, Any]:
     return {
         "exit_code": code,
         "exit_s": time.perf_counter() - sent - DRAIN_AFTER_S,
-        "streams_ended": sum(problem(o, {}) is None for o in outs),
-        "problems": [p for o in outs if (p := problem(o, {})) is not None],
+        "streams_ended": sum(ended(o) for o in outs),
+        "finish_reasons": [o.reasons for o in outs],
         "worker_left": [w for w in workers if alive(w)],
     }
 
@@ -385,6 +392,7 @@ def run(cfg: SoakConfig, argv: list[str]) -> dict[str, Any]:
         outcomes = asyncio.run(_closed_loop(soak, jobs))
         probe = references_needed(jobs)[0]
         m = wait_restarted(soak, probe)
+        soak.sample_rss()  # the end's memory, idle: what the soak left, not a step's buffers
         drained = drain(server, cfg.request_timeout_s)
     summary = summarize(soak, outcomes, references, m, drained)
     write(out, meta, summary, soak.rss)

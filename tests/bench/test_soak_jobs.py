@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 
+from saguaro.bench.soak import ended
 from saguaro.bench.soak_jobs import (
     MIX,
     N_CHOICES,
@@ -94,3 +95,10 @@ def test_logprobs_need_a_row_per_token_and_the_asked_width():
     assert problem(_ok(job, "x", logprob_rows=8, top_widths={TOP_LOGPROBS}), REFS) is None
     assert problem(_ok(job, "x", logprob_rows=7, top_widths={TOP_LOGPROBS}), REFS) is not None
     assert problem(_ok(job, "x", logprob_rows=8, top_widths={1, TOP_LOGPROBS}), REFS) is not None
+
+
+def test_a_drained_stream_may_end_by_abort_but_must_end():
+    job = _job("sampled")
+    assert ended(replace(_ok(job, "x"), reasons=["abort"])) and ended(_ok(job, "x"))
+    assert not ended(replace(_ok(job, "x"), reasons=[None]))
+    assert not ended(Outcome(job, error="closed"))
