@@ -147,7 +147,8 @@ class Soak:
         if self.kills_sent < min(due, cfg.kills):
             workers = children(self.server.proc.pid)
             for w in workers:
-                os.kill(w, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):  # gone since it was listed
+                    os.kill(w, signal.SIGKILL)
             self.kills_sent += bool(workers)  # none yet: back from the last kill; next one
 
 
