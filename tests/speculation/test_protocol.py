@@ -30,6 +30,7 @@ def test_worker_config_from_engine_maps_every_field():
         compile=True,
         draft_lookup=3,
         draft_stop_below=0.25,
+        kv_prefault=True,
     )
     cfg = P.WorkerConfig.from_engine(engine, "/models/draft", max_model_len=300)
     assert dataclasses.asdict(cfg) == dict(
@@ -55,6 +56,7 @@ def test_worker_config_from_engine_maps_every_field():
         lane=False,  # the target is on the CPU
         lookup=dict(min_ngram=3, max_ngram=4),
         stop_below=0.25,
+        prefault=True,
     )
     eager = dataclasses.replace(engine, enforce_eager=True)
     assert not P.WorkerConfig.from_engine(eager, "d", max_model_len=300).graphs
