@@ -139,16 +139,14 @@ def _resident_share(t: torch.Tensor) -> float:
     return sum(v & 1 for v in vec) / pages
 
 
-POOL_MIB = 64  # large enough that calloc maps fresh pages rather than reusing the heap's
+POOL_MIB = 64  # large enough that calloc maps fresh pages, where nothing else ran before
 
 
-@pytest.mark.parametrize("prefault", [False, True])
-def test_a_prefaulted_pool_is_resident_at_once_and_a_lazy_one_as_it_fills(prefault):
-    """calloc's pages cost memory when first written; ``prefault`` writes them all at start."""
+def test_a_prefaulted_pool_is_resident_at_once():
+    """``prefault`` writes every page of the pool at start-up (a lazy pool's pages become
+    resident as they are first written, unless the allocator hands back memory already
+    resident: that depends on what ran before, so only the prefaulted case is asserted)."""
     shape = (POOL_MIB * 2**20 // 4 // 64, 1, 64)  # float32 rows of 64
-    pool = kv_pool(shape, torch.float32, torch.device("cpu"), prefault=prefault)
-    share = _resident_share(pool)
-    assert share > 0.99 if prefault else share < 0.01
-    pool[: len(pool) // 2] = 1.0  # a lazy pool becomes resident as it is written
-    assert _resident_share(pool) > 0.49
-    assert not pool[len(pool) // 2 :].any()
+    pool = kv_pool(shape, torch.float32, torch.device("cpu"), prefault=True)
+    assert _resident_share(pool) > 0.99
+    assert not pool.any()
