@@ -8,7 +8,9 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import openai
 
@@ -19,6 +21,9 @@ NO_RETRIES = 0
 # ...but a request that failed at once on a connection the server had closed is sent again this
 # many times at most, and the retry is recorded (RequestRecord.retries).
 STALE_CONNECTION_RETRIES = 1
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -106,25 +111,37 @@ async def one_request(
     return rec
 
 
+async def closed_loop(
+    items: list[T], concurrency: int, run: Callable[[T], Awaitable[R]]
+) -> list[R]:
+    """``run`` over every item by ``concurrency`` clients, each taking the next item when its
+    last one ends; the results in the order they finished."""
+    queue: asyncio.Queue[T] = asyncio.Queue()
+    for item in items:
+        queue.put_nowait(item)
+    results: list[R] = []
+
+    async def client_loop() -> None:
+        while not queue.empty():
+            results.append(await run(queue.get_nowait()))
+
+    await asyncio.gather(*(client_loop() for _ in range(concurrency)))
+    return results
+
+
 async def fixed_concurrency(
     url: str, model: str, prompts: list[str], concurrency: int, shape: RequestShape
 ) -> tuple[list[RequestRecord], float]:
     """Every prompt sent by ``concurrency`` clients in turn; the records and the wall time from
     the first send to the last response."""
     api = client(url, shape.timeout_s)
-    queue: asyncio.Queue[int] = asyncio.Queue()
-    for i in range(len(prompts)):
-        queue.put_nowait(i)
-    records: list[RequestRecord] = []
     start = time.perf_counter()
 
-    async def worker() -> None:
-        while not queue.empty():
-            i = queue.get_nowait()
-            records.append(await one_request(api, model, prompts[i], i, shape, start))
+    async def one(i: int) -> RequestRecord:
+        return await one_request(api, model, prompts[i], i, shape, start)
 
     async with api:
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        records = await closed_loop(list(range(len(prompts))), concurrency, one)
     return sorted(records, key=lambda r: r.index), time.perf_counter() - start
 
 

@@ -18,7 +18,6 @@ import contextlib
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import time
@@ -29,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from saguaro.bench import provenance
-from saguaro.bench.serve_client import client
+from saguaro.bench.serve_client import client, closed_loop
 from saguaro.bench.serve_engines import Launch, Server, engine_spec, running
-from saguaro.bench.serve_stats import parse_prometheus
+from saguaro.bench.serve_stats import P50, P99, PERCENT, parse_prometheus, percentile
 from saguaro.bench.soak_jobs import (
     Job,
     Outcome,
@@ -56,7 +55,6 @@ DRAIN_REASONS = ("stop", "length", "abort")  # abort: still in flight when the g
 # saguaro serve ends a drain by re-raising SIGTERM: it exits as shells report a signal's end.
 SIGTERM_EXIT = 128 + signal.SIGTERM
 KIB_PER_MIB = 1024
-PERCENT = 100.0
 
 
 @dataclass(frozen=True)
@@ -94,7 +92,7 @@ class SoakConfig:
             raise ValueError("--warmup-share must lie in (0, 1)")
 
 
-MEMORY_FIELDS = {"VmRSS:": "rss", "RssAnon:": "anon", "RssFile:": "file"}
+MEMORY_FIELDS = {"VmRSS": "rss", "RssAnon": "anon", "RssFile": "file"}  # /proc/PID/status
 
 
 def memory_mib(pid: int) -> dict[str, float]:
@@ -102,7 +100,7 @@ def memory_mib(pid: int) -> dict[str, float]:
     out = {}
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            name = MEMORY_FIELDS.get(line.split(":", 1)[0] + ":")
+            name = MEMORY_FIELDS.get(line.split(":", 1)[0])
             if name is not None:
                 out[name] = int(line.split()[1]) / KIB_PER_MIB
     return out
@@ -156,15 +154,11 @@ async def _closed_loop(soak: Soak, jobs: list[Job]) -> list[Outcome]:
     """Every job sent by ``--concurrency`` clients in turn, RSS sampled meanwhile."""
     cfg, server = soak.cfg, soak.server
     api = client(server.url, cfg.request_timeout_s)
-    queue: asyncio.Queue[Job] = asyncio.Queue()
-    for job in jobs:
-        queue.put_nowait(job)
-    outcomes: list[Outcome] = []
 
-    async def worker() -> None:
-        while not queue.empty():
-            outcomes.append(await send(api, server.model_id, queue.get_nowait()))
-            soak.finished_one()
+    async def one(job: Job) -> Outcome:
+        out = await send(api, server.model_id, job)
+        soak.finished_one()
+        return out
 
     async def sampler() -> None:
         while True:
@@ -173,7 +167,7 @@ async def _closed_loop(soak: Soak, jobs: list[Job]) -> list[Outcome]:
 
     async with api:
         sampling = asyncio.create_task(sampler())
-        await asyncio.gather(*(worker() for _ in range(cfg.concurrency)))
+        outcomes = await closed_loop(jobs, cfg.concurrency, one)
         sampling.cancel()
     soak.sample_rss()
     return sorted(outcomes, key=lambda o: o.job.index)
@@ -256,11 +250,6 @@ def drain(server: Server, timeout_s: float) -> dict[str, Any]:
     }
 
 
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
-
-
 def kv_empty(m: dict[str, float]) -> bool:
     """No sequence left running, every KV block free again."""
     free, total = m.get("saguaro_kv_blocks_free"), m.get("saguaro_kv_blocks_total")
@@ -291,6 +280,7 @@ def summarize(
     ]
     answered = [o for o in outcomes if o.ok]
     tokens = sum(o.completion_tokens for o in answered)
+    latencies = [o.latency_s for o in answered]
     end = {k: soak.rss[-1][f"server_{k}_mib"] for k in MEMORY_FIELDS.values()}
     base = soak.baseline or end
     growth = {k: (end[k] - base[k]) / base[k] for k in end}
@@ -320,8 +310,8 @@ def summarize(
         "output_tokens": tokens,
         "wall_s": wall_s,
         "output_tok_s": tokens / wall_s,
-        "latency_p50_s": statistics.median(o.latency_s for o in answered) if answered else None,
-        "latency_p99_s": _percentile([o.latency_s for o in answered], 0.99),
+        "latency_p50_s": percentile(latencies, P50),
+        "latency_p99_s": percentile(latencies, P99),
         "drain": drained,
     }
 

@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from saguaro import LLM, SamplingParams
+from saguaro.bench.serve_stats import parse_prometheus
 from saguaro.bench.soak import rss_mib
 from saguaro.distributed.channel import free_port
 from saguaro.distributed.processes import children
@@ -34,12 +35,7 @@ POISON = [dict(temperature=1e-38), dict(temperature=1.0, top_p=1e-50), dict(top_
 
 
 def _metrics(url: str) -> dict[str, float]:
-    text = httpx.get(f"{url}/metrics").text
-    return {
-        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line and not line.startswith("#")
-    }
+    return parse_prometheus(httpx.get(f"{url}/metrics").text)
 
 
 def _wait(condition, timeout_s: float = 60.0) -> None:
