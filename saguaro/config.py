@@ -116,11 +116,19 @@ class EngineConfig:
         group=SPECULATION,
         advanced=True,
     )
+    ar_fallback: bool = opt(
+        False,
+        "sd and ssd: before each step, an AR step instead where auto's cost model predicts AR "
+        "commits more tokens a second for the running batch (under load, say), so that the "
+        "mode never serves less than AR; ssd then also loads the draft in this process, to "
+        "time it (on by default in serve)",
+        group=SPECULATION,
+    )
     auto_cores: AutoCores = opt(
         "shared",
-        "auto with SSD on CPU: shared: AR and SD steps compute on every core (the idle worker's "
-        "too) and SSD steps leave the worker its core; own: the target keeps its own cores in "
-        "every mode, the worker has the next (the paper's layout)",
+        "auto (and ssd with --ar-fallback) with SSD on CPU: shared: AR and SD steps compute on "
+        "every core (the idle worker's too) and SSD steps leave the worker its core; own: the "
+        "target keeps its own cores in every mode, the worker has the next (the paper's layout)",
         group=PLACEMENT,
         advanced=True,
     )
@@ -484,12 +492,19 @@ class EngineConfig:
         return self.mode == "ssd" or (self.mode == "auto" and self.auto_ssd)
 
     @property
+    def chooses_steps(self) -> bool:
+        """Whether auto's cost model chooses how each step runs: mode auto, or sd and ssd with
+        ``ar_fallback`` (between AR and their own speculation)."""
+        return self.mode == "auto" or (self.mode in ("sd", "ssd") and self.ar_fallback)
+
+    @property
     def shares_cores(self) -> bool:
-        """Mode auto on CPU whose target computes on the worker's cores while SSD is not running
-        (``auto_cores`` shared; one target rank, at least two cores)."""
+        """Mode auto (or ssd with ``ar_fallback``) on CPU whose target computes on the worker's
+        cores while SSD is not running (``auto_cores`` shared; one target rank, at least two
+        cores)."""
         return (
-            self.mode == "auto"
-            and self.auto_ssd
+            self.chooses_steps
+            and self.uses_worker
             and self.auto_cores == "shared"
             and self.device == "cpu"
             and self.pin_cpus

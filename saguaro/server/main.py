@@ -67,8 +67,9 @@ def serve_parser() -> OptionParser:
     )
     engine_options(parser)
     add_options(parser, ServerConfig, group="server")
-    # A server's memory is its steady state: resident from the start, flat while it serves.
-    parser.set_defaults(kv_prefault=True)
+    # A server's memory is its steady state: resident from the start, flat while it serves. Its
+    # load varies: sd and ssd step as AR where the batch makes their speculation a loss.
+    parser.set_defaults(kv_prefault=True, ar_fallback=True)
     return parser
 
 

@@ -144,8 +144,9 @@ class Acceptance:
 class AutoProposer(Proposer):
     """Runs SD's in-process draft, SSD's (supervised) worker or nothing, step by step.
 
-    ``force`` (tests and experiments only: no request can reach it) overrides the choice: step
-    number -> Choice."""
+    ``modes`` limits the choices (None: every mode its proposers can run): SD and SSD with
+    ``ar_fallback`` choose between AR and their own speculation. ``force`` (tests and
+    experiments only: no request can reach it) overrides the choice: step number -> Choice."""
 
     def __init__(
         self,
@@ -155,6 +156,7 @@ class AutoProposer(Proposer):
         max_num_seqs: int,
         threads: Threads | None = None,
         lookup: Lookup | None = None,
+        modes: tuple[str, ...] | None = None,
     ) -> None:
         self.sd, self.ssd = sd, ssd
         # SD with copies alone, where the draft's chains copy at all (its own acceptance)
@@ -172,8 +174,9 @@ class AutoProposer(Proposer):
         self.trying = Choice("ar", 0)  # a stale mode's, while ``exploring``
         self.try_ids: set[int] | None = None  # the sequences an SD try drafts for (None: all)
         self.steps = 0
-        modes = ["ar", "sd", "ssd"] + (["lookup"] if self.copier is not None else [])
-        self.since: dict[str, int] = dict.fromkeys(modes, 0)  # steps since each mode ran
+        runnable = ["ar", "sd", "ssd"] + (["lookup"] if self.copier is not None else [])
+        chosen = [m for m in runnable if modes is None or m in modes]
+        self.since: dict[str, int] = dict.fromkeys(chosen, 0)  # steps since each mode ran
         self.interval = dict.fromkeys(self.since, EXPLORE_EVERY)  # steps between tries
         self.dwell = 0  # steps since the settled choice was made
         self.exploring = 0  # steps left of a try
@@ -190,7 +193,7 @@ class AutoProposer(Proposer):
     def rates(self, seqs: list[Sequence]) -> dict[Choice, float]:
         """Predicted tokens per second of this batch under each choice."""
         n = len(seqs)
-        if not self.target.knots:  # before any measurement (calibrate always runs first)
+        if self.target(1) is None:  # before any measurement (calibrate always runs first)
             return {Choice("ar", 0): 0.0}
         per_seq = [self.acceptance.expected(s.seq_id) for s in seqs]
         tokens = [sum(e[k] for e in per_seq) for k in range(self.k_max + 1)]
@@ -202,7 +205,7 @@ class AutoProposer(Proposer):
             # and a neural backup each speculate K tokens.
             full = tokens[self.k_max] / n
             ssd = replace(ssd, e_hit=full, e_miss=full if ssd.backup == "neural" else ssd.e_miss)
-        return plan_mode(
+        rates = plan_mode(
             n=n,
             k_max=self.k_max,
             target_s=lambda m: self.target(m) or 0.0,
@@ -213,6 +216,7 @@ class AutoProposer(Proposer):
             ssd=ssd,
             copies=self.copy_estimates(seqs),
         )
+        return {c: r for c, r in rates.items() if c.mode in self.since}
 
     def copy_estimates(self, seqs: list[Sequence]) -> CopyEstimates | None:
         """What SD with copies alone would verify and commit for ``seqs``: a sequence whose
@@ -422,13 +426,13 @@ class AutoProposer(Proposer):
             self._use_threads("ssd")
             for n in sizes:
                 m = n * (self.k_max + 1)
-                self.ssd_target.observe(m, timed(lambda n=n: probe(n, self.k_max + 1)))
+                self.ssd_target.calibrate(m, timed(lambda n=n: probe(n, self.k_max + 1)))
         self._use_threads("sd")
         for n in sizes:
             for k in (0, self.k_max):
                 m = n * (k + 1)
-                self.target.observe(m, timed(lambda n=n, k=k: probe(n, k + 1)))
-            self.draft.observe(n, timed(lambda n=n: time_forward(self.sd.runner, n, 1)))
+                self.target.calibrate(m, timed(lambda n=n, k=k: probe(n, k + 1)))
+            self.draft.calibrate(n, timed(lambda n=n: time_forward(self.sd.runner, n, 1)))
         tokens = min(CATCH_UP_PROBE, self.sd.runner.num_slots)  # a tiny pool holds fewer
         self.catch_up_s = timed(lambda: time_forward(self.sd.runner, 1, tokens)) / tokens
 

@@ -18,32 +18,41 @@ from saguaro.speculation.supervisor import Supervised
 def make_proposer(cfg: EngineConfig, setup: DraftSetup) -> Proposer:
     """SD: the draft in this process, sharing the target's block tables. SSD: a supervised draft
     worker (spawned, or an external one joining), which raises DraftWorkerError if it does not
-    start. auto: both (SSD where ``auto_ssd``), chosen between step by step. SD with no draft
-    model (``draft="lookup"``): copies from the context alone."""
+    start. auto: both (SSD where ``auto_ssd``), chosen between step by step; SD and SSD with
+    ``ar_fallback``: the same chooser, between AR and their own. SD with no draft model
+    (``draft="lookup"``): copies from the context alone."""
     if cfg.mode == "sd" and setup.draft_dir is None:
         lookup = Lookup.of(cfg.copy_lookup)
         assert lookup is not None  # EngineConfig refuses draft="lookup" with copy_lookup 0
         return LookupProposer(lookup)
+    if cfg.chooses_steps:
+        return _chooser(cfg, setup)
     if cfg.mode == "sd":
         return _in_process(cfg, setup)
     if cfg.mode == "ssd":
         return _worker(cfg, setup)
-    if cfg.mode == "auto":
-        sd = _in_process(cfg, setup)
-        try:
-            ssd = _worker(cfg, setup) if cfg.auto_ssd else None
-        except BaseException:
-            sd.close()
-            raise
-        return AutoProposer(
-            sd,
-            ssd,
-            cfg.num_speculative_tokens,
-            cfg.max_num_seqs,
-            _shared_threads(cfg),
-            Lookup.of(cfg.copy_lookup),
-        )
     raise ValueError(f"mode {cfg.mode!r} has no proposer")
+
+
+def _chooser(cfg: EngineConfig, setup: DraftSetup) -> AutoProposer:
+    """auto's proposer; for SD and SSD with ``ar_fallback``, its choices cut to AR and theirs
+    (SSD's keeps the in-process draft to time it)."""
+    sd = _in_process(cfg, setup)
+    try:
+        ssd = _worker(cfg, setup) if cfg.uses_worker else None
+    except BaseException:
+        sd.close()
+        raise
+    auto = cfg.mode == "auto"
+    return AutoProposer(
+        sd,
+        ssd,
+        cfg.num_speculative_tokens,
+        cfg.max_num_seqs,
+        _shared_threads(cfg),
+        Lookup.of(cfg.copy_lookup) if auto else None,
+        modes=None if auto else ("ar", cfg.mode),
+    )
 
 
 def _shared_threads(cfg: EngineConfig) -> Threads | None:

@@ -63,7 +63,15 @@ class Curve:
     step): an exponential moving average at each size observed, linear between neighbouring
     sizes, flat below the smallest and extended along the last segment's slope (never falling)
     beyond the largest. A forward's cost is far from linear in m on a CPU (flat while bound by
-    reading the weights, then rising with the arithmetic), so no single line fits it."""
+    reading the weights, then rising with the arithmetic), so no single line fits it.
+
+    Sizes timed before serving (:meth:`calibrate`) give the curve its shape where no step has
+    measured it, at the level the steps measure: c(m) = level * base(m), with base the
+    calibration's curve and level the moving average of observed / base(m) over the
+    observations. Calibration runs on an idle engine with short contexts; steps run with long
+    ones, beside the server's other work, on a machine whose speed drifts. At face value every
+    size not yet observed would look cheaper than the sizes the steps have measured, and a
+    mode whose forwards have those sizes would win on that alone."""
 
     alpha: float = EMA_ALPHA
     # A size last observed more than this many steps before restarts from its next observation:
@@ -72,33 +80,50 @@ class Curve:
     stale_after: int | None = None
     knots: dict[int, _Ema] = field(default_factory=dict)
     last: dict[int, int] = field(default_factory=dict)  # the step each size was last observed
+    base: dict[int, float] = field(default_factory=dict)  # calibrated seconds at each size
+    level: _Ema = field(init=False)  # observed / calibrated
+
+    def __post_init__(self) -> None:
+        self.level = _Ema(self.alpha)
+
+    def calibrate(self, m: int, seconds: float) -> None:
+        self.base[m] = seconds
 
     def observe(self, m: int, seconds: float, step: int = 0) -> None:
         if self.stale_after is not None and step - self.last.get(m, step) > self.stale_after:
             del self.knots[m]
         self.last[m] = step
         self.knots.setdefault(m, _Ema(self.alpha)).update(seconds)
+        calibrated = interpolate(self.base, m)
+        if calibrated:
+            self.level.update(seconds / calibrated)
 
     def __call__(self, m: int) -> float | None:
-        if not self.knots:
-            return None
-        sizes = sorted(self.knots)
-        i = bisect.bisect_left(sizes, m)
-        if i < len(sizes) and sizes[i] == m:
-            return self._at(m)
-        if i == 0 or len(sizes) == 1:  # below the smallest size, or one size only: flat
-            return self._at(sizes[0])
-        if i == len(sizes):  # beyond the largest size: the last segment's slope, never falling
-            lo, hi = sizes[-2], sizes[-1]
-            slope = max(0.0, (self._at(hi) - self._at(lo)) / (hi - lo))
-            return self._at(hi) + slope * (m - hi)
-        lo, hi = sizes[i - 1], sizes[i]
-        return self._at(lo) + (self._at(hi) - self._at(lo)) * (m - lo) / (hi - lo)
+        level = 1.0 if self.level.value is None else self.level.value
+        values = {size: level * seconds for size, seconds in self.base.items()}
+        for size, ema in self.knots.items():
+            if ema.value is not None:
+                values[size] = ema.value
+        return interpolate(values, m)
 
-    def _at(self, m: int) -> float:
-        value = self.knots[m].value
-        assert value is not None
-        return value
+
+def interpolate(values: dict[int, float], m: int) -> float | None:
+    """``values`` (size -> seconds) at m: linear between neighbouring sizes, flat below the
+    smallest, and beyond the largest along the last segment's slope, never falling."""
+    if not values:
+        return None
+    sizes = sorted(values)
+    i = bisect.bisect_left(sizes, m)
+    if i < len(sizes) and sizes[i] == m:
+        return values[m]
+    if i == 0 or len(sizes) == 1:  # below the smallest size, or one size only: flat
+        return values[sizes[0]]
+    if i == len(sizes):  # beyond the largest size: the last segment's slope, never falling
+        lo, hi = sizes[-2], sizes[-1]
+        slope = max(0.0, (values[hi] - values[lo]) / (hi - lo))
+        return values[hi] + slope * (m - hi)
+    lo, hi = sizes[i - 1], sizes[i]
+    return values[lo] + (values[hi] - values[lo]) * (m - lo) / (hi - lo)
 
 
 @dataclass

@@ -67,7 +67,10 @@ def test_serve_reports_its_kv_cache_at_start_up(tiny_llama):
     assert line.rstrip().endswith("GiB): 5.0 sequences of max_model_len 128"), line
 
 
-def test_a_server_prefaults_its_kv_pools_by_default_and_an_engine_does_not():
+def test_a_server_prefaults_its_kv_pools_and_falls_back_to_ar_by_default_and_an_engine_does_not():
     assert serve_parser().parse_args([]).kv_prefault is True
     assert serve_parser().parse_args(["--no-kv-prefault"]).kv_prefault is False
     assert EngineConfig.kv_prefault is False
+    assert serve_parser().parse_args([]).ar_fallback is True
+    assert serve_parser().parse_args(["--no-ar-fallback"]).ar_fallback is False
+    assert EngineConfig.ar_fallback is False

@@ -5,6 +5,7 @@ sampling's seeded text)."""
 
 from __future__ import annotations
 
+from functools import partial
 from types import SimpleNamespace
 
 import pytest
@@ -25,7 +26,7 @@ from saguaro.speculation.auto import (
     Threads,
 )
 from saguaro.speculation.ngram import Lookup
-from saguaro.speculation.planner import Choice, Curve, SSDEstimates, plan_mode
+from saguaro.speculation.planner import Choice, CopyEstimates, Curve, SSDEstimates, plan_mode
 from saguaro.speculation.policy import PRIOR_ACCEPT
 from tests.conftest import FIRST_TWO_SAMPLES, PROMPTS, exact_first_two, sample_first_two
 from tests.stats import assert_first_two_follow
@@ -575,3 +576,70 @@ def test_a_worker_killed_while_auto_runs_ar_is_restarted_before_ssd_runs_again(
             eng.step()
     assert [s.output_token_ids for s in seqs] == [o.token_ids for o in ar]
     assert any(r.hit for s in seqs for r in s.records if r.mode == "ssd"), "no SSD hit after"
+
+
+def test_sizes_only_calibrated_follow_the_level_the_steps_measure():
+    """Calibration gives the shape, steps the level: forwards observed at twice their calibrated
+    cost make the sizes not observed since twice as dear too, while observed sizes keep their
+    own measurements."""
+    c = Curve(alpha=1.0)
+    c.calibrate(16, 1.0)
+    c.calibrate(24, 1.5)
+    assert c(24) == 1.5 and c(20) == pytest.approx(1.25)
+    c.observe(16, 2.0)
+    assert c(16) == 2.0 and c(24) == pytest.approx(3.0) and c(20) == pytest.approx(2.5)
+    c.observe(20, 2.0)  # the calibration interpolated 1.25 here: the level becomes 1.6
+    assert c(20) == 2.0 and c(24) == pytest.approx(2.4)
+
+
+def test_a_mode_whose_forwards_were_only_calibrated_does_not_win_on_a_quiet_calibration():
+    """Compute-bound forwards (cost in proportion to positions) calibrated on an idle engine,
+    then AR's steps measured at twice that. Copies alone for half the batch, accepted 90% of
+    the time, would look twice as fast as AR if the calibration's figure for their larger
+    forward stood beside AR's measured one; at the measured level they lose, as they must where
+    every position costs the same and a copy commits less than one token a position."""
+    n, copying = 16, 8
+    copies = CopyEstimates(tokens=[n, n + copying * 0.9], positions=[n, n + copying])
+    plan = partial(
+        plan_mode,
+        n=n,
+        k_max=1,
+        other_s=lambda m: 0.0,
+        draft_s=None,
+        tokens=[n, n],
+        ssd=None,
+        copies=copies,
+    )
+    lookup, ar = Choice("lookup", 1), Choice("ar", 0)
+    face_value, levelled = Curve(alpha=1.0), Curve(alpha=1.0)
+    for m in (n, n + copying):
+        face_value.observe(m, 0.01 * m)  # calibration taken as measurements
+        levelled.calibrate(m, 0.01 * m)
+    for curve in (face_value, levelled):
+        curve.observe(n, 0.02 * n)
+    stale = plan(target_s=face_value, ssd_target_s=face_value)
+    assert stale[lookup] > 1.5 * stale[ar]
+    got = plan(target_s=levelled, ssd_target_s=levelled)
+    assert got[lookup] < got[ar]
+
+
+@pytest.mark.parametrize("mode", ["sd", "ssd"])
+def test_sd_and_ssd_with_ar_fallback_choose_between_ar_and_their_own_speculation(
+    tiny_llama, close_draft, mode
+):
+    """With ``ar_fallback`` a fixed mode is auto's chooser cut to AR and its own speculation:
+    left to itself it runs nothing else, and forced to switch back and forth its greedy text is
+    AR's."""
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    with LLM(model=str(tiny_llama), max_model_len=256) as ar:
+        want = [o.token_ids for o in ar.generate(PROMPTS[:4], params)]
+    with auto(tiny_llama, close_draft, mode=mode, ar_fallback=True) as llm:
+        proposer = llm.engine.proposer
+        assert isinstance(proposer, AutoProposer) and set(proposer.since) == {"ar", mode}
+        assert (proposer.ssd is not None) == (mode == "ssd") and proposer.copier is None
+        free = llm.generate(PROMPTS[:4], params)
+        proposer.force = lambda step: Choice(mode, K) if step % 3 else Choice("ar", 0)
+        forced = llm.generate(PROMPTS[:4], params)
+    assert [o.token_ids for o in free] == want == [o.token_ids for o in forced]
+    assert {r.mode for o in free for r in o.records} <= {"ar", mode}
+    assert {r.mode for o in forced for r in o.records} == {"ar", mode}
