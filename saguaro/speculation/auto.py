@@ -164,9 +164,16 @@ class AutoProposer(Proposer):
         self.copies = Acceptance(k_max)
         self.k_max, self.max_num_seqs = k_max, max_num_seqs
         self.threads = threads
-        self.target, self.other, self.draft = (Curve(stale_after=STALE_STEPS) for _ in range(3))
+        # The forwards' curves share one level (measured / calibrated): a machine busier than at
+        # calibration slows every forward, not only those of the mode that is running.
+        self.target, self.other = Curve(stale_after=STALE_STEPS), Curve(stale_after=STALE_STEPS)
+        self.draft = Curve(stale_after=STALE_STEPS, shared_level=self.target.level)
         # an SSD step's target forward runs on fewer threads where the cores are shared
-        self.ssd_target = Curve(stale_after=STALE_STEPS) if threads is not None else self.target
+        self.ssd_target = (
+            Curve(stale_after=STALE_STEPS, shared_level=self.target.level)
+            if threads is not None
+            else self.target
+        )
         self.acceptance = Acceptance(k_max)
         self.force: Callable[[int], Choice] | None = None
         self.choice: Choice | None = None  # the last step's

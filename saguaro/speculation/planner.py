@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 
 # Before a line can be fitted: each extra branch costs this fraction of a one-branch forward.
 # Only a starting point until the worker measures its own (BuildCosts.calibrate); the fitted
@@ -81,10 +81,12 @@ class Curve:
     knots: dict[int, _Ema] = field(default_factory=dict)
     last: dict[int, int] = field(default_factory=dict)  # the step each size was last observed
     base: dict[int, float] = field(default_factory=dict)  # calibrated seconds at each size
+    # another curve's level to share: forwards of one process on one machine slow down together
+    shared_level: InitVar[_Ema | None] = None
     level: _Ema = field(init=False)  # observed / calibrated
 
-    def __post_init__(self) -> None:
-        self.level = _Ema(self.alpha)
+    def __post_init__(self, shared_level: _Ema | None) -> None:
+        self.level = shared_level if shared_level is not None else _Ema(self.alpha)
 
     def calibrate(self, m: int, seconds: float) -> None:
         self.base[m] = seconds

@@ -590,6 +590,9 @@ def test_sizes_only_calibrated_follow_the_level_the_steps_measure():
     assert c(16) == 2.0 and c(24) == pytest.approx(3.0) and c(20) == pytest.approx(2.5)
     c.observe(20, 2.0)  # the calibration interpolated 1.25 here: the level becomes 1.6
     assert c(20) == 2.0 and c(24) == pytest.approx(2.4)
+    other = Curve(alpha=1.0, shared_level=c.level)  # another mode's forwards, same machine
+    other.calibrate(4, 0.5)
+    assert other(4) == pytest.approx(0.8)
 
 
 def test_a_mode_whose_forwards_were_only_calibrated_does_not_win_on_a_quiet_calibration():
