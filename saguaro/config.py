@@ -118,10 +118,10 @@ class EngineConfig:
     )
     ar_fallback: bool = opt(
         False,
-        "sd and ssd: before each step, an AR step instead where auto's cost model predicts AR "
-        "commits more tokens a second for the running batch (under load, say), so that the "
-        "mode never serves less than AR; ssd then also loads the draft in this process, to "
-        "time it (on by default in serve)",
+        "sd (with a draft model) and ssd: before each step, an AR step instead where auto's "
+        "cost model predicts AR commits more tokens a second for the running batch (under "
+        "load, say), so that the mode never serves less than AR; ssd then also loads the "
+        "draft in this process, to time it (on by default in serve)",
         group=SPECULATION,
     )
     auto_cores: AutoCores = opt(
