@@ -89,6 +89,7 @@ class Curve:
         self.level = shared_level if shared_level is not None else _Ema(self.alpha)
 
     def calibrate(self, m: int, seconds: float) -> None:
+        """Size m timed before serving: part of the shape, never a measurement."""
         self.base[m] = seconds
 
     def observe(self, m: int, seconds: float, step: int = 0) -> None:
