@@ -146,7 +146,8 @@ def test_soak_ssd_server(tiny_llama, close_draft):
     tok = offline.engine.tokenizer
     port = free_port()
     args = ["--model", str(tiny_llama), "--draft", str(close_draft), "--mode", "ssd", "--k", "3"]
-    args += ["--max-model-len", str(CONTEXT), "--shutdown-grace-s", "5"]
+    # SSD on every round, whatever the cost model would choose: the worker is what is soaked
+    args += ["--max-model-len", str(CONTEXT), "--shutdown-grace-s", "5", "--no-ar-fallback"]
     with server_process(port, *args) as (proc, url):
         warm = [send(url, j) for j in jobs[:12]]
         assert all(r["status"] == 200 for r in warm), warm
