@@ -17,8 +17,9 @@ BLOCK = 32  # weights per kernel block: K and every group size are multiples of 
 LANES = 16  # floats per vector: RMSNorm's width and the head dimension are multiples of it
 MAX_HEAD_DIM = 256
 FORMATS = {"f32": 0, "bf16": 1, "q8": 2, "q4": 3}
-# GGUF's blocks kept whole (saguaro.models.quant.RAW_TYPES), run by quant_kernels.c
-RAW_FORMATS = {"q4_k": 4, "q5_k": 5, "q6_k": 6, "q5_0": 7, "q5_1": 8, "q8_0": 9}
+# GGUF's blocks kept whole (saguaro.models.quant.RAW_TYPES), run by quant_kernels.c; q4_k_x4:
+# Q4_K's bytes in strips of four rows (saguaro.kernels.interleave)
+RAW_FORMATS = {"q4_k": 4, "q5_k": 5, "q6_k": 6, "q5_0": 7, "q5_1": 8, "q8_0": 9, "q4_k_x4": 10}
 FORMATS |= RAW_FORMATS
 
 

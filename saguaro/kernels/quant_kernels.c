@@ -36,6 +36,15 @@
  * c = fmaf(m e, P, c)), and the result tree(f) (Q5_1: tree(f) + c), tree((0+4, 1+5, 2+6, 3+7),
  * then (0+2, 1+3), then 0+1). The generic C below computes exactly these sums and steps, so the
  * AVX2 and generic builds give the same bits, and so does a row whatever tile it sits in.
+ *
+ * Q4_K interleaved (FMT_Q4K_X4, saguaro.kernels.interleave). The four-row tile below spends
+ * more on transposing four rows' codes into its registers than on multiplying them once a
+ * verification's five rows share them; a weight loaded to run here has its rows' bytes
+ * permuted once, four rows a strip, so that the transpose is already done: super-block sb of
+ * strip s (rows 4s .. 4s + 3) is X4_BYTES at (s * blocks + sb) * X4_BYTES, the four rows'
+ * 16-byte headers (d, dmin, scales) in row order, then for each pair i of groups (codes bytes
+ * 32i .. 32i + 31) and each 8-byte word c of it, the four rows' word c: byte b of row j's word c
+ * of pair i at X4_HEADS + 128 i + 32 c + 8 j + b. The same bytes, so the same sums and bits.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -47,9 +56,13 @@
 #define QINLINE static inline __attribute__((always_inline))
 
 enum { FMT_Q4K = 4, FMT_Q5K = 5, FMT_Q6K = 6, FMT_Q50 = 7, FMT_Q51 = 8, FMT_Q80 = 9 };
+enum { FMT_Q4K_X4 = 10 }; /* Q4_K, four rows interleaved (below) */
 enum { SUPER = 256, SMALL = 32, SUB = 16, QLANES = 8, TILE_ROWS = 8, COL_CHUNK = 16 };
 enum { Q4K_BYTES = 144, Q5K_BYTES = 176, Q6K_BYTES = 210, Q50_BYTES = 22, Q51_BYTES = 24 };
 enum { Q80_BYTES = 34 };
+/* Q4_K interleaved: a strip of four rows' super-block sb is X4_BYTES, its headers first. */
+enum { X4_ROWS = 4, K_HEAD = 16, X4_HEADS = X4_ROWS * K_HEAD, X4_BYTES = X4_ROWS * Q4K_BYTES };
+enum { WORD = 8, PAIR_BYTES = 32, X4_PAIR = X4_ROWS * PAIR_BYTES };
 /* Weights are asked for this many bytes ahead of the block being multiplied, a line or so per
  * block: a steady stream the memory system keeps up with (a whole row at a time, some 7 KB for
  * a Q6_K row of 8,960, overflows the outstanding misses and stalls). */
@@ -662,6 +675,38 @@ QINLINE K4Head head_k4(const uint8_t *const b[4]) {
     };
 }
 
+/* One group's products of four weight rows (codes q, scales sg) with each activation row,
+ * added to that row's super-block sums. */
+QINLINE void group_rows4(const __m256i q[4], __m256i sg, const XRow *x, int nr, int64_t at,
+                         __m256i *acc) {
+    UNROLL for (int r = 0; r < nr; r++) {
+        acc[r] = _mm256_add_epi32(acc[r], group_dot4(q, x[r].p + at, sg));
+        KEEP(acc[r]);
+    }
+}
+
+/* A super-block's sums of four rows (head h) folded into each activation row's chains. */
+QINLINE void fold_rows4(const K4Head *h, const __m256i *acc, const XRow *x, int nr, int64_t sb,
+                        __m256 *fc) {
+    for (int r = 0; r < nr; r++) {
+        const int16_t *p32 = x[r].sum32 + sb * 8;
+        const __m256i mins = _mm256_add_epi32(_mm256_madd_epi16(h->m03, bcast8(p32)),
+                                              _mm256_madd_epi16(h->m47, bcast8(p32 + 4)));
+        /* [I0 I1 M0 M1 | I2 I3 M2 M3] -> [I0 I1 I2 I3 | M0 M1 M2 M3] */
+        const __m256i im = _mm256_permute4x64_epi64(_mm256_hadd_epi32(acc[r], mins), 0xD8);
+        const __m256 de = _mm256_mul_ps(h->dd, _mm256_set1_ps(x[r].e[sb]));
+        fc[r] = _mm256_fmadd_ps(de, _mm256_cvtepi32_ps(im), fc[r]);
+    }
+}
+
+/* y[4 r + j] = f - c of each row's chains [f of rows 0-3 | c of rows 0-3]. */
+QINLINE void store_rows4(const __m256 *fc, int nr, float *y) {
+    for (int r = 0; r < nr; r++) {
+        const __m128 f = _mm256_castps256_ps128(fc[r]), c = _mm256_extractf128_ps(fc[r], 1);
+        _mm_storeu_ps(y + 4 * r, _mm_sub_ps(f, c));
+    }
+}
+
 /* y[4 r + j] for weight rows j of w (row_bytes apart) and activation rows r < nr. */
 QINLINE void tile4_k45(const uint8_t *w, int64_t row_bytes, int64_t blocks, int with_high,
                        const XRow *x, int nr, float *y) {
@@ -689,26 +734,37 @@ QINLINE void tile4_k45(const uint8_t *w, int64_t row_bytes, int64_t blocks, int 
             __m256i q[4];
             if (g % 2 == 0) pair_k4(qs, g / 2, t);
             group_k4(t, with_high ? qh : NULL, g, q);
-            const __m256i sg = scales4(h.sc, g);
-            UNROLL for (int r = 0; r < nr; r++) {
-                acc[r] = _mm256_add_epi32(acc[r], group_dot4(q, x[r].p + sb * SUPER + 32 * g, sg));
-                KEEP(acc[r]);
+            group_rows4(q, scales4(h.sc, g), x, nr, sb * SUPER + 32 * g, acc);
+        }
+        fold_rows4(&h, acc, x, nr, sb, fc);
+    }
+    store_rows4(fc, nr, y);
+}
+
+/* y[4 r + j] for the four rows of an interleaved Q4_K strip w (FMT_Q4K_X4) and activation rows
+ * r < nr: tile4_k45's sums and steps, its transposes done when the weight was loaded. */
+QINLINE void tile4_q4k_x4(const uint8_t *w, int64_t blocks, const XRow *x, int nr, float *y) {
+    __m256 fc[TILE_ROWS];
+    for (int r = 0; r < nr; r++) fc[r] = _mm256_setzero_ps();
+    const __m256i low = _mm256_set1_epi8(0xF);
+    for (int64_t sb = 0; sb < blocks; sb++) {
+        const uint8_t *b = w + sb * X4_BYTES, *codes = b + X4_HEADS;
+        for (int o = 0; o < X4_BYTES; o += LINE) __builtin_prefetch(b + PREFETCH_BYTES + o);
+        const uint8_t *heads[4] = {b, b + K_HEAD, b + 2 * K_HEAD, b + 3 * K_HEAD};
+        const K4Head h = head_k4(heads);
+        __m256i acc[TILE_ROWS];
+        for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_si256();
+        UNROLL for (int g = 0; g < 8; g++) {
+            __m256i q[4];
+            for (int c = 0; c < 4; c++) {
+                const __m256i v = load32(codes + X4_PAIR * (g / 2) + PAIR_BYTES * c);
+                q[c] = _mm256_and_si256(g & 1 ? _mm256_srli_epi16(v, 4) : v, low);
             }
+            group_rows4(q, scales4(h.sc, g), x, nr, sb * SUPER + 32 * g, acc);
         }
-        for (int r = 0; r < nr; r++) {
-            const int16_t *p32 = x[r].sum32 + sb * 8;
-            const __m256i mins = _mm256_add_epi32(_mm256_madd_epi16(h.m03, bcast8(p32)),
-                                                  _mm256_madd_epi16(h.m47, bcast8(p32 + 4)));
-            /* [I0 I1 M0 M1 | I2 I3 M2 M3] -> [I0 I1 I2 I3 | M0 M1 M2 M3] */
-            const __m256i im = _mm256_permute4x64_epi64(_mm256_hadd_epi32(acc[r], mins), 0xD8);
-            const __m256 de = _mm256_mul_ps(h.dd, _mm256_set1_ps(x[r].e[sb]));
-            fc[r] = _mm256_fmadd_ps(de, _mm256_cvtepi32_ps(im), fc[r]);
-        }
+        fold_rows4(&h, acc, x, nr, sb, fc);
     }
-    for (int r = 0; r < nr; r++) {
-        const __m128 f = _mm256_castps256_ps128(fc[r]), c = _mm256_extractf128_ps(fc[r], 1);
-        _mm_storeu_ps(y + 4 * r, _mm_sub_ps(f, c));
-    }
+    store_rows4(fc, nr, y);
 }
 
 /* Q5_0's codes of four rows' block (b[j]: row j's block), unsigned 0..31, transposed: q[c] =
@@ -825,10 +881,13 @@ QINLINE void tile4_q50(const uint8_t *w, int64_t row_bytes, int64_t blocks, cons
 #endif
 
 /* A block's weights (256 for the super-block formats, 32 for the others) and bytes. */
-QINLINE int block_weights(int fmt) { return fmt >= FMT_Q50 ? SMALL : SUPER; }
+QINLINE int block_weights(int fmt) {
+    return fmt >= FMT_Q50 && fmt != FMT_Q4K_X4 ? SMALL : SUPER;
+}
 QINLINE int block_bytes(int fmt) {
     switch (fmt) {
-    case FMT_Q4K: return Q4K_BYTES;
+    case FMT_Q4K:
+    case FMT_Q4K_X4: return Q4K_BYTES; /* a row's share of its strip */
     case FMT_Q5K: return Q5K_BYTES;
     case FMT_Q6K: return Q6K_BYTES;
     case FMT_Q50: return Q50_BYTES;
@@ -917,13 +976,14 @@ static void tile_rows(const uint8_t *w, int64_t k, int fmt, const XRow *x, int n
 #ifdef QUANT_AVX2
 #define TILE4_CASE(NR)                                                                       \
     case NR:                                                                                 \
-        if (fmt == FMT_Q50) tile4_q50(w, row_bytes, k / SMALL, x, NR, y);                   \
+        if (fmt == FMT_Q4K_X4) tile4_q4k_x4(w, k / SUPER, x, NR, y);                        \
+        else if (fmt == FMT_Q50) tile4_q50(w, row_bytes, k / SMALL, x, NR, y);              \
         else tile4_k45(w, row_bytes, k / SUPER, fmt == FMT_Q5K, x, NR, y);                  \
         break;
 /* Four weight rows at once where the format has a four-row tile: whether it did. */
 static int tile4_rows(const uint8_t *w, int64_t row_bytes, int64_t k, int fmt, const XRow *x,
                       int nr, float *y) {
-    if (fmt != FMT_Q4K && fmt != FMT_Q5K && fmt != FMT_Q50) return 0;
+    if (fmt != FMT_Q4K && fmt != FMT_Q5K && fmt != FMT_Q50 && fmt != FMT_Q4K_X4) return 0;
     switch (nr) {
     TILE4_CASE(1) TILE4_CASE(2) TILE4_CASE(3) TILE4_CASE(4)
     TILE4_CASE(5) TILE4_CASE(6) TILE4_CASE(7) TILE4_CASE(8)
@@ -932,10 +992,30 @@ static int tile4_rows(const uint8_t *w, int64_t row_bytes, int64_t k, int fmt, c
     return 1;
 }
 #else
+/* Row j of an interleaved Q4_K strip w back as the file's blocks (the header's layout). */
+static void strip_row(const uint8_t *w, int64_t blocks, int j, uint8_t *row) {
+    for (int64_t sb = 0; sb < blocks; sb++) {
+        const uint8_t *b = w + sb * X4_BYTES;
+        uint8_t *o = row + sb * Q4K_BYTES;
+        memcpy(o, b + K_HEAD * j, K_HEAD);
+        for (int i = 0; i < Q4K_BYTES - K_HEAD; i += WORD)
+            memcpy(o + K_HEAD + i, b + X4_HEADS + X4_PAIR * (i / PAIR_BYTES) +
+                                       X4_ROWS * (i % PAIR_BYTES) + WORD * j, WORD);
+    }
+}
+
+/* The generic build's four-row tile: an interleaved strip's rows one at a time, as stored. */
 static int tile4_rows(const uint8_t *w, int64_t row_bytes, int64_t k, int fmt, const XRow *x,
                       int nr, float *y) {
-    (void)w, (void)row_bytes, (void)k, (void)fmt, (void)x, (void)nr, (void)y;
-    return 0;
+    if (fmt != FMT_Q4K_X4) return 0;
+    uint8_t row[row_bytes];
+    float yj[TILE_ROWS];
+    for (int j = 0; j < X4_ROWS; j++) {
+        strip_row(w, k / SUPER, j, row);
+        tile_rows(row, k, FMT_Q4K, x, nr, yj);
+        for (int r = 0; r < nr; r++) y[X4_ROWS * r + j] = yj[r];
+    }
+    return 1;
 }
 #endif
 

@@ -18,6 +18,7 @@ header. A string is its length (u64) and UTF-8 bytes; an array its element type 
 from __future__ import annotations
 
 import functools
+import mmap
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -132,6 +133,15 @@ class GGUFFile:
             raise ModelLoadError(f"{path}: malformed GGUF header (a string is not UTF-8)") from e
         start = _aligned(header.pos, _alignment(fields, path))
         return cls(fields, [_tensor(data, start, info, path) for info in infos], path, data)
+
+    def release_pages(self) -> None:
+        """Stop counting the file's pages as this process's resident memory (``MADV_DONTNEED`` on
+        its read-only map): once the weights a loader copied (interleaved, say) are built, the
+        pages they came from would otherwise stay resident beside the copies. A page still read
+        later comes back from the page cache on its next touch; nothing is lost."""
+        mapped = getattr(self.buffer, "_mmap", None)  # numpy's memmap keeps its mmap here
+        if isinstance(mapped, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED"):
+            mapped.madvise(mmap.MADV_DONTNEED)
 
     def need(self, key: str) -> Any:
         """The value of field ``key``; a :class:`ModelLoadError` where the file lacks it."""

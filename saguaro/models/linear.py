@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from saguaro.kernels import ops
+from saguaro.kernels.interleave import interleave
 from saguaro.kernels.ops import PackedWeight
 from saguaro.models.quant import SCHEMES, concat_rows, dequantize, exact_q8, quantize
 
@@ -26,6 +27,7 @@ class KernelLinear(nn.Module):
     def __init__(self, weight: PackedWeight, bias: torch.Tensor | None = None) -> None:
         super().__init__()
         weight.check()
+        weight = interleave(weight)  # the layout the kernel reads fastest, the same bytes
         self.fmt, self.n, self.k, self.group = weight.fmt, weight.n, weight.k, weight.group
         self.register_buffer("codes", weight.codes)
         self.register_buffer("scales", weight.scales)

@@ -255,6 +255,8 @@ def load_model(
             weights = gguf_linears(path / GGUF_NAME, model.config)
     if kernels or scheme != "none":
         _use_kernels(model, "none" if scheme == "gguf" else scheme, weights, kernels, path)
+    if weights is not None:  # the blocks the kernels copied need not stay resident as well
+        GGUFFile.read(path if is_gguf(path) else path / GGUF_NAME).release_pages()
     _check_loaded(model, path)
     cut_draft_head(model, path, head_tokens)
     return model.to(device).eval()

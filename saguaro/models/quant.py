@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType, quants
 
+from saguaro.kernels.interleave import deinterleave
 from saguaro.kernels.ops import BLOCK, PackedWeight
 
 INT4_LEVELS, INT8_LEVELS = 15, 127
@@ -64,6 +65,7 @@ def codes_of(w: PackedWeight) -> torch.Tensor:
 def dequantize(w: PackedWeight) -> torch.Tensor:
     """The float32 [n, k] weight ``w`` stands for (the float kernels multiply by these exactly;
     the raw-block formats' integer kernel by these with its activation rounded to int8)."""
+    w = deinterleave(w)
     if w.fmt in RAW_TYPES:
         kind = GGMLQuantizationType[RAW_TYPES[w.fmt][0]]
         values = quants.dequantize(w.codes.numpy(), kind)
@@ -164,6 +166,7 @@ def from_gguf_raw(data: np.ndarray, kind: str, n: int, k: int) -> PackedWeight:
 
 def concat_rows(parts: list[PackedWeight]) -> PackedWeight:
     """Row-wise concatenation (fused QKV and gate/up) of weights in one format and group."""
+    parts = [deinterleave(p) for p in parts]
     first = parts[0]
     if any((p.fmt, p.k, p.group) != (first.fmt, first.k, first.group) for p in parts):
         raise ValueError("fused weights in different formats")
@@ -179,6 +182,7 @@ def concat_rows(parts: list[PackedWeight]) -> PackedWeight:
 
 def permute_rows(w: PackedWeight, index: torch.Tensor) -> PackedWeight:
     """Rows of ``w`` in the order ``index`` (whole rows: codes, scales and mins move together)."""
+    w = deinterleave(w)
 
     def take(t: torch.Tensor | None) -> torch.Tensor | None:
         return None if t is None else t.index_select(0, index).contiguous()

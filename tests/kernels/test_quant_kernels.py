@@ -10,12 +10,15 @@ import pytest
 import torch
 
 from saguaro.kernels import build, ops
+from saguaro.kernels.interleave import FILE_FORMAT, deinterleave, interleave
 from saguaro.kernels.ops import PackedWeight
-from saguaro.models.quant import RAW_TYPES, dequantize, from_gguf_raw
+from saguaro.models.quant import RAW_TYPES, dequantize, from_gguf_raw, permute_rows
 from tests.ggml_blocks import random_blocks
 from tests.kernels.rows import assert_each_row_is_its_own
 
 N = 37  # two column chunks of 16 and a tail of 5
+N_STRIPS = 40  # an interleaved weight's rows: two column chunks of 16 and a tail of 8
+FORMATS = [*RAW_TYPES, *FILE_FORMAT]  # the file's formats and the interleaved ones
 ROW_COUNTS = (1, 2, 5, 8, 9, 17)  # every tile height of 8 rows, and tiles after the first
 # A few float32 roundings per block against a float64 reference: relative to the largest output.
 REL_TOLERANCE = 1e-5
@@ -24,9 +27,16 @@ ODD_BLOCKS = 5
 
 
 def weight(fmt: str, seed: int = 0, k: int | None = None) -> PackedWeight:
-    kind, block, _ = RAW_TYPES[fmt]
+    """Random blocks of ``fmt`` (an interleaved format: the file's, interleaved)."""
+    kind, block, _ = RAW_TYPES[FILE_FORMAT.get(fmt, fmt)]
     k = k or 2 * max(block, 256)  # two super-blocks, or sixteen small blocks
-    return from_gguf_raw(random_blocks(kind, N, k, np.random.default_rng(seed)), kind, N, k)
+    n = N_STRIPS if fmt in FILE_FORMAT else N
+    w = from_gguf_raw(random_blocks(kind, n, k, np.random.default_rng(seed)), kind, n, k)
+    return interleave(w) if fmt in FILE_FORMAT else w
+
+
+def block_of(fmt: str) -> int:
+    return RAW_TYPES[FILE_FORMAT.get(fmt, fmt)][1]
 
 
 def rounded(x: torch.Tensor, block: int) -> np.ndarray:
@@ -40,18 +50,18 @@ def rounded(x: torch.Tensor, block: int) -> np.ndarray:
     return (p.astype(np.float64) * e).reshape(x.shape)
 
 
-@pytest.mark.parametrize("fmt", list(RAW_TYPES))
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_product_is_the_rounded_activation_times_the_files_weights(fmt):
     w = weight(fmt)
     x = torch.randn(max(ROW_COUNTS), w.k, generator=torch.Generator().manual_seed(1))
     x[3] = 0  # a zero row: scale 0, codes 0
     got = ops.linear(x, w).numpy()
-    want = rounded(x, RAW_TYPES[fmt][1]) @ dequantize(w).numpy().astype(np.float64).T
+    want = rounded(x, block_of(fmt)) @ dequantize(w).numpy().astype(np.float64).T
     assert np.abs(got - want).max() <= REL_TOLERANCE * np.abs(want).max()
     assert not got[3].any()
 
 
-@pytest.mark.parametrize("fmt", list(RAW_TYPES))
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_a_rows_bits_do_not_depend_on_what_shares_its_call(fmt):
     w = weight(fmt, seed=2)
     x = torch.randn(max(ROW_COUNTS), w.k, generator=torch.Generator().manual_seed(3))
@@ -64,7 +74,7 @@ def test_the_avx2_build_computes_the_generic_codes_bits():
     avx2 = build.build((*build.BASE_FLAGS, "-march=x86-64-v3"))
     generic = build.build((*build.BASE_FLAGS, "-march=x86-64-v3", "-DSAGUARO_GENERIC"))
     # an odd count of small blocks: the tiles that fold two blocks a step end on one
-    for fmt, k in [(fmt, None) for fmt in RAW_TYPES] + [("q5_0", ODD_BLOCKS * 32)]:
+    for fmt, k in [(fmt, None) for fmt in FORMATS] + [("q5_0", ODD_BLOCKS * 32)]:
         w = weight(fmt, seed=4, k=k)
         x = torch.randn(9, w.k, generator=torch.Generator().manual_seed(5))
         want = ops.linear(x, w, generic)
@@ -78,3 +88,30 @@ def test_rows_that_are_not_whole_blocks_are_refused():
         ops.linear(torch.randn(1, w.k - 32), w)
     with pytest.raises(ValueError, match="whole blocks"):
         from_gguf_raw(np.zeros((1, 144), np.uint8), "Q4_K", 1, 288)
+
+
+def test_an_interleaved_weight_is_the_files_bytes_and_gives_its_rows_bits():
+    """Interleaving permutes bytes (deinterleaving gives the file's blocks back), so every row's
+    product is the same bits as from the file's layout, in both builds, at every tile height;
+    a weight whose rows are not whole strips of four stays as the file has it."""
+    raw = deinterleave(weight("q4_k_x4", seed=6))
+    x4 = interleave(raw)
+    assert (raw.fmt, x4.fmt) == ("q4_k", "q4_k_x4")
+    assert torch.equal(deinterleave(x4).codes, raw.codes)
+    assert torch.equal(dequantize(x4), dequantize(raw))
+    generic = build.build((*build.BASE_FLAGS, "-march=x86-64-v3", "-DSAGUARO_GENERIC"))
+    x = torch.randn(max(ROW_COUNTS), raw.k, generator=torch.Generator().manual_seed(7))
+    for m in ROW_COUNTS:
+        want = ops.linear(x[:m], raw, generic)
+        assert torch.equal(ops.linear(x[:m], x4), want), m
+        assert torch.equal(ops.linear(x[:m], x4, generic), want), m
+    assert interleave(weight("q4_k")).fmt == "q4_k"  # 37 rows
+
+
+def test_rows_of_an_interleaved_weight_move_as_the_files_do():
+    """Reordering rows (a draft's cut head) reads an interleaved weight as the file's blocks."""
+    x4 = weight("q4_k_x4", seed=8)
+    index = torch.randperm(x4.n, generator=torch.Generator().manual_seed(9))[: x4.n // 2]
+    moved = permute_rows(x4, index)
+    assert moved.fmt == "q4_k"
+    assert torch.equal(moved.codes, deinterleave(x4).codes[index])

@@ -246,14 +246,15 @@ def test_logits_equal_transformers_on_the_dequantized_weights(which, request):
 
 
 def test_the_blocks_run_as_the_file_holds_them(k_quants):
-    """Every linear layer and the embedding are the file's blocks, the raw ones views of its
-    map (no copy); a fused layer of two formats runs part by part; no dense weight was made."""
+    """Every linear layer and the embedding are the file's blocks: Q4_K layers interleaved four
+    rows a strip (the same bytes, saguaro.kernels.interleave), the others views of its map (no
+    copy); a fused layer of two formats runs part by part; no dense weight was made."""
     model = load_model(k_quants, kernels=True, quantization="auto")
     attn, mlp = model.layers[0].self_attn, model.layers[0].mlp
     assert isinstance(attn.qkv_proj, PartsLinear)
-    assert [p.fmt for p in attn.qkv_proj.parts] == ["q4_k", "q4_k", "q6_k"]
+    assert [p.fmt for p in attn.qkv_proj.parts] == ["q4_k_x4", "q4_k_x4", "q6_k"]
     assert attn.qkv_proj.bias is not None and attn.qkv_proj.bias.shape == (256 + 2 * 128,)
-    assert (mlp.gate_up_proj.fmt, mlp.down_proj.fmt, attn.o_proj.fmt) == ("q4_k", "q6_k", "q5_k")
+    assert (mlp.gate_up_proj.fmt, mlp.down_proj.fmt, attn.o_proj.fmt) == ("q4_k_x4", "q6_k", "q5_k")
     assert isinstance(model.lm_head, KernelLinear) and model.lm_head.fmt == "q6_k"
     assert isinstance(model.embed_tokens, PackedEmbedding) and model.embed_tokens.fmt == "q4_k"
     ref = reference(k_quants).model.layers[0]
@@ -267,11 +268,31 @@ def test_the_blocks_run_as_the_file_holds_them(k_quants):
     assert torch.equal(dequantize(mlp.gate_up_proj.weight), gate_up)
     buffer = GGUFFile.read(k_quants).buffer
     start, end = buffer.ctypes.data, buffer.ctypes.data + buffer.nbytes
-    for codes in (mlp.gate_up_proj.codes, model.embed_tokens.codes, model.lm_head.codes):
-        assert start <= codes.data_ptr() < end  # in the file's map (gate and up: one view)
+    for codes in (mlp.down_proj.codes, model.embed_tokens.codes, model.lm_head.codes):
+        assert start <= codes.data_ptr() < end  # in the file's map
     placed, _ = load_blocks(k_quants, "float32")
     assert placed.layers[1].mlp.down_proj.weight.is_meta  # left for the blocks, never filled
     assert not placed.layers[1].post_attention_layernorm.weight.is_meta
+
+
+def mapped_rss_kib(path: Path) -> int:
+    """This process's resident KiB of its mappings of ``path`` (/proc/self/smaps)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if "-" in line.split(" ", 1)[0]:  # a mapping's first line: its range, ..., its path
+            inside = line.endswith(str(path))
+        elif inside and line.startswith("Rss:"):
+            total += int(line.split()[1])
+    return total
+
+
+def test_a_loaded_files_pages_do_not_stay_resident_beside_its_copies(k_quants):
+    """Building a model reads the whole file (interleaving copies its Q4_K layers); the loader
+    then drops its mappings of the file's pages, which a later read brings back unchanged."""
+    model = load_model(k_quants, kernels=True, quantization="auto")
+    assert mapped_rss_kib(k_quants) < k_quants.stat().st_size // 1024 // 4
+    ids = torch.tensor([1, 2, 3])
+    assert torch.isfinite(model.lm_head(model.embed_tokens(ids))).all()  # pages read again
 
 
 def test_float_weights_among_blocks_run_dense(with_floats):
