@@ -88,6 +88,39 @@ INLINE float halves_sum(v8 lo, v8 hi) {
     return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));                          /* + 1 */
 }
 
+/* e^x in each lane, to a few units in the last place: x = n ln 2 + r with n = rint(x / ln 2)
+ * and |r| <= ln 2 / 2 (ln 2 in two parts, so r is exact to float rounding), e^r by its Taylor
+ * polynomial to r^6 / 720 (the next term is below 2^-23 of it), times 2^n made in the exponent
+ * bits. x is clamped where e^x leaves the normal floats: e^x of a clamped x is then the
+ * smallest normal (below) or about 2.5e38 (above), which a softmax or SiLU rounds away as it
+ * would 0 or infinity; a NaN stays NaN. Every step is one IEEE operation, fused multiply-adds
+ * written out, so the bits are the same in every build. */
+enum { EXP_BIAS = 127, MANTISSA_BITS = 23 };
+static const float EXP_LO = -87.33654f, EXP_HI = 88.37626f; /* ln 2^-126, ln 2^127.5 */
+static const float LOG2E = 1.44269504f, LN2_HI = 0.693359375f, LN2_LO = -2.12194440e-4f;
+static const float EXP_TAYLOR[] = {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f};
+INLINE v8 exp8(v8 x) {
+    __m256 v = _mm256_min_ps(_mm256_set1_ps(EXP_HI), _mm256_max_ps(_mm256_set1_ps(EXP_LO), (__m256)x));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(v, _mm256_set1_ps(LOG2E)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    v = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), v);
+    v = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LO), v);
+    __m256 p = _mm256_set1_ps(EXP_TAYLOR[0]);
+    for (size_t i = 1; i < sizeof EXP_TAYLOR / sizeof *EXP_TAYLOR; i++)
+        p = _mm256_fmadd_ps(p, v, _mm256_set1_ps(EXP_TAYLOR[i]));
+    const __m256i bits = _mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(EXP_BIAS)), MANTISSA_BITS);
+    return (v8)_mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+
+/* exp8 of the n <= 8 floats at x, in place. */
+INLINE void exp_tail(float *x, int64_t n) {
+    float t[HALF] = {0};
+    memcpy(t, x, n * sizeof(float));
+    store8(t, exp8(load8(t)));
+    memcpy(x, t, n * sizeof(float));
+}
+
 typedef struct {
     const void *codes;      /* float32, bfloat16, int8 or packed-int4 rows of K */
     const float *scales;    /* [N, K / G] (quantized formats) */
@@ -515,11 +548,20 @@ void saguaro_rms_norm(const float *x, int64_t m, int64_t k, float eps, const flo
     }
 }
 
-/* out [m, i] = silu(gate) * up, gate_up [m, 2i] = [gate | up] (elementwise, scalar expf). */
+/* out [m, i] = silu(gate) * up = gate / (1 + e^-gate) * up, gate_up [m, 2i] = [gate | up]
+ * (elementwise, exp8). */
 void saguaro_silu_mul(const float *gate_up, int64_t m, int64_t inter, float *out) {
     for (int64_t r = 0; r < m; r++) {
         const float *g = gate_up + r * 2 * inter, *u = g + inter;
-        for (int64_t i = 0; i < inter; i++) out[r * inter + i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+        float *o = out + r * inter;
+        int64_t i = 0;
+        for (; i + HALF <= inter; i += HALF) {
+            const v8 gv = load8(g + i);
+            store8(o + i, gv / (1.0f + exp8(-gv)) * load8(u + i));
+        }
+        for (int64_t j = i; j < inter; j++) o[j] = -g[j];
+        exp_tail(o + i, inter - i);
+        for (int64_t j = i; j < inter; j++) o[j] = g[j] / (1.0f + o[j]) * u[j];
     }
 }
 
@@ -584,35 +626,58 @@ INLINE void prefetch_row(const Keys *keys, const void *cache, int64_t slot, int6
     for (int64_t o = 0; o < d * size; o += CACHE_LINE) __builtin_prefetch(p + o);
 }
 
-/* Query token t's head h (its vector qv) over the keys its mask row `visible` shows, at the
- * slots `slots`. With d and bf16 constants (the dispatch below) the value accumulators stay in
- * registers and no branch on the cache's type is left in the loops. */
-INLINE void attend(const float *qv, const Keys *keys, const int64_t *slots,
-                   const uint8_t *visible, int64_t kv, float scale, float *score, float *o,
-                   const int64_t d, const int bf16) {
+/* The scores of query heads [0, nh) of one key-value group (vectors q, q + d, ...; nh <=
+ * PASS_HEADS) against the keys its mask row `visible` shows, at the slots `slots`: head h's
+ * score of key j into score[h * l + j], its largest into top[h]. Each score is one 16-lane
+ * chain over D (two halves), so the heads sharing a key row run side by side: independent
+ * chains, the key row read once, and each head's bits those of its chain alone. */
+enum { PASS_HEADS = 4 };
+INLINE void group_scores(const float *q, int nh, const Keys *keys, const int64_t *slots,
+                         const uint8_t *visible, int64_t kv, float scale, float *score,
+                         float *top, const int64_t d, const int bf16) {
     const int64_t l = keys->l, kv_heads = keys->kv_heads;
-    float top = -INFINITY;
+    for (int h = 0; h < nh; h++) top[h] = -INFINITY;
     for (int64_t j = 0; j < l; j++) {
-        if (!visible[j]) continue;
+        if (!visible[j]) {
+            for (int h = 0; h < nh; h++) score[h * l + j] = -INFINITY; /* read, never used */
+            continue;
+        }
         const int64_t row = (slots[j] * kv_heads + kv) * d;
         if (j + KEYS_AHEAD < l)
             prefetch_row(keys, keys->k_cache, slots[j + KEYS_AHEAD], kv, d, bf16);
-        v8 lo = {0}, hi = {0};
+        v8 lo[PASS_HEADS], hi[PASS_HEADS];
+        for (int h = 0; h < nh; h++) lo[h] = hi[h] = (v8){0};
         for (int64_t i = 0; i < d; i += LANES) {
-            lo = load8(qv + i) * cache_row(keys->k_cache, bf16, row + i) + lo;
-            hi = load8(qv + i + HALF) * cache_row(keys->k_cache, bf16, row + i + HALF) + hi;
+            const v8 klo = cache_row(keys->k_cache, bf16, row + i);
+            const v8 khi = cache_row(keys->k_cache, bf16, row + i + HALF);
+            for (int h = 0; h < nh; h++) {
+                lo[h] = load8(q + h * d + i) * klo + lo[h];
+                hi[h] = load8(q + h * d + i + HALF) * khi + hi[h];
+            }
         }
-        score[j] = halves_sum(lo, hi) * scale;
-        top = score[j] > top ? score[j] : top;
+        for (int h = 0; h < nh; h++) {
+            score[h * l + j] = halves_sum(lo[h], hi[h]) * scale;
+            top[h] = score[h * l + j] > top[h] ? score[h * l + j] : top[h];
+        }
     }
+}
+
+/* One head's output from its scores (group_scores's row and largest): the softmax's
+ * exponentials, their sum in key order, and the weighted sum of the values. With d and bf16
+ * constants (the dispatch below) the value accumulators stay in registers and no branch on the
+ * cache's type is left in the loops. */
+INLINE void attend(const Keys *keys, const int64_t *slots, const uint8_t *visible, int64_t kv,
+                   float top, float *score, float *o, const int64_t d, const int bf16) {
+    const int64_t l = keys->l, kv_heads = keys->kv_heads;
     v8 acc[MAX_HEAD_DIM / HALF];
     for (int64_t i = 0; i < d / HALF; i++) acc[i] = (v8){0};
     float total = 0.0f;
-    for (int64_t j = 0; j < l; j++) /* the exponentials apart: no value waits on one */
-        if (visible[j]) {
-            score[j] = expf(score[j] - top);
-            total += score[j];
-        }
+    int64_t j0 = 0;
+    for (; j0 + HALF <= l; j0 += HALF) store8(score + j0, exp8(load8(score + j0) - top));
+    for (int64_t j = j0; j < l; j++) score[j] -= top;
+    exp_tail(score + j0, l - j0);
+    for (int64_t j = 0; j < l; j++)
+        if (visible[j]) total += score[j];
     for (int64_t j = 0; j < l; j++) {
         if (!visible[j]) continue;
         const int64_t row = (slots[j] * kv_heads + kv) * d;
@@ -624,13 +689,28 @@ INLINE void attend(const float *qv, const Keys *keys, const int64_t *slots,
     for (int64_t i = 0; i < d / HALF; i++) store8(o + i * HALF, acc[i] / total);
 }
 
-/* Paged attention, one (query token, head) pair per task. Token t is row rows[t] of the padded
- * [b, Q] layout: it sees key j of its sequence where mask[b, rows[t] % Q, j], the key and value
- * living at slot key_slots[b, j] of the caches [slots, Hkv, D] (float32 or bfloat16). The
- * visible keys are taken in their order in key_slots (position order), and the softmax's max,
- * sum and weighted sum of values run over them in that order. A score q.k is one 16-lane chain
- * over D (two halves, as in the norm). q [T, H, D] (rotated), out [T, H, D]; scratch holds
- * `threads` rows of L floats. */
+/* Query heads [h0, h0 + nh) of token t, one key-value group's (nh <= PASS_HEADS). */
+INLINE void attend_heads(const float *q, int64_t h0, int nh, const Keys *keys,
+                         const int64_t *slots, const uint8_t *visible, int64_t kv, float scale,
+                         float *score, float *o, const int64_t d, const int bf16) {
+    float top[PASS_HEADS];
+    switch (nh) { /* a constant count: each head's chains in registers */
+    case 1: group_scores(q + h0 * d, 1, keys, slots, visible, kv, scale, score, top, d, bf16); break;
+    case 2: group_scores(q + h0 * d, 2, keys, slots, visible, kv, scale, score, top, d, bf16); break;
+    case 3: group_scores(q + h0 * d, 3, keys, slots, visible, kv, scale, score, top, d, bf16); break;
+    default: group_scores(q + h0 * d, 4, keys, slots, visible, kv, scale, score, top, d, bf16);
+    }
+    for (int h = 0; h < nh; h++)
+        attend(keys, slots, visible, kv, top[h], score + h * keys->l, o + (h0 + h) * d, d, bf16);
+}
+
+/* Paged attention, one (query token, key-value head) pair per task: its group of query heads,
+ * PASS_HEADS at a time. Token t is row rows[t] of the padded [b, Q] layout: it sees key j of its
+ * sequence where mask[b, rows[t] % Q, j], the key and value living at slot key_slots[b, j] of
+ * the caches [slots, Hkv, D] (float32 or bfloat16). The visible keys are taken in their order
+ * in key_slots (position order), and the softmax's max, sum and weighted sum of values run over
+ * them in that order. A score q.k is one 16-lane chain over D (two halves, as in the norm).
+ * q [T, H, D] (rotated), out [T, H, D]; scratch holds `threads` x PASS_HEADS rows of L floats. */
 void saguaro_attention(const float *q, int64_t t_count, int64_t heads, int64_t d,
                        const void *k_cache, const void *v_cache, int bf16, int64_t kv_heads,
                        const int64_t *key_slots, int64_t l, const uint8_t *mask, int64_t q_pad,
@@ -638,21 +718,25 @@ void saguaro_attention(const float *q, int64_t t_count, int64_t heads, int64_t d
     const int64_t group = heads / kv_heads;
     const Keys keys = {k_cache, v_cache, kv_heads, l};
 #pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t task = 0; task < t_count * heads; task++) {
-        const int64_t t = task / heads, h = task % heads, b = rows[t] / q_pad;
+    for (int64_t task = 0; task < t_count * kv_heads; task++) {
+        const int64_t t = task / kv_heads, kv = task % kv_heads, b = rows[t] / q_pad;
         const uint8_t *visible = mask + rows[t] * l;
         const int64_t *slots = key_slots + b * l;
-        float *score = scratch + (int64_t)omp_get_thread_num() * l;
-        const float *qv = q + (t * heads + h) * d;
-        float *o = out + (t * heads + h) * d;
-#define ATTEND(D, BF16) attend(qv, &keys, slots, visible, h / group, scale, score, o, D, BF16)
-        if (d == 64)
-            bf16 ? ATTEND(64, 1) : ATTEND(64, 0);
-        else if (d == 128)
-            bf16 ? ATTEND(128, 1) : ATTEND(128, 0);
-        else
-            bf16 ? ATTEND(d, 1) : ATTEND(d, 0);
+        float *score = scratch + (int64_t)omp_get_thread_num() * PASS_HEADS * l;
+        const float *qv = q + t * heads * d;
+        float *o = out + t * heads * d;
+        for (int64_t h0 = kv * group; h0 < (kv + 1) * group; h0 += PASS_HEADS) {
+            const int nh = (int)((kv + 1) * group - h0 < PASS_HEADS ? (kv + 1) * group - h0
+                                                                     : PASS_HEADS);
+#define ATTEND(D, BF16) attend_heads(qv, h0, nh, &keys, slots, visible, kv, scale, score, o, D, BF16)
+            if (d == 64)
+                bf16 ? ATTEND(64, 1) : ATTEND(64, 0);
+            else if (d == 128)
+                bf16 ? ATTEND(128, 1) : ATTEND(128, 0);
+            else
+                bf16 ? ATTEND(d, 1) : ATTEND(d, 0);
 #undef ATTEND
+        }
     }
 }
 
@@ -734,7 +818,8 @@ int saguaro_layers(const LayerArg *layers, int64_t n_layers, const StepArg *s, f
     for (int64_t i = 0; i < t; i++)
         if (s->slots[i] < 0 || s->slots[i] >= s->num_slots) return -1;
     const int64_t sizes[] = {t * s->hidden, t * (hd + 2 * kvd), t * hd, t * hd,
-                             t * 2 * s->inter, t * s->inter, threads * (s->keys > 0 ? s->keys : 1)};
+                             t * 2 * s->inter, t * s->inter,
+                             threads * PASS_HEADS * (s->keys > 0 ? s->keys : 1)};
     enum { NORMED, QKV, Q, ATTN, GATE_UP, ACT, SCORES, BUFFERS };
     float *buf[BUFFERS];
     int failed = 0;

@@ -16,6 +16,7 @@ from saguaro.kernels.build import library
 BLOCK = 32  # weights per kernel block: K and every group size are multiples of it
 LANES = 16  # floats per vector: RMSNorm's width and the head dimension are multiples of it
 MAX_HEAD_DIM = 256
+PASS_HEADS = 4  # query heads of a key-value group the attention kernel scores at once
 FORMATS = {"f32": 0, "bf16": 1, "q8": 2, "q4": 3}
 # GGUF's blocks kept whole (saguaro.models.quant.RAW_TYPES), run by quant_kernels.c; q4_k_x4:
 # Q4_K's bytes in strips of four rows (saguaro.kernels.interleave)
@@ -229,7 +230,7 @@ def attention(
     b, _, q_pad, keys = mask.shape
     out = torch.empty_like(q)
     threads = _threads()
-    scratch = torch.empty(threads, max(keys, 1), dtype=torch.float32)
+    scratch = torch.empty(threads, PASS_HEADS, max(keys, 1), dtype=torch.float32)
     mask_bytes = mask.contiguous().view(torch.uint8)
     library().saguaro_attention(
         q.data_ptr(), t, heads, d, k_cache.data_ptr(), v_cache.data_ptr(),

@@ -105,16 +105,28 @@ def test_rope_cache_rotates_like_torch_and_writes_the_cache():
     assert not k_alone.any()
 
 
-def test_silu_mul():
-    gate_up = torch.randn(5, 32)
-    gate, up = gate_up.split(16, dim=-1)
-    assert torch.allclose(ops.silu_mul(gate_up), F.silu(gate) * up, atol=1e-6)
+# The kernels' e^x (exp8) against float64: a few units in the last place of float32.
+EXP_REL_ERROR = 8 * 2.0**-24
 
 
-def attention_case(dtype: torch.dtype):
-    """Two sequences over a paged cache: 3 and 1 queries, 10 and 6 visible keys, causal."""
+@pytest.mark.parametrize("width", [16, 21])  # whole vectors, and a tail of 5
+def test_silu_mul(width):
+    gate_up = torch.randn(5, 2 * width, generator=torch.Generator().manual_seed(1)) * 30
+    gate, up = gate_up.split(width, dim=-1)
+    want = F.silu(gate.double()) * up.double()
+    got = ops.silu_mul(gate_up).double()
+    assert ((got - want).abs() <= EXP_REL_ERROR * want.abs() + 1e-30).all()
+    edges = torch.tensor([[float("nan"), -1e4, 1e4, 0.0, 100.0, -100.0, 88.0, -88.0]])
+    out = ops.silu_mul(torch.cat([edges, torch.ones_like(edges)], dim=1))[0]
+    assert out[0].isnan() and out[1].abs() < 1e-30 and out[2] == 1e4 and out[3] == 0
+    assert out[4] == 100 and out[5].abs() < 1e-30 and out[6] == 88 and out[7].abs() < 1e-30
+
+
+def attention_case(dtype: torch.dtype, heads: int = 4):
+    """Two sequences over a paged cache: 3 and 1 queries, 10 and 6 visible keys, causal; two
+    key-value heads, each shared by heads / 2 query heads."""
     gen = torch.Generator().manual_seed(2)
-    slots, kv_heads, heads, d = 40, 2, 4, 16
+    slots, kv_heads, d = 40, 2, 16
     k_cache = torch.randn(slots, kv_heads, d, generator=gen).to(dtype)
     v_cache = torch.randn(slots, kv_heads, d, generator=gen).to(dtype)
     key_slots = torch.tensor([list(range(10)), [*range(20, 26)] + [0] * 4])
@@ -130,8 +142,9 @@ def attention_case(dtype: torch.dtype):
 # 40: scores tens apart, so that some weights e^(s - max) underflow to zero
 @pytest.mark.parametrize("scale", [0.25, 40.0])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_attention_matches_sdpa_and_a_query_alone(dtype, scale):
-    q, k_cache, v_cache, key_slots, mask, rows = attention_case(dtype)
+@pytest.mark.parametrize("heads", [4, 12])  # groups of 2, and of 6 (scored 4, then 2)
+def test_attention_matches_sdpa_and_a_query_alone(dtype, scale, heads):
+    q, k_cache, v_cache, key_slots, mask, rows = attention_case(dtype, heads)
     got = ops.attention(q, k_cache, v_cache, key_slots, mask, rows, scale)
     for t, (b, j) in enumerate([(0, 0), (0, 1), (0, 2), (1, 0)]):
         keys = k_cache[key_slots[b]].float().transpose(0, 1)  # [Hkv, L, D]
