@@ -42,7 +42,7 @@ def ar():
     with LLM(**ENGINE) as llm:  # no model given: the default
         assert llm.engine.target_dir == resolve_model(DEFAULT_MODEL)
         model = llm.engine.runner.model
-        assert model.lm_head.fmt == "q6_k" and model.layers[0].mlp.gate_up_proj.fmt == "q4_k_x4"
+        assert (model.lm_head.fmt, model.layers[0].mlp.gate_up_proj.fmt) == ("q6_k_x4", "q4_k_x4")
         prompts = [chat_ids(llm, q) for q in QUESTIONS]
         tokens = [o.token_ids for o in llm.generate(prompts, GREEDY)]
         answer = llm.generate(prompts[0], SamplingParams(temperature=0, max_tokens=ANSWER_TOKENS))

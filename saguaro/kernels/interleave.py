@@ -1,19 +1,19 @@
-"""Q4_K rows interleaved four at a time: the layout ``quant_kernels.c`` multiplies fastest.
+"""K-quant rows interleaved four at a time: the layout ``quant_kernels.c`` multiplies fastest.
 
-The kernel's four-row tile puts 8 codes of each of four weight rows in one register, so that one
-``vpmaddubsw`` against 8 activation codes serves four rows. Read from the file's layout (a row's
-blocks after one another) that takes a transpose of four rows' 64-bit words per pair of groups,
-which costs more than multiplying once a verification's five positions share it. A weight
-loaded to run on the kernels has its bytes permuted once instead, four rows a strip (the C
-header spells out where each byte goes): nothing is added, dropped or rounded, so the products
-are the same sums and the same bits, and :func:`deinterleave` gives the file's blocks back.
+The kernel's four-row tiles put 8 codes of each of four weight rows in one register, so that
+one ``vpmaddubsw`` against 8 activation codes serves four rows. Read from the file's layout (a
+row's blocks after one another) that takes a transpose of four rows' 64-bit words per pair of
+groups, which costs more than multiplying once a verification's five positions share it. A
+weight loaded to run on the kernels has its bytes permuted once instead, four rows a strip (the
+C header spells out where each byte goes): nothing is added, dropped or rounded, so a row's
+product is the same integer sums, and :func:`deinterleave` gives the file's blocks back.
 
-In 64-bit words (a Q4_K super-block is 18: the 16-byte header's 2, then 16 of codes, pairs of
-groups i = 0..3 of 4 words c each), strip ``s`` and super-block ``b`` hold the four rows' header
-words in row order, then word ``(i, c)`` of rows 0-3 for each (i, c) in order.
+A strip's super-block ``b`` is the four rows' super-block ``b``, regrouped by :func:`layout`.
 """
 
 from __future__ import annotations
+
+from functools import cache
 
 import numpy as np
 import torch
@@ -22,38 +22,58 @@ from saguaro.kernels.ops import PackedWeight
 
 ROWS = 4  # weight rows a strip
 WORD = 8  # bytes: the kernel's unit of a row's codes in a register
-HEAD_WORDS, CODE_WORDS = 2, 16  # a Q4_K super-block: 16 bytes of header, 128 of codes
-SUPER_WORDS = HEAD_WORDS + CODE_WORDS
-INTERLEAVED = {"q4_k": "q4_k_x4"}  # the file's format -> its interleaved form
+INTERLEAVED = {"q4_k": "q4_k_x4", "q6_k": "q6_k_x4"}  # the file's format -> its interleaved form
 FILE_FORMAT = {v: k for k, v in INTERLEAVED.items()}
+SUPER_BYTES = {"q4_k": 144, "q6_k": 210}  # a row's super-block of 256 weights
+# Where a super-block keeps its parts (GGUF's block_q4_K and block_q6_K), in bytes.
+Q4K_HEAD, Q4K_CODE_WORDS = 16, 16  # d, dmin and 12 bytes of scales; then 128 bytes of codes
+Q6K_LOW_WORDS, Q6K_HIGH, Q6K_HIGH_WORDS = 16, 128, 8  # low nibbles, then the high bits
+Q6K_SCALES, Q6K_D = 192, 208  # sixteen int8 scales, in two blocks of eight; float16 d
+SCALE_BLOCK = 8
+
+
+def _words(start: int, count: int) -> list[tuple[int, int]]:
+    """(row, byte) of ``count`` 64-bit words from byte ``start`` of each row, word-major."""
+    return [
+        (r, start + WORD * w + i) for w in range(count) for r in range(ROWS) for i in range(WORD)
+    ]
+
+
+def _rows(start: int, size: int) -> list[tuple[int, int]]:
+    """(row, byte) of bytes [start, start + size) of rows 0-3, row-major."""
+    return [(r, start + i) for r in range(ROWS) for i in range(size)]
+
+
+@cache
+def layout(fmt: str) -> np.ndarray:
+    """For each byte of a strip's super-block, the byte of the four rows' super-blocks (row r's
+    byte i is r * size + i) it holds. Q4_K: the four headers (d, dmin, scales), then the codes
+    word by word, each word of rows 0-3. Q6_K: the low nibbles' words and the high bits', each
+    word of rows 0-3; scales 0-7 of rows 0-3, then 8-15 of rows 0-3; the four rows' d."""
+    if fmt == "q4_k":
+        order = _rows(0, Q4K_HEAD) + _words(Q4K_HEAD, Q4K_CODE_WORDS)
+    else:
+        order = _words(0, Q6K_LOW_WORDS) + _words(Q6K_HIGH, Q6K_HIGH_WORDS)
+        order += _rows(Q6K_SCALES, SCALE_BLOCK) + _rows(Q6K_SCALES + SCALE_BLOCK, SCALE_BLOCK)
+        order += _rows(Q6K_D, SUPER_BYTES[fmt] - Q6K_D)
+    size = SUPER_BYTES[fmt]
+    return np.array([r * size + i for r, i in order], dtype=np.intp)
 
 
 def interleaves(w: PackedWeight) -> bool:
-    """Whether ``w`` has an interleaved form: Q4_K in whole strips of four rows."""
+    """Whether ``w`` has an interleaved form: a K-quant in whole strips of four rows."""
     return w.fmt in INTERLEAVED and w.n % ROWS == 0
-
-
-def _words(codes: torch.Tensor, n: int) -> np.ndarray:
-    """A Q4_K weight's bytes as 64-bit words [n / 4, 4 rows, blocks, 18] (a copy where the rows
-    do not start on a word)."""
-    a = codes.numpy()
-    if a.ctypes.data % WORD:
-        a = a.copy()
-    return a.view(np.uint64).reshape(n // ROWS, ROWS, -1, SUPER_WORDS)
 
 
 def interleave(w: PackedWeight) -> PackedWeight:
     """``w`` in its interleaved form where it has one (:func:`interleaves`), else ``w``."""
     if not interleaves(w):
         return w
-    words = _words(w.codes.contiguous(), w.n)
-    strips, _, blocks, _ = words.shape
-    out = np.empty((strips, blocks, SUPER_WORDS * ROWS), np.uint64)
-    heads = out[:, :, : HEAD_WORDS * ROWS].reshape(strips, blocks, ROWS, HEAD_WORDS)
-    heads[...] = words[..., :HEAD_WORDS].transpose(0, 2, 1, 3)
-    codes = out[:, :, HEAD_WORDS * ROWS :].reshape(strips, blocks, CODE_WORDS, ROWS)
-    codes[...] = words[..., HEAD_WORDS:].transpose(0, 2, 3, 1)
-    data = torch.from_numpy(out.view(np.uint8).reshape(strips, -1))
+    size = SUPER_BYTES[w.fmt]
+    rows = w.codes.contiguous().numpy().reshape(w.n // ROWS, ROWS, -1, size)
+    strips = rows.transpose(0, 2, 1, 3).reshape(w.n // ROWS, -1, ROWS * size)
+    out = np.take(strips, layout(w.fmt), axis=2)
+    data = torch.from_numpy(out.reshape(w.n // ROWS, -1))
     return PackedWeight(INTERLEAVED[w.fmt], data, w.n, w.k, w.group)
 
 
@@ -61,13 +81,10 @@ def deinterleave(w: PackedWeight) -> PackedWeight:
     """The file's blocks of an interleaved weight (any other weight as it is)."""
     if w.fmt not in FILE_FORMAT:
         return w
-    strips = w.n // ROWS
-    words = w.codes.contiguous().numpy().view(np.uint64).reshape(strips, -1, SUPER_WORDS * ROWS)
-    blocks = words.shape[1]
-    out = np.empty((strips, ROWS, blocks, SUPER_WORDS), np.uint64)
-    heads = words[..., : HEAD_WORDS * ROWS].reshape(strips, blocks, ROWS, HEAD_WORDS)
-    out[..., :HEAD_WORDS] = heads.transpose(0, 2, 1, 3)
-    codes = words[..., HEAD_WORDS * ROWS :].reshape(strips, blocks, CODE_WORDS, ROWS)
-    out[..., HEAD_WORDS:] = codes.transpose(0, 3, 1, 2)
-    data = torch.from_numpy(out.view(np.uint8).reshape(w.n, -1))
-    return PackedWeight(FILE_FORMAT[w.fmt], data, w.n, w.k, w.group)
+    fmt = FILE_FORMAT[w.fmt]
+    size = SUPER_BYTES[fmt]
+    strips = w.codes.contiguous().numpy().reshape(w.n // ROWS, -1, ROWS * size)
+    rows = np.empty_like(strips)
+    rows[..., layout(fmt)] = strips
+    out = rows.reshape(w.n // ROWS, -1, ROWS, size).transpose(0, 2, 1, 3)
+    return PackedWeight(fmt, torch.from_numpy(out.reshape(w.n, -1).copy()), w.n, w.k, w.group)

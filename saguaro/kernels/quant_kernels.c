@@ -27,24 +27,27 @@
  * them, the row path's 8 lanes (lane l: bytes 4l .. 4l + 3 of every 32 weights, as vpmaddubsw +
  * vpmaddwd give them) or the four-row tiles' words (below): I = sum_j s_j sum_{i in j} q_i p_i
  * and M = sum_j m_j P_j, folded per super-block, in order, f = fmaf(d e, (float) I, f) and
- * c = fmaf(dmin e, (float) M, c); the result is f - c. Q5_0 likewise: a block's I = sum (q - 16)
- * p, folded into two chains by the block's parity, f_(b mod 2) = fmaf(d e, (float) I, f_(b mod
- * 2)), the result f_0 + f_1 (the four-row tile folds two blocks a step). The other formats
- * keep the row path's 8 lanes as floats: per block, in block order, f_l = fma(d e, (float)
- * lane_l, f_l) (Q6_K's lane
- * less its offset, 32 (s_2l P_2l + s_2l+1 P_2l+1), as integers; Q5_1's minimum in one float,
- * c = fmaf(m e, P, c)), and the result tree(f) (Q5_1: tree(f) + c), tree((0+4, 1+5, 2+6, 3+7),
- * then (0+2, 1+3), then 0+1). The generic C below computes exactly these sums and steps, so the
- * AVX2 and generic builds give the same bits, and so does a row whatever tile it sits in.
+ * c = fmaf(dmin e, (float) M, c); the result is f - c. Q6_K: I = sum_j s_j (sum_{i in j} q_i
+ * p_i - 32 P_j), folded per super-block, f = fmaf(d e, (float) I, f); the result f. Q5_0
+ * likewise: a block's I = sum (q - 16) p, folded into two chains by the block's parity,
+ * f_(b mod 2) = fmaf(d e, (float) I, f_(b mod 2)), the result f_0 + f_1 (the four-row tile
+ * folds two blocks a step). Q8_0 and Q5_1 keep the row path's 8 lanes as floats: per block, in
+ * block order, f_l = fma(d e, (float) lane_l, f_l) (Q5_1's minimum in one float, c = fmaf(m e,
+ * P, c)), and the result tree(f) (Q5_1: tree(f) + c), tree((0+4, 1+5, 2+6, 3+7), then (0+2,
+ * 1+3), then 0+1). The generic C below computes exactly these sums and steps, so the AVX2 and
+ * generic builds give the same bits, and so does a row whatever tile it sits in.
  *
- * Q4_K interleaved (FMT_Q4K_X4, saguaro.kernels.interleave). The four-row tile below spends
- * more on transposing four rows' codes into its registers than on multiplying them once a
- * verification's five rows share them; a weight loaded to run here has its rows' bytes
- * permuted once, four rows a strip, so that the transpose is already done: super-block sb of
- * strip s (rows 4s .. 4s + 3) is X4_BYTES at (s * blocks + sb) * X4_BYTES, the four rows'
- * 16-byte headers (d, dmin, scales) in row order, then for each pair i of groups (codes bytes
- * 32i .. 32i + 31) and each 8-byte word c of it, the four rows' word c: byte b of row j's word c
- * of pair i at X4_HEADS + 128 i + 32 c + 8 j + b. The same bytes, so the same sums and bits.
+ * K-quants interleaved (FMT_Q4K_X4, FMT_Q6K_X4; saguaro.kernels.interleave). The four-row
+ * tiles below spend more on transposing four rows' codes into their registers than on
+ * multiplying them once a verification's five rows share them; a weight loaded to run here has
+ * its rows' bytes permuted once, four rows a strip, so that the transpose is already done:
+ * super-block sb of strip s (rows 4s .. 4s + 3) is four rows' worth of bytes at (s * blocks +
+ * sb) times that. Q4_K: the four rows' 16-byte headers (d, dmin, scales) in row order, then for
+ * each pair i of groups (codes bytes 32i .. 32i + 31) and each 8-byte word c of it, the four
+ * rows' word c: byte b of row j's word c of pair i at X4_HEADS + 128 i + 32 c + 8 j + b. Q6_K:
+ * the low nibbles' 16 words, then the high bits' 8, each word of rows 0-3 (word c of row j at
+ * 32 c + 8 j of its part); scales 0-7 of rows 0-3 (8 bytes a row), then 8-15; the four d's. The
+ * same bytes, so the same sums and bits.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -56,13 +59,15 @@
 #define QINLINE static inline __attribute__((always_inline))
 
 enum { FMT_Q4K = 4, FMT_Q5K = 5, FMT_Q6K = 6, FMT_Q50 = 7, FMT_Q51 = 8, FMT_Q80 = 9 };
-enum { FMT_Q4K_X4 = 10 }; /* Q4_K, four rows interleaved (below) */
+enum { FMT_Q4K_X4 = 10, FMT_Q6K_X4 = 11 }; /* four rows interleaved (below) */
 enum { SUPER = 256, SMALL = 32, SUB = 16, QLANES = 8, TILE_ROWS = 8, COL_CHUNK = 16 };
 enum { Q4K_BYTES = 144, Q5K_BYTES = 176, Q6K_BYTES = 210, Q50_BYTES = 22, Q51_BYTES = 24 };
 enum { Q80_BYTES = 34 };
 /* Q4_K interleaved: a strip of four rows' super-block sb is X4_BYTES, its headers first. */
 enum { X4_ROWS = 4, K_HEAD = 16, X4_HEADS = X4_ROWS * K_HEAD, X4_BYTES = X4_ROWS * Q4K_BYTES };
 enum { WORD = 8, PAIR_BYTES = 32, X4_PAIR = X4_ROWS * PAIR_BYTES };
+/* Q6_K interleaved: the low nibbles' 16 words, the high bits' 8, the scales, the d's. */
+enum { Q6X4_BYTES = X4_ROWS * Q6K_BYTES, Q6X4_HIGH = 512, Q6X4_SCALES = 768, Q6X4_D = 832 };
 /* Weights are asked for this many bytes ahead of the block being multiplied, a line or so per
  * block: a steady stream the memory system keeps up with (a whole row at a time, some 7 KB for
  * a Q6_K row of 8,960, overflows the outstanding misses and stalls). */
@@ -545,8 +550,8 @@ QINLINE void tile_k45(const uint8_t *w, int64_t blocks, int with_high, const XRo
 }
 
 QINLINE void tile_q6k(const uint8_t *w, int64_t blocks, const XRow *x, int nr, float *y) {
-    Lanes f[TILE_ROWS];
-    for (int r = 0; r < nr; r++) f[r] = zero_f();
+    float f[TILE_ROWS];
+    for (int r = 0; r < nr; r++) f[r] = 0.0f;
     for (int64_t sb = 0; sb < blocks; sb++) {
         const uint8_t *b = w + sb * Q6K_BYTES;
         prefetch_ahead(b, Q6K_BYTES);
@@ -570,10 +575,10 @@ QINLINE void tile_q6k(const uint8_t *w, int64_t blocks, const XRow *x, int nr, f
                 s,
 #endif
                 x[r].sum16 + sb * SUB));
-            f[r] = fold(f[r], d * x[r].e[sb], sub_lanes(acc[r], offset));
+            f[r] = fmaf(d * x[r].e[sb], (float)sum_lanes(sub_lanes(acc[r], offset)), f[r]);
         }
     }
-    for (int r = 0; r < nr; r++) y[r] = tree_lanes(f[r]);
+    for (int r = 0; r < nr; r++) y[r] = f[r];
 }
 
 #ifdef QUANT_AVX2
@@ -767,6 +772,91 @@ QINLINE void tile4_q4k_x4(const uint8_t *w, int64_t blocks, const XRow *x, int n
     store_rows4(fc, nr, y);
 }
 
+/* Q6_K interleaved (FMT_Q6K_X4): for four rows at once, per super-block I = sum_j s_j (sum q p)
+ * - 32 sum_j s_j P_j, tile_q6k's integer, and its step f = fma(d e, (float) I, f). A group's
+ * 32 codes are two sub-blocks of 16 (scales s_A, s_B): words 0-1 and 2-3 of the transposed
+ * codes, whose int16 product sums add up without overflow (4 * 63 * 127 = 32,004), then one
+ * vpmaddwd each applies the four rows' scales. */
+
+/* Group g's codes (0..63) of the strip's four rows, transposed: low nibbles from words
+ * 8h + 4(t & 1) + c of the low block, bits 2t, 2t + 1 of high word 4h + c (h = g / 4, t = g % 4). */
+QINLINE void group_q6_x4(const uint8_t *b, int g, __m256i q[4]) {
+    const int h = g / 4, t = g % 4;
+    const __m256i low = _mm256_set1_epi8(0xF), mask = _mm256_set1_epi8((char)(3 << (2 * t)));
+    for (int c = 0; c < 4; c++) {
+        const __m256i v = load32(b + X4_PAIR * (2 * h + (t & 1)) + PAIR_BYTES * c);
+        const __m256i nib = _mm256_and_si256(t >> 1 ? _mm256_srli_epi16(v, 4) : v, low);
+        const __m256i bits = _mm256_and_si256(load32(b + Q6X4_HIGH + X4_PAIR * h + PAIR_BYTES * c), mask);
+        const __m256i hb = t == 2  ? bits
+                           : t < 2 ? _mm256_slli_epi16(bits, 4 - 2 * t)
+                                   : _mm256_srli_epi16(bits, 2);
+        q[c] = _mm256_or_si256(nib, hb);
+    }
+}
+
+/* Scale j (of eight; sc: scales [row 0's eight, row 1's | row 2's, row 3's]) of four rows as
+ * int16 lanes [row 0 x4, row 1 x4 | row 2 x4, row 3 x4]: the signed byte shuffled to the high
+ * half of each lane, then shifted down. */
+QINLINE __m256i scales4_signed(__m256i sc, int j) {
+    const __m128i pick = _mm_setr_epi8(-1, j, -1, j, -1, j, -1, j, -1, 8 + j, -1, 8 + j, -1, 8 + j,
+                                       -1, 8 + j);
+    return _mm256_srai_epi16(_mm256_shuffle_epi8(sc, _mm256_setr_m128i(pick, pick)), 8);
+}
+
+/* [sum_j s_j P_j of rows 0-3] for one activation row's P (its 16 sums of 16 codes). */
+QINLINE __m128i offsets4(const __m256i srow[4], const int16_t *sum16) {
+    const __m256i p = load32(sum16);
+    const __m256i m01 = _mm256_hadd_epi32(_mm256_madd_epi16(srow[0], p), _mm256_madd_epi16(srow[1], p));
+    const __m256i m23 = _mm256_hadd_epi32(_mm256_madd_epi16(srow[2], p), _mm256_madd_epi16(srow[3], p));
+    const __m256i u = _mm256_hadd_epi32(m01, m23);
+    return _mm_add_epi32(_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1));
+}
+
+QINLINE void tile4_q6k_x4(const uint8_t *w, int64_t blocks, const XRow *x, int nr, float *y) {
+    __m128 f[TILE_ROWS];
+    for (int r = 0; r < nr; r++) f[r] = _mm_setzero_ps();
+    for (int64_t sb = 0; sb < blocks; sb++) {
+        const uint8_t *b = w + sb * Q6X4_BYTES;
+        for (int o = 0; o < Q6X4_BYTES; o += LINE) __builtin_prefetch(b + PREFETCH_BYTES + o);
+        const __m256i sc[2] = {load32(b + Q6X4_SCALES), load32(b + Q6X4_SCALES + 32)};
+        __m256i acc[TILE_ROWS];
+        for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_si256();
+        UNROLL for (int g = 0; g < 8; g++) {
+            __m256i q[4];
+            group_q6_x4(b, g, q);
+            const __m256i sa = scales4_signed(sc[g / 4], 2 * (g % 4));
+            const __m256i sb2 = scales4_signed(sc[g / 4], 2 * (g % 4) + 1);
+            UNROLL for (int r = 0; r < nr; r++) {
+                const int8_t *p = x[r].p + sb * SUPER + 32 * g;
+                const __m256i a = _mm256_add_epi16(_mm256_maddubs_epi16(q[0], bcast8(p)),
+                                                   _mm256_maddubs_epi16(q[1], bcast8(p + 8)));
+                const __m256i c = _mm256_add_epi16(_mm256_maddubs_epi16(q[2], bcast8(p + 16)),
+                                                   _mm256_maddubs_epi16(q[3], bcast8(p + 24)));
+                acc[r] = _mm256_add_epi32(acc[r], _mm256_add_epi32(_mm256_madd_epi16(a, sa),
+                                                                   _mm256_madd_epi16(c, sb2)));
+                KEEP(acc[r]);
+            }
+        }
+        /* each row's sixteen scales as int16: [j 0-7 | j 8-15] */
+        __m256i srow[4];
+        for (int j = 0; j < 4; j++) {
+            const __m128i a = j < 2 ? _mm256_castsi256_si128(sc[0]) : _mm256_extracti128_si256(sc[0], 1);
+            const __m128i c = j < 2 ? _mm256_castsi256_si128(sc[1]) : _mm256_extracti128_si256(sc[1], 1);
+            srow[j] = _mm256_cvtepi8_epi16(j % 2 ? _mm_unpackhi_epi64(a, c) : _mm_unpacklo_epi64(a, c));
+        }
+        const __m128 d = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(b + Q6X4_D)));
+        for (int r = 0; r < nr; r++) {
+            /* [I0 I0' I1 I1' | I2 I2' I3 I3'] -> [I0 I1 I2 I3], less 32 times the offsets */
+            const __m256i sums = _mm256_hadd_epi32(acc[r], acc[r]);
+            const __m128i i4 = _mm256_castsi256_si128(_mm256_permute4x64_epi64(sums, 0x08));
+            const __m128i ints = _mm_sub_epi32(i4, _mm_slli_epi32(offsets4(srow, x[r].sum16 + sb * SUB), 5));
+            const __m128 de = _mm_mul_ps(d, _mm_set1_ps(x[r].e[sb]));
+            f[r] = _mm_fmadd_ps(de, _mm_cvtepi32_ps(ints), f[r]);
+        }
+    }
+    for (int r = 0; r < nr; r++) _mm_storeu_ps(y + 4 * r, f[r]);
+}
+
 /* Q5_0's codes of four rows' block (b[j]: row j's block), unsigned 0..31, transposed: q[c] =
  * weights 8c .. 8c + 7 of rows [0, 1 | 2, 3]. Weight i < 16 is the low nibble of code byte i,
  * weight i >= 16 the high nibble of byte i - 16, and its fifth bit is bit i of qh; h holds the
@@ -882,14 +972,15 @@ QINLINE void tile4_q50(const uint8_t *w, int64_t row_bytes, int64_t blocks, cons
 
 /* A block's weights (256 for the super-block formats, 32 for the others) and bytes. */
 QINLINE int block_weights(int fmt) {
-    return fmt >= FMT_Q50 && fmt != FMT_Q4K_X4 ? SMALL : SUPER;
+    return fmt >= FMT_Q50 && fmt < FMT_Q4K_X4 ? SMALL : SUPER;
 }
 QINLINE int block_bytes(int fmt) {
     switch (fmt) {
     case FMT_Q4K:
     case FMT_Q4K_X4: return Q4K_BYTES; /* a row's share of its strip */
     case FMT_Q5K: return Q5K_BYTES;
-    case FMT_Q6K: return Q6K_BYTES;
+    case FMT_Q6K:
+    case FMT_Q6K_X4: return Q6K_BYTES;
     case FMT_Q50: return Q50_BYTES;
     case FMT_Q51: return Q51_BYTES;
     default: return Q80_BYTES;
@@ -977,13 +1068,14 @@ static void tile_rows(const uint8_t *w, int64_t k, int fmt, const XRow *x, int n
 #define TILE4_CASE(NR)                                                                       \
     case NR:                                                                                 \
         if (fmt == FMT_Q4K_X4) tile4_q4k_x4(w, k / SUPER, x, NR, y);                        \
+        else if (fmt == FMT_Q6K_X4) tile4_q6k_x4(w, k / SUPER, x, NR, y);                   \
         else if (fmt == FMT_Q50) tile4_q50(w, row_bytes, k / SMALL, x, NR, y);              \
         else tile4_k45(w, row_bytes, k / SUPER, fmt == FMT_Q5K, x, NR, y);                  \
         break;
 /* Four weight rows at once where the format has a four-row tile: whether it did. */
 static int tile4_rows(const uint8_t *w, int64_t row_bytes, int64_t k, int fmt, const XRow *x,
                       int nr, float *y) {
-    if (fmt != FMT_Q4K && fmt != FMT_Q5K && fmt != FMT_Q50 && fmt != FMT_Q4K_X4) return 0;
+    if (fmt != FMT_Q4K && fmt != FMT_Q5K && fmt != FMT_Q50 && fmt < FMT_Q4K_X4) return 0;
     switch (nr) {
     TILE4_CASE(1) TILE4_CASE(2) TILE4_CASE(3) TILE4_CASE(4)
     TILE4_CASE(5) TILE4_CASE(6) TILE4_CASE(7) TILE4_CASE(8)
@@ -992,27 +1084,40 @@ static int tile4_rows(const uint8_t *w, int64_t row_bytes, int64_t k, int fmt, c
     return 1;
 }
 #else
-/* Row j of an interleaved Q4_K strip w back as the file's blocks (the header's layout). */
-static void strip_row(const uint8_t *w, int64_t blocks, int j, uint8_t *row) {
+/* Words [from, from + count) of row j's super-block o, from where a strip keeps them (word c
+ * of rows 0-3 together, from `at`). */
+static void strip_words(const uint8_t *at, int from, int count, int j, uint8_t *o) {
+    for (int c = 0; c < count; c++) memcpy(o + from + WORD * c, at + X4_ROWS * WORD * c + WORD * j, WORD);
+}
+
+/* Row j of an interleaved strip w back as the file's blocks (the header's layouts). */
+static void strip_row(const uint8_t *w, int64_t blocks, int fmt, int j, uint8_t *row) {
     for (int64_t sb = 0; sb < blocks; sb++) {
-        const uint8_t *b = w + sb * X4_BYTES;
-        uint8_t *o = row + sb * Q4K_BYTES;
-        memcpy(o, b + K_HEAD * j, K_HEAD);
-        for (int i = 0; i < Q4K_BYTES - K_HEAD; i += WORD)
-            memcpy(o + K_HEAD + i, b + X4_HEADS + X4_PAIR * (i / PAIR_BYTES) +
-                                       X4_ROWS * (i % PAIR_BYTES) + WORD * j, WORD);
+        if (fmt == FMT_Q4K_X4) {
+            const uint8_t *b = w + sb * X4_BYTES;
+            uint8_t *o = row + sb * Q4K_BYTES;
+            memcpy(o, b + K_HEAD * j, K_HEAD);
+            strip_words(b + X4_HEADS, K_HEAD, (Q4K_BYTES - K_HEAD) / WORD, j, o);
+        } else {
+            const uint8_t *b = w + sb * Q6X4_BYTES;
+            uint8_t *o = row + sb * Q6K_BYTES;
+            strip_words(b, 0, 16, j, o);
+            strip_words(b + Q6X4_HIGH, 128, 8, j, o);
+            for (int h = 0; h < 2; h++) memcpy(o + 192 + 8 * h, b + Q6X4_SCALES + 32 * h + 8 * j, 8);
+            memcpy(o + 208, b + Q6X4_D + 2 * j, 2);
+        }
     }
 }
 
 /* The generic build's four-row tile: an interleaved strip's rows one at a time, as stored. */
 static int tile4_rows(const uint8_t *w, int64_t row_bytes, int64_t k, int fmt, const XRow *x,
                       int nr, float *y) {
-    if (fmt != FMT_Q4K_X4) return 0;
+    if (fmt < FMT_Q4K_X4) return 0;
     uint8_t row[row_bytes];
     float yj[TILE_ROWS];
     for (int j = 0; j < X4_ROWS; j++) {
-        strip_row(w, k / SUPER, j, row);
-        tile_rows(row, k, FMT_Q4K, x, nr, yj);
+        strip_row(w, k / SUPER, fmt, j, row);
+        tile_rows(row, k, fmt == FMT_Q4K_X4 ? FMT_Q4K : FMT_Q6K, x, nr, yj);
         for (int r = 0; r < nr; r++) y[X4_ROWS * r + j] = yj[r];
     }
     return 1;

@@ -10,7 +10,15 @@ import pytest
 import torch
 
 from saguaro.kernels import build, ops
-from saguaro.kernels.interleave import FILE_FORMAT, deinterleave, interleave
+from saguaro.kernels.interleave import (
+    FILE_FORMAT,
+    INTERLEAVED,
+    ROWS,
+    SUPER_BYTES,
+    deinterleave,
+    interleave,
+    layout,
+)
 from saguaro.kernels.ops import PackedWeight
 from saguaro.models.quant import RAW_TYPES, dequantize, from_gguf_raw, permute_rows
 from tests.ggml_blocks import random_blocks
@@ -90,13 +98,14 @@ def test_rows_that_are_not_whole_blocks_are_refused():
         from_gguf_raw(np.zeros((1, 144), np.uint8), "Q4_K", 1, 288)
 
 
-def test_an_interleaved_weight_is_the_files_bytes_and_gives_its_rows_bits():
+@pytest.mark.parametrize("fmt", list(FILE_FORMAT))
+def test_an_interleaved_weight_is_the_files_bytes_and_gives_its_rows_bits(fmt):
     """Interleaving permutes bytes (deinterleaving gives the file's blocks back), so every row's
     product is the same bits as from the file's layout, in both builds, at every tile height;
     a weight whose rows are not whole strips of four stays as the file has it."""
-    raw = deinterleave(weight("q4_k_x4", seed=6))
+    raw = deinterleave(weight(fmt, seed=6))
     x4 = interleave(raw)
-    assert (raw.fmt, x4.fmt) == ("q4_k", "q4_k_x4")
+    assert (raw.fmt, x4.fmt) == (FILE_FORMAT[fmt], fmt)
     assert torch.equal(deinterleave(x4).codes, raw.codes)
     assert torch.equal(dequantize(x4), dequantize(raw))
     generic = build.build((*build.BASE_FLAGS, "-march=x86-64-v3", "-DSAGUARO_GENERIC"))
@@ -105,13 +114,21 @@ def test_an_interleaved_weight_is_the_files_bytes_and_gives_its_rows_bits():
         want = ops.linear(x[:m], raw, generic)
         assert torch.equal(ops.linear(x[:m], x4), want), m
         assert torch.equal(ops.linear(x[:m], x4, generic), want), m
-    assert interleave(weight("q4_k")).fmt == "q4_k"  # 37 rows
+    assert interleave(weight(FILE_FORMAT[fmt])).fmt == FILE_FORMAT[fmt]  # 37 rows
 
 
-def test_rows_of_an_interleaved_weight_move_as_the_files_do():
+@pytest.mark.parametrize("fmt", list(FILE_FORMAT))
+def test_rows_of_an_interleaved_weight_move_as_the_files_do(fmt):
     """Reordering rows (a draft's cut head) reads an interleaved weight as the file's blocks."""
-    x4 = weight("q4_k_x4", seed=8)
+    x4 = weight(fmt, seed=8)
     index = torch.randperm(x4.n, generator=torch.Generator().manual_seed(9))[: x4.n // 2]
     moved = permute_rows(x4, index)
-    assert moved.fmt == "q4_k"
+    assert moved.fmt == FILE_FORMAT[fmt]
     assert torch.equal(moved.codes, deinterleave(x4).codes[index])
+
+
+@pytest.mark.parametrize("fmt", list(INTERLEAVED))
+def test_a_layout_moves_every_byte_once(fmt):
+    """Each format's layout is a permutation of a strip's bytes: nothing added or dropped."""
+    index = layout(fmt)
+    assert sorted(index.tolist()) == list(range(ROWS * SUPER_BYTES[fmt]))

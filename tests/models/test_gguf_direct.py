@@ -246,15 +246,18 @@ def test_logits_equal_transformers_on_the_dequantized_weights(which, request):
 
 
 def test_the_blocks_run_as_the_file_holds_them(k_quants):
-    """Every linear layer and the embedding are the file's blocks: Q4_K layers interleaved four
-    rows a strip (the same bytes, saguaro.kernels.interleave), the others views of its map (no
-    copy); a fused layer of two formats runs part by part; no dense weight was made."""
+    """Every linear layer and the embedding are the file's blocks: Q4_K and Q6_K layers
+    interleaved four rows a strip (the same bytes, saguaro.kernels.interleave), the others views
+    of its map (no copy); a fused layer of two formats runs part by part; no dense weight was
+    made."""
     model = load_model(k_quants, kernels=True, quantization="auto")
     attn, mlp = model.layers[0].self_attn, model.layers[0].mlp
     assert isinstance(attn.qkv_proj, PartsLinear)
-    assert [p.fmt for p in attn.qkv_proj.parts] == ["q4_k_x4", "q4_k_x4", "q6_k"]
+    assert [p.fmt for p in attn.qkv_proj.parts] == ["q4_k_x4", "q4_k_x4", "q6_k_x4"]
     assert attn.qkv_proj.bias is not None and attn.qkv_proj.bias.shape == (256 + 2 * 128,)
-    assert (mlp.gate_up_proj.fmt, mlp.down_proj.fmt, attn.o_proj.fmt) == ("q4_k_x4", "q6_k", "q5_k")
+    formats = (mlp.gate_up_proj.fmt, mlp.down_proj.fmt, attn.o_proj.fmt)
+    assert formats == ("q4_k_x4", "q6_k_x4", "q5_k")
+    # the head's rows (the vocabulary) are not whole strips of four: it runs as the file has it
     assert isinstance(model.lm_head, KernelLinear) and model.lm_head.fmt == "q6_k"
     assert isinstance(model.embed_tokens, PackedEmbedding) and model.embed_tokens.fmt == "q4_k"
     ref = reference(k_quants).model.layers[0]
@@ -268,7 +271,7 @@ def test_the_blocks_run_as_the_file_holds_them(k_quants):
     assert torch.equal(dequantize(mlp.gate_up_proj.weight), gate_up)
     buffer = GGUFFile.read(k_quants).buffer
     start, end = buffer.ctypes.data, buffer.ctypes.data + buffer.nbytes
-    for codes in (mlp.down_proj.codes, model.embed_tokens.codes, model.lm_head.codes):
+    for codes in (attn.o_proj.codes, model.embed_tokens.codes):
         assert start <= codes.data_ptr() < end  # in the file's map
     placed, _ = load_blocks(k_quants, "float32")
     assert placed.layers[1].mlp.down_proj.weight.is_meta  # left for the blocks, never filled
