@@ -100,7 +100,8 @@ static const float EXP_LO = -87.33654f, EXP_HI = 88.37626f; /* ln 2^-126, ln 2^1
 static const float LOG2E = 1.44269504f, LN2_HI = 0.693359375f, LN2_LO = -2.12194440e-4f;
 static const float EXP_TAYLOR[] = {1.0f / 720, 1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f};
 INLINE v8 exp8(v8 x) {
-    __m256 v = _mm256_min_ps(_mm256_set1_ps(EXP_HI), _mm256_max_ps(_mm256_set1_ps(EXP_LO), (__m256)x));
+    __m256 v = _mm256_max_ps(_mm256_set1_ps(EXP_LO), (__m256)x); /* NaN: the second operand */
+    v = _mm256_min_ps(_mm256_set1_ps(EXP_HI), v);
     const __m256 n = _mm256_round_ps(_mm256_mul_ps(v, _mm256_set1_ps(LOG2E)),
                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     v = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), v);
@@ -694,12 +695,15 @@ INLINE void attend_heads(const float *q, int64_t h0, int nh, const Keys *keys,
                          const int64_t *slots, const uint8_t *visible, int64_t kv, float scale,
                          float *score, float *o, const int64_t d, const int bf16) {
     float top[PASS_HEADS];
+#define SCORES(NH)                                                                          \
+    group_scores(q + h0 * d, NH, keys, slots, visible, kv, scale, score, top, d, bf16)
     switch (nh) { /* a constant count: each head's chains in registers */
-    case 1: group_scores(q + h0 * d, 1, keys, slots, visible, kv, scale, score, top, d, bf16); break;
-    case 2: group_scores(q + h0 * d, 2, keys, slots, visible, kv, scale, score, top, d, bf16); break;
-    case 3: group_scores(q + h0 * d, 3, keys, slots, visible, kv, scale, score, top, d, bf16); break;
-    default: group_scores(q + h0 * d, 4, keys, slots, visible, kv, scale, score, top, d, bf16);
+    case 1: SCORES(1); break;
+    case 2: SCORES(2); break;
+    case 3: SCORES(3); break;
+    default: SCORES(4);
     }
+#undef SCORES
     for (int h = 0; h < nh; h++)
         attend(keys, slots, visible, kv, top[h], score + h * keys->l, o + (h0 + h) * d, d, bf16);
 }
@@ -726,9 +730,10 @@ void saguaro_attention(const float *q, int64_t t_count, int64_t heads, int64_t d
         const float *qv = q + t * heads * d;
         float *o = out + t * heads * d;
         for (int64_t h0 = kv * group; h0 < (kv + 1) * group; h0 += PASS_HEADS) {
-            const int nh = (int)((kv + 1) * group - h0 < PASS_HEADS ? (kv + 1) * group - h0
-                                                                     : PASS_HEADS);
-#define ATTEND(D, BF16) attend_heads(qv, h0, nh, &keys, slots, visible, kv, scale, score, o, D, BF16)
+            const int64_t left = (kv + 1) * group - h0;
+            const int nh = (int)(left < PASS_HEADS ? left : PASS_HEADS);
+#define ATTEND(D, BF16)                                                                     \
+    attend_heads(qv, h0, nh, &keys, slots, visible, kv, scale, score, o, D, BF16)
             if (d == 64)
                 bf16 ? ATTEND(64, 1) : ATTEND(64, 0);
             else if (d == 128)

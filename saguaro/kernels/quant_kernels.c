@@ -67,7 +67,13 @@ enum { Q80_BYTES = 34 };
 enum { X4_ROWS = 4, K_HEAD = 16, X4_HEADS = X4_ROWS * K_HEAD, X4_BYTES = X4_ROWS * Q4K_BYTES };
 enum { WORD = 8, PAIR_BYTES = 32, X4_PAIR = X4_ROWS * PAIR_BYTES };
 /* Q6_K interleaved: the low nibbles' 16 words, the high bits' 8, the scales, the d's. */
-enum { Q6X4_BYTES = X4_ROWS * Q6K_BYTES, Q6X4_HIGH = 512, Q6X4_SCALES = 768, Q6X4_D = 832 };
+enum { Q6K_LOW_WORDS = 16, Q6K_HIGH_WORDS = 8, Q6K_SCALES = 16 };
+enum {
+    Q6X4_BYTES = X4_ROWS * Q6K_BYTES,
+    Q6X4_HIGH = X4_ROWS * WORD * Q6K_LOW_WORDS,
+    Q6X4_SCALES = Q6X4_HIGH + X4_ROWS * WORD * Q6K_HIGH_WORDS,
+    Q6X4_D = Q6X4_SCALES + X4_ROWS * Q6K_SCALES,
+};
 /* Weights are asked for this many bytes ahead of the block being multiplied, a line or so per
  * block: a steady stream the memory system keeps up with (a whole row at a time, some 7 KB for
  * a Q6_K row of 8,960, overflows the outstanding misses and stalls). */
@@ -779,14 +785,16 @@ QINLINE void tile4_q4k_x4(const uint8_t *w, int64_t blocks, const XRow *x, int n
  * vpmaddwd each applies the four rows' scales. */
 
 /* Group g's codes (0..63) of the strip's four rows, transposed: low nibbles from words
- * 8h + 4(t & 1) + c of the low block, bits 2t, 2t + 1 of high word 4h + c (h = g / 4, t = g % 4). */
+ * 8h + 4(t & 1) + c of the low block, bits 2t, 2t + 1 of high word 4h + c (h = g / 4,
+ * t = g % 4). */
 QINLINE void group_q6_x4(const uint8_t *b, int g, __m256i q[4]) {
     const int h = g / 4, t = g % 4;
     const __m256i low = _mm256_set1_epi8(0xF), mask = _mm256_set1_epi8((char)(3 << (2 * t)));
     for (int c = 0; c < 4; c++) {
         const __m256i v = load32(b + X4_PAIR * (2 * h + (t & 1)) + PAIR_BYTES * c);
         const __m256i nib = _mm256_and_si256(t >> 1 ? _mm256_srli_epi16(v, 4) : v, low);
-        const __m256i bits = _mm256_and_si256(load32(b + Q6X4_HIGH + X4_PAIR * h + PAIR_BYTES * c), mask);
+        const uint8_t *high = b + Q6X4_HIGH + X4_PAIR * h + PAIR_BYTES * c;
+        const __m256i bits = _mm256_and_si256(load32(high), mask);
         const __m256i hb = t == 2  ? bits
                            : t < 2 ? _mm256_slli_epi16(bits, 4 - 2 * t)
                                    : _mm256_srli_epi16(bits, 2);
@@ -806,8 +814,9 @@ QINLINE __m256i scales4_signed(__m256i sc, int j) {
 /* [sum_j s_j P_j of rows 0-3] for one activation row's P (its 16 sums of 16 codes). */
 QINLINE __m128i offsets4(const __m256i srow[4], const int16_t *sum16) {
     const __m256i p = load32(sum16);
-    const __m256i m01 = _mm256_hadd_epi32(_mm256_madd_epi16(srow[0], p), _mm256_madd_epi16(srow[1], p));
-    const __m256i m23 = _mm256_hadd_epi32(_mm256_madd_epi16(srow[2], p), _mm256_madd_epi16(srow[3], p));
+    __m256i m[4];
+    for (int j = 0; j < 4; j++) m[j] = _mm256_madd_epi16(srow[j], p);
+    const __m256i m01 = _mm256_hadd_epi32(m[0], m[1]), m23 = _mm256_hadd_epi32(m[2], m[3]);
     const __m256i u = _mm256_hadd_epi32(m01, m23);
     return _mm_add_epi32(_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1));
 }
@@ -818,7 +827,7 @@ QINLINE void tile4_q6k_x4(const uint8_t *w, int64_t blocks, const XRow *x, int n
     for (int64_t sb = 0; sb < blocks; sb++) {
         const uint8_t *b = w + sb * Q6X4_BYTES;
         for (int o = 0; o < Q6X4_BYTES; o += LINE) __builtin_prefetch(b + PREFETCH_BYTES + o);
-        const __m256i sc[2] = {load32(b + Q6X4_SCALES), load32(b + Q6X4_SCALES + 32)};
+        const __m256i sc[2] = {load32(b + Q6X4_SCALES), load32(b + Q6X4_SCALES + PAIR_BYTES)};
         __m256i acc[TILE_ROWS];
         for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_si256();
         UNROLL for (int g = 0; g < 8; g++) {
@@ -840,16 +849,20 @@ QINLINE void tile4_q6k_x4(const uint8_t *w, int64_t blocks, const XRow *x, int n
         /* each row's sixteen scales as int16: [j 0-7 | j 8-15] */
         __m256i srow[4];
         for (int j = 0; j < 4; j++) {
-            const __m128i a = j < 2 ? _mm256_castsi256_si128(sc[0]) : _mm256_extracti128_si256(sc[0], 1);
-            const __m128i c = j < 2 ? _mm256_castsi256_si128(sc[1]) : _mm256_extracti128_si256(sc[1], 1);
-            srow[j] = _mm256_cvtepi8_epi16(j % 2 ? _mm_unpackhi_epi64(a, c) : _mm_unpacklo_epi64(a, c));
+            const __m128i a = j < 2 ? _mm256_castsi256_si128(sc[0])
+                                    : _mm256_extracti128_si256(sc[0], 1);
+            const __m128i c = j < 2 ? _mm256_castsi256_si128(sc[1])
+                                    : _mm256_extracti128_si256(sc[1], 1);
+            srow[j] = _mm256_cvtepi8_epi16(j % 2 ? _mm_unpackhi_epi64(a, c)
+                                                 : _mm_unpacklo_epi64(a, c));
         }
         const __m128 d = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(b + Q6X4_D)));
         for (int r = 0; r < nr; r++) {
             /* [I0 I0' I1 I1' | I2 I2' I3 I3'] -> [I0 I1 I2 I3], less 32 times the offsets */
             const __m256i sums = _mm256_hadd_epi32(acc[r], acc[r]);
             const __m128i i4 = _mm256_castsi256_si128(_mm256_permute4x64_epi64(sums, 0x08));
-            const __m128i ints = _mm_sub_epi32(i4, _mm_slli_epi32(offsets4(srow, x[r].sum16 + sb * SUB), 5));
+            const __m128i offsets = offsets4(srow, x[r].sum16 + sb * SUB);
+            const __m128i ints = _mm_sub_epi32(i4, _mm_slli_epi32(offsets, 5));
             const __m128 de = _mm_mul_ps(d, _mm_set1_ps(x[r].e[sb]));
             f[r] = _mm_fmadd_ps(de, _mm_cvtepi32_ps(ints), f[r]);
         }
@@ -1087,7 +1100,8 @@ static int tile4_rows(const uint8_t *w, int64_t row_bytes, int64_t k, int fmt, c
 /* Words [from, from + count) of row j's super-block o, from where a strip keeps them (word c
  * of rows 0-3 together, from `at`). */
 static void strip_words(const uint8_t *at, int from, int count, int j, uint8_t *o) {
-    for (int c = 0; c < count; c++) memcpy(o + from + WORD * c, at + X4_ROWS * WORD * c + WORD * j, WORD);
+    for (int c = 0; c < count; c++)
+        memcpy(o + from + WORD * c, at + X4_ROWS * WORD * c + WORD * j, WORD);
 }
 
 /* Row j of an interleaved strip w back as the file's blocks (the header's layouts). */
@@ -1101,10 +1115,14 @@ static void strip_row(const uint8_t *w, int64_t blocks, int fmt, int j, uint8_t 
         } else {
             const uint8_t *b = w + sb * Q6X4_BYTES;
             uint8_t *o = row + sb * Q6K_BYTES;
-            strip_words(b, 0, 16, j, o);
-            strip_words(b + Q6X4_HIGH, 128, 8, j, o);
-            for (int h = 0; h < 2; h++) memcpy(o + 192 + 8 * h, b + Q6X4_SCALES + 32 * h + 8 * j, 8);
-            memcpy(o + 208, b + Q6X4_D + 2 * j, 2);
+            enum { HIGH = WORD * Q6K_LOW_WORDS, SCALES = HIGH + WORD * Q6K_HIGH_WORDS };
+            enum { HALF_SCALES = Q6K_SCALES / 2, D = SCALES + Q6K_SCALES };
+            strip_words(b, 0, Q6K_LOW_WORDS, j, o);
+            strip_words(b + Q6X4_HIGH, HIGH, Q6K_HIGH_WORDS, j, o);
+            for (int h = 0; h < 2; h++)
+                memcpy(o + SCALES + HALF_SCALES * h,
+                       b + Q6X4_SCALES + X4_ROWS * HALF_SCALES * h + HALF_SCALES * j, HALF_SCALES);
+            memcpy(o + D, b + Q6X4_D + 2 * j, Q6K_BYTES - D);
         }
     }
 }
