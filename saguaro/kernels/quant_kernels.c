@@ -35,7 +35,9 @@
  * block order, f_l = fma(d e, (float) lane_l, f_l) (Q5_1's minimum in one float, c = fmaf(m e,
  * P, c)), and the result tree(f) (Q5_1: tree(f) + c), tree((0+4, 1+5, 2+6, 3+7), then (0+2,
  * 1+3), then 0+1). The generic C below computes exactly these sums and steps, so the AVX2 and
- * generic builds give the same bits, and so does a row whatever tile it sits in.
+ * generic builds give the same bits, and so does a row whatever tile it sits in. Where the CPU
+ * has VNNI (vpdpbusd, vpdpwssd) the four-row tiles add the same products with fewer
+ * instructions (group_rows4): the same integers, so the same bits again.
  *
  * K-quants interleaved (FMT_Q4K_X4, FMT_Q6K_X4; saguaro.kernels.interleave). The four-row
  * tiles below spend more on transposing four rows' codes into their registers than on
@@ -77,7 +79,10 @@ enum {
 /* Weights are asked for this many bytes ahead of the block being multiplied, a line or so per
  * block: a steady stream the memory system keeps up with (a whole row at a time, some 7 KB for
  * a Q6_K row of 8,960, overflows the outstanding misses and stalls). */
-enum { PREFETCH_BYTES = 4096, LINE = 64 };
+#ifndef PREFETCH_BYTES /* the build sets it per CPU vendor (build.py) */
+#define PREFETCH_BYTES 4096
+#endif
+enum { LINE = 64 };
 
 #if defined(__AVX2__) && !defined(SAGUARO_GENERIC)
 #define QUANT_AVX2 1
@@ -88,6 +93,18 @@ enum { PREFETCH_BYTES = 4096, LINE = 64 };
 #else
 #define UNROLL
 #define KEEP(v)
+#endif
+/* VNNI (AVX-512's on 256-bit registers, or AVX-VNNI): vpdpbusd adds four u8 x s8 products into
+ * each int32 lane, vpdpwssd two int16 x int16 ones; the four-row tiles take them where the
+ * integers they sum are the same (group_rows4, block_dot4). */
+#if defined(QUANT_AVX2) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define QUANT_VNNI 1
+#define DPBUSD _mm256_dpbusd_epi32
+#define DPWSSD _mm256_dpwssd_epi32
+#elif defined(QUANT_AVX2) && defined(__AVXVNNI__)
+#define QUANT_VNNI 1
+#define DPBUSD _mm256_dpbusd_avx_epi32
+#define DPWSSD _mm256_dpwssd_avx_epi32
 #endif
 
 /* ---- The activation, rounded row by row ---- */
@@ -633,20 +650,31 @@ QINLINE void group_k4(const __m256i t[4], const __m256i *qh, int g, __m256i q[4]
     }
 }
 
-/* Lanes [w0 w0 w1 w1 | w2 w2 w3 w3] of one activation row's group (codes p): the four weight
- * rows' sums of q p, times their scales sg. */
-QINLINE __m256i group_dot4(const __m256i q[4], const int8_t *p, __m256i sg) {
+/* Lanes [w0 w0 w1 w1 | w2 w2 w3 w3] of one activation row's block of 32 (codes p) against four
+ * weight rows' codes q (unsigned, at most 31): each lane sums 16 products, bytes 4l .. 4l + 3
+ * of every word. VNNI's vpdpbusd adds four products into an int32 lane at once; otherwise
+ * vpmaddubsw's pairs add up in int16 (|sum| <= 8 * 31 * 127 = 31,496), then vpmaddwd. The same
+ * integers either way. */
+QINLINE __m256i block_dot4(const __m256i q[4], const int8_t *p) {
+#ifdef QUANT_VNNI
+    __m256i a = _mm256_setzero_si256();
+    for (int c = 0; c < 4; c++) a = DPBUSD(a, q[c], bcast8(p + 8 * c));
+    return a;
+#else
     __m256i a = _mm256_maddubs_epi16(q[0], bcast8(p));
     for (int c = 1; c < 4; c++)
         a = _mm256_add_epi16(a, _mm256_maddubs_epi16(q[c], bcast8(p + 8 * c)));
-    return _mm256_madd_epi16(a, sg);
+    return _mm256_madd_epi16(a, _mm256_set1_epi16(1));
+#endif
 }
 
 /* Scale g of four rows (sc: bytes [row 0's eight, row 1's | row 2's, row 3's]) as int16
- * lanes [row 0 x4, row 1 x4 | row 2 x4, row 3 x4]. */
-QINLINE __m256i scales4(__m256i sc, int g) {
-    const __m128i pick = _mm_setr_epi8(g, -1, g, -1, g, -1, g, -1, 8 + g, -1, 8 + g, -1, 8 + g,
-                                       -1, 8 + g, -1);
+ * lanes [row 0 x4, row 1 x4 | row 2 x4, row 3 x4]; with only_low, as int16 pairs [s, 0] (for
+ * VNNI's vpdpwssd on int32 lanes that fit in their low half). */
+QINLINE __m256i scales4(__m256i sc, int g, int only_low) {
+    const char h = only_low ? -1 : (char)g, h8 = only_low ? -1 : (char)(8 + g);
+    const __m128i pick = _mm_setr_epi8(g, -1, h, -1, g, -1, h, -1, 8 + g, -1, h8, -1, 8 + g, -1,
+                                       h8, -1);
     return _mm256_shuffle_epi8(sc, _mm256_setr_m128i(pick, pick));
 }
 
@@ -686,12 +714,32 @@ QINLINE K4Head head_k4(const uint8_t *const b[4]) {
     };
 }
 
-/* One group's products of four weight rows (codes q, scales sg) with each activation row,
- * added to that row's super-block sums. */
-QINLINE void group_rows4(const __m256i q[4], __m256i sg, const XRow *x, int nr, int64_t at,
-                         __m256i *acc) {
+/* One group's products of four weight rows (codes q, the rows' scales as bytes sc) with each
+ * activation row, added to that row's super-block sums as lanes [w0 w0 w1 w1 | w2 w2 w3 w3].
+ * Four-bit codes (not wide) under VNNI: a lane's 16 products are at most 16 * 15 * 127 =
+ * 30,480, an int16, so vpdpwssd against [s, 0] scales the int32 lane and adds it at once (5
+ * multiplies per four rows' group). Otherwise vpmaddubsw's pairs add up in int16 before one
+ * vpmaddwd applies the scales (|sum| <= 8 * 31 * 127 = 31,496 for Q5_K's codes). */
+QINLINE void group_rows4(const __m256i q[4], __m256i sc, int g, int wide, const XRow *x, int nr,
+                         int64_t at, __m256i *acc) {
+#ifdef QUANT_VNNI
+    if (!wide) {
+        const __m256i s = scales4(sc, g, 1);
+        UNROLL for (int r = 0; r < nr; r++) {
+            acc[r] = DPWSSD(acc[r], block_dot4(q, x[r].p + at), s);
+            KEEP(acc[r]);
+        }
+        return;
+    }
+#endif
+    (void)wide;
+    const __m256i s = scales4(sc, g, 0);
     UNROLL for (int r = 0; r < nr; r++) {
-        acc[r] = _mm256_add_epi32(acc[r], group_dot4(q, x[r].p + at, sg));
+        const int8_t *p = x[r].p + at;
+        __m256i a = _mm256_maddubs_epi16(q[0], bcast8(p));
+        for (int c = 1; c < 4; c++)
+            a = _mm256_add_epi16(a, _mm256_maddubs_epi16(q[c], bcast8(p + 8 * c)));
+        acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(a, s));
         KEEP(acc[r]);
     }
 }
@@ -745,7 +793,7 @@ QINLINE void tile4_k45(const uint8_t *w, int64_t row_bytes, int64_t blocks, int 
             __m256i q[4];
             if (g % 2 == 0) pair_k4(qs, g / 2, t);
             group_k4(t, with_high ? qh : NULL, g, q);
-            group_rows4(q, scales4(h.sc, g), x, nr, sb * SUPER + 32 * g, acc);
+            group_rows4(q, h.sc, g, with_high, x, nr, sb * SUPER + 32 * g, acc);
         }
         fold_rows4(&h, acc, x, nr, sb, fc);
     }
@@ -771,7 +819,7 @@ QINLINE void tile4_q4k_x4(const uint8_t *w, int64_t blocks, const XRow *x, int n
                 const __m256i v = load32(codes + X4_PAIR * (g / 2) + PAIR_BYTES * c);
                 q[c] = _mm256_and_si256(g & 1 ? _mm256_srli_epi16(v, 4) : v, low);
             }
-            group_rows4(q, scales4(h.sc, g), x, nr, sb * SUPER + 32 * g, acc);
+            group_rows4(q, h.sc, g, 0, x, nr, sb * SUPER + 32 * g, acc);
         }
         fold_rows4(&h, acc, x, nr, sb, fc);
     }
@@ -841,8 +889,12 @@ QINLINE void tile4_q6k_x4(const uint8_t *w, int64_t blocks, const XRow *x, int n
                                                    _mm256_maddubs_epi16(q[1], bcast8(p + 8)));
                 const __m256i c = _mm256_add_epi16(_mm256_maddubs_epi16(q[2], bcast8(p + 16)),
                                                    _mm256_maddubs_epi16(q[3], bcast8(p + 24)));
+#ifdef QUANT_VNNI
+                acc[r] = DPWSSD(DPWSSD(acc[r], a, sa), c, sb2);
+#else
                 acc[r] = _mm256_add_epi32(acc[r], _mm256_add_epi32(_mm256_madd_epi16(a, sa),
                                                                    _mm256_madd_epi16(c, sb2)));
+#endif
                 KEEP(acc[r]);
             }
         }
@@ -938,19 +990,16 @@ QINLINE void pair4_q50(const uint8_t *w, int64_t row_bytes, int64_t bi, int two,
     const __m256 d =
         _mm256_cvtph_ps(_mm256_castsi256_si128(_mm256_permute4x64_epi64(dd, 0x08)));
     for (int j = 0; j < 4; j++) b[j] = a0 + j * row_bytes;
-    /* a block's sums as group_dot4's with unit scales: a product pair is at most 2 * 31 * 127,
-     * so four add up in int16 (<= 31,496) */
-    const __m256i ones = _mm256_set1_epi16(1);
     __m256i q[4], sa[TILE_ROWS];
     block4_q5(b, qh, q);
-    for (int r = 0; r < nr; r++) sa[r] = group_dot4(q, x[r].p + bi * SMALL, ones);
+    for (int r = 0; r < nr; r++) sa[r] = block_dot4(q, x[r].p + bi * SMALL);
     if (two) {
         for (int j = 0; j < 4; j++) b[j] += Q50_BYTES;
         block4_q5(b, _mm256_srli_si256(qh, 8), q);
     }
     for (int r = 0; r < nr; r++) {
         const __m256i sb =
-            two ? group_dot4(q, x[r].p + (bi + 1) * SMALL, ones) : _mm256_setzero_si256();
+            two ? block_dot4(q, x[r].p + (bi + 1) * SMALL) : _mm256_setzero_si256();
         const uint16_t pa = (uint16_t)x[r].sum32[bi], pb = two ? (uint16_t)x[r].sum32[bi + 1] : 0;
         const __m256i offset =
             _mm256_madd_epi16(_mm256_set1_epi32((int)(pa | (uint32_t)pb << 16)), sixteen);
