@@ -1,4 +1,4 @@
-"""K-quant rows interleaved four at a time: the layout ``quant_kernels.c`` multiplies fastest.
+"""Rows interleaved four at a time: the layout ``quant_kernels.c`` multiplies fastest.
 
 The kernel's four-row tiles put 8 codes of each of four weight rows in one register, so that
 one ``vpmaddubsw`` against 8 activation codes serves four rows. Read from the file's layout (a
@@ -8,7 +8,8 @@ weight loaded to run on the kernels has its bytes permuted once instead, four ro
 C header spells out where each byte goes): nothing is added, dropped or rounded, so a row's
 product is the same integer sums, and :func:`deinterleave` gives the file's blocks back.
 
-A strip's super-block ``b`` is the four rows' super-block ``b``, regrouped by :func:`layout`.
+A strip's super-block ``b`` is the four rows' super-block ``b``, regrouped by :func:`layout`
+(for Q5_0, its block of 32).
 """
 
 from __future__ import annotations
@@ -22,14 +23,16 @@ from saguaro.kernels.ops import PackedWeight
 
 ROWS = 4  # weight rows a strip
 WORD = 8  # bytes: the kernel's unit of a row's codes in a register
-INTERLEAVED = {"q4_k": "q4_k_x4", "q6_k": "q6_k_x4"}  # the file's format -> its interleaved form
+# the file's format -> its interleaved form
+INTERLEAVED = {"q4_k": "q4_k_x4", "q6_k": "q6_k_x4", "q5_0": "q5_0_x4"}
 FILE_FORMAT = {v: k for k, v in INTERLEAVED.items()}
-SUPER_BYTES = {"q4_k": 144, "q6_k": 210}  # a row's super-block of 256 weights
-# Where a super-block keeps its parts (GGUF's block_q4_K and block_q6_K), in bytes.
+SUPER_BYTES = {"q4_k": 144, "q6_k": 210, "q5_0": 22}  # a row's (super-)block
+# Where a block keeps its parts (GGUF's block_q4_K, block_q6_K and block_q5_0), in bytes.
 Q4K_HEAD, Q4K_CODE_WORDS = 16, 16  # d, dmin and 12 bytes of scales; then 128 bytes of codes
 Q6K_LOW_WORDS, Q6K_HIGH, Q6K_HIGH_WORDS = 16, 128, 8  # low nibbles, then the high bits
 Q6K_SCALES, Q6K_D = 192, 208  # sixteen int8 scales, in two blocks of eight; float16 d
 SCALE_BLOCK = 8
+Q5_D, Q5_QH, Q5_CODE_WORDS = 2, 4, 2  # float16 d, the fifth bits; then 16 bytes of codes
 
 
 def _words(start: int, count: int) -> list[tuple[int, int]]:
@@ -49,9 +52,12 @@ def layout(fmt: str) -> np.ndarray:
     """For each byte of a strip's super-block, the byte of the four rows' super-blocks (row r's
     byte i is r * size + i) it holds. Q4_K: the four headers (d, dmin, scales), then the codes
     word by word, each word of rows 0-3. Q6_K: the low nibbles' words and the high bits', each
-    word of rows 0-3; scales 0-7 of rows 0-3, then 8-15 of rows 0-3; the four rows' d."""
+    word of rows 0-3; scales 0-7 of rows 0-3, then 8-15 of rows 0-3; the four rows' d. Q5_0:
+    the four d's, the four qh's, then the codes word by word, each word of rows 0-3."""
     if fmt == "q4_k":
         order = _rows(0, Q4K_HEAD) + _words(Q4K_HEAD, Q4K_CODE_WORDS)
+    elif fmt == "q5_0":
+        order = _rows(0, Q5_D) + _rows(Q5_D, Q5_QH) + _words(Q5_D + Q5_QH, Q5_CODE_WORDS)
     else:
         order = _words(0, Q6K_LOW_WORDS) + _words(Q6K_HIGH, Q6K_HIGH_WORDS)
         order += _rows(Q6K_SCALES, SCALE_BLOCK) + _rows(Q6K_SCALES + SCALE_BLOCK, SCALE_BLOCK)
@@ -61,7 +67,7 @@ def layout(fmt: str) -> np.ndarray:
 
 
 def interleaves(w: PackedWeight) -> bool:
-    """Whether ``w`` has an interleaved form: a K-quant in whole strips of four rows."""
+    """Whether ``w`` has an interleaved form: Q4_K, Q6_K or Q5_0 in whole strips of four rows."""
     return w.fmt in INTERLEAVED and w.n % ROWS == 0
 
 

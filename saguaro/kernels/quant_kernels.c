@@ -49,7 +49,9 @@
  * rows' word c: byte b of row j's word c of pair i at X4_HEADS + 128 i + 32 c + 8 j + b. Q6_K:
  * the low nibbles' 16 words, then the high bits' 8, each word of rows 0-3 (word c of row j at
  * 32 c + 8 j of its part); scales 0-7 of rows 0-3 (8 bytes a row), then 8-15; the four d's. The
- * same bytes, so the same sums and bits.
+ * same bytes, so the same sums and bits. Q5_0 (FMT_Q50_X4), per block of 32: the four rows' d,
+ * their qh (4 bytes a row), then the codes' two words, each of rows 0-3 (word c of row j at
+ * X4_ROWS * 6 + 32 c + 8 j).
  */
 #include <immintrin.h>
 #include <math.h>
@@ -61,7 +63,7 @@
 #define QINLINE static inline __attribute__((always_inline))
 
 enum { FMT_Q4K = 4, FMT_Q5K = 5, FMT_Q6K = 6, FMT_Q50 = 7, FMT_Q51 = 8, FMT_Q80 = 9 };
-enum { FMT_Q4K_X4 = 10, FMT_Q6K_X4 = 11 }; /* four rows interleaved (below) */
+enum { FMT_Q4K_X4 = 10, FMT_Q6K_X4 = 11, FMT_Q50_X4 = 12 }; /* four rows interleaved (below) */
 enum { SUPER = 256, SMALL = 32, SUB = 16, QLANES = 8, TILE_ROWS = 8, COL_CHUNK = 16 };
 enum { Q4K_BYTES = 144, Q5K_BYTES = 176, Q6K_BYTES = 210, Q50_BYTES = 22, Q51_BYTES = 24 };
 enum { Q80_BYTES = 34 };
@@ -76,6 +78,9 @@ enum {
     Q6X4_SCALES = Q6X4_HIGH + X4_ROWS * WORD * Q6K_HIGH_WORDS,
     Q6X4_D = Q6X4_SCALES + X4_ROWS * Q6K_SCALES,
 };
+/* Q5_0 interleaved: a strip's block is the four d's, the four qh's, then the codes' two words. */
+enum { Q5_D = 2, Q5_QH = 4, Q50X4_BYTES = X4_ROWS * Q50_BYTES };
+enum { Q50X4_QH = X4_ROWS * Q5_D, Q50X4_CODES = Q50X4_QH + X4_ROWS * Q5_QH };
 /* Weights are asked for this many bytes ahead of the block being multiplied, a line or so per
  * block: a steady stream the memory system keeps up with (a whole row at a time, some 7 KB for
  * a Q6_K row of 8,960, overflows the outstanding misses and stalls). */
@@ -922,16 +927,11 @@ QINLINE void tile4_q6k_x4(const uint8_t *w, int64_t blocks, const XRow *x, int n
     for (int r = 0; r < nr; r++) _mm_storeu_ps(y + 4 * r, f[r]);
 }
 
-/* Q5_0's codes of four rows' block (b[j]: row j's block), unsigned 0..31, transposed: q[c] =
- * weights 8c .. 8c + 7 of rows [0, 1 | 2, 3]. Weight i < 16 is the low nibble of code byte i,
- * weight i >= 16 the high nibble of byte i - 16, and its fifth bit is bit i of qh; h holds the
- * rows' qh as int32 lanes [0, 1, .. | 2, 3, ..]. */
-QINLINE void block4_q5(const uint8_t *const b[4], __m256i h, __m256i q[4]) {
-    const __m256i x = _mm256_setr_m128i(_mm_loadu_si128((const __m128i *)(b[0] + 6)),
-                                        _mm_loadu_si128((const __m128i *)(b[2] + 6)));
-    const __m256i y = _mm256_setr_m128i(_mm_loadu_si128((const __m128i *)(b[1] + 6)),
-                                        _mm_loadu_si128((const __m128i *)(b[3] + 6)));
-    const __m256i lo = _mm256_unpacklo_epi64(x, y), hi = _mm256_unpackhi_epi64(x, y);
+/* Q5_0's codes of four rows' block, unsigned 0..31, transposed: q[c] = weights 8c .. 8c + 7 of
+ * rows [0, 1 | 2, 3], from the rows' code words 0 (lo) and 1 (hi) in that order. Weight i < 16
+ * is the low nibble of code byte i, weight i >= 16 the high nibble of byte i - 16, and its fifth
+ * bit is bit i of qh; h holds the rows' qh as int32 lanes [0, 1, .. | 2, 3, ..]. */
+QINLINE void codes4_q5(__m256i lo, __m256i hi, __m256i h, __m256i q[4]) {
     const __m256i low = _mm256_set1_epi8(0xF);
     q[0] = _mm256_and_si256(lo, low);
     q[1] = _mm256_and_si256(hi, low);
@@ -949,6 +949,23 @@ QINLINE void block4_q5(const uint8_t *const b[4], __m256i h, __m256i q[4]) {
     }
 }
 
+/* Block bi of four Q5_0 rows: of rows w + j * row_bytes as the file has them, or (x4) of the
+ * interleaved strip w, whose code words are already in the registers' order. */
+QINLINE void block4_q5(const uint8_t *w, int64_t row_bytes, int64_t bi, int x4, __m256i h,
+                       __m256i q[4]) {
+    if (x4) {
+        const uint8_t *codes = w + bi * Q50X4_BYTES + Q50X4_CODES;
+        codes4_q5(load32(codes), load32(codes + X4_ROWS * WORD), h, q);
+        return;
+    }
+    const uint8_t *b = w + bi * Q50_BYTES + Q5_D + Q5_QH;
+    const __m256i x = _mm256_setr_m128i(_mm_loadu_si128((const __m128i *)b),
+                                        _mm_loadu_si128((const __m128i *)(b + 2 * row_bytes)));
+    const __m256i y = _mm256_setr_m128i(_mm_loadu_si128((const __m128i *)(b + row_bytes)),
+                                        _mm_loadu_si128((const __m128i *)(b + 3 * row_bytes)));
+    codes4_q5(_mm256_unpacklo_epi64(x, y), _mm256_unpackhi_epi64(x, y), h, q);
+}
+
 /* The first 8 bytes (d, qh, two codes) of four rows' blocks (b: row 0's; rows rb apart) as
  * 64-bit lanes [0, 1 | 2, 3]. */
 QINLINE __m256i heads4_q5(const uint8_t *b, int64_t rb) {
@@ -959,27 +976,21 @@ QINLINE __m256i heads4_q5(const uint8_t *b, int64_t rb) {
     return _mm256_setr_m128i(r01, r23);
 }
 
-/* Four rows' Q5_0 blocks A = bi and B = bi + 1 (B absent where two is 0: its lanes then get
- * d e = 0 and I = 0, and fma(0, 0, f) leaves them) against activation rows r < nr: [I_A I_B]
- * of the four rows from one hadd, less 16 P (q - 16 is the weight), folded into f[r]'s lanes
- * [A0 A1 B0 B1 | A2 A3 B2 B3]. */
-QINLINE void pair4_q50(const uint8_t *w, int64_t row_bytes, int64_t bi, int two, const XRow *x,
-                       int nr, __m256 *f) {
-    /* int16 pairs [16, 0] where a lane takes block A's P, [0, 16] block B's */
-    const __m256i sixteen = _mm256_setr_epi16(16, 0, 16, 0, 0, 16, 0, 16, 16, 0, 16, 0, 0, 16,
-                                              0, 16);
-    const uint8_t *a0 = w + bi * Q50_BYTES, *b[4];
+/* Blocks A = bi and B = bi + 1 of four Q5_0 rows as the file has them: qh as int32 lanes
+ * [A0 A1 B0 B1 | A2 A3 B2 B3] (bytes 2-5 of each block), d as floats in the same lanes. */
+QINLINE void heads_q50(const uint8_t *w, int64_t row_bytes, int64_t bi, int two, __m256i *qh,
+                       __m256 *d) {
+    const uint8_t *a0 = w + bi * Q50_BYTES;
     const __m256i ha = heads4_q5(a0, row_bytes);
     const __m256i hb = two ? heads4_q5(a0 + Q50_BYTES, row_bytes) : ha;
-    /* qh: bytes 2-5 of each head, as int32 lanes [A0 A1 B0 B1 | A2 A3 B2 B3]; d: bytes 0-1, as
-     * int16 lanes [A0 A1 B0 B1 | .. | A2 A3 B2 B3 | ..] */
-    const __m256i qh = _mm256_or_si256(
+    *qh = _mm256_or_si256(
         _mm256_shuffle_epi8(ha, _mm256_setr_epi8(2, 3, 4, 5, 10, 11, 12, 13, -1, -1, -1, -1, -1,
                                                  -1, -1, -1, 2, 3, 4, 5, 10, 11, 12, 13, -1, -1,
                                                  -1, -1, -1, -1, -1, -1)),
         _mm256_shuffle_epi8(hb, _mm256_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, 2, 3, 4, 5, 10,
                                                  11, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1, 2, 3,
                                                  4, 5, 10, 11, 12, 13)));
+    /* d: bytes 0-1, as int16 lanes [A0 A1 B0 B1 | .. | A2 A3 B2 B3 | ..] */
     const __m256i dd = _mm256_or_si256(
         _mm256_shuffle_epi8(ha, _mm256_setr_epi8(0, 1, 8, 9, -1, -1, -1, -1, -1, -1, -1, -1, -1,
                                                  -1, -1, -1, 0, 1, 8, 9, -1, -1, -1, -1, -1, -1,
@@ -987,16 +998,39 @@ QINLINE void pair4_q50(const uint8_t *w, int64_t row_bytes, int64_t bi, int two,
         _mm256_shuffle_epi8(hb, _mm256_setr_epi8(-1, -1, -1, -1, 0, 1, 8, 9, -1, -1, -1, -1, -1,
                                                  -1, -1, -1, -1, -1, -1, -1, 0, 1, 8, 9, -1, -1,
                                                  -1, -1, -1, -1, -1, -1)));
-    const __m256 d =
-        _mm256_cvtph_ps(_mm256_castsi256_si128(_mm256_permute4x64_epi64(dd, 0x08)));
-    for (int j = 0; j < 4; j++) b[j] = a0 + j * row_bytes;
+    *d = _mm256_cvtph_ps(_mm256_castsi256_si128(_mm256_permute4x64_epi64(dd, 0x08)));
+}
+
+/* heads_q50's lanes from an interleaved strip w, whose blocks keep the four rows' d and qh
+ * together. */
+QINLINE void heads_q50_x4(const uint8_t *w, int64_t bi, int two, __m256i *qh, __m256 *d) {
+    const uint8_t *a = w + bi * Q50X4_BYTES, *b = two ? a + Q50X4_BYTES : a;
+    const __m128i qa = _mm_loadu_si128((const __m128i *)(a + Q50X4_QH));
+    const __m128i qb = _mm_loadu_si128((const __m128i *)(b + Q50X4_QH));
+    *qh = _mm256_setr_m128i(_mm_unpacklo_epi64(qa, qb), _mm_unpackhi_epi64(qa, qb));
+    const __m128i da = _mm_loadl_epi64((const __m128i *)a), db = _mm_loadl_epi64((const __m128i *)b);
+    *d = _mm256_cvtph_ps(_mm_unpacklo_epi32(da, db));
+}
+
+/* Four rows' Q5_0 blocks A = bi and B = bi + 1 (B absent where two is 0: its lanes then get
+ * d e = 0 and I = 0, and fma(0, 0, f) leaves them) against activation rows r < nr: [I_A I_B]
+ * of the four rows from one hadd, less 16 P (q - 16 is the weight), folded into f[r]'s lanes
+ * [A0 A1 B0 B1 | A2 A3 B2 B3]. x4: w is an interleaved strip (FMT_Q50_X4). */
+QINLINE void pair4_q50(const uint8_t *w, int64_t row_bytes, int64_t bi, int two, int x4,
+                       const XRow *x, int nr, __m256 *f) {
+    /* int16 pairs [16, 0] where a lane takes block A's P, [0, 16] block B's */
+    const __m256i sixteen = _mm256_setr_epi16(16, 0, 16, 0, 0, 16, 0, 16, 16, 0, 16, 0, 0, 16,
+                                              0, 16);
+    __m256i qh;
+    __m256 d;
+    if (x4)
+        heads_q50_x4(w, bi, two, &qh, &d);
+    else
+        heads_q50(w, row_bytes, bi, two, &qh, &d);
     __m256i q[4], sa[TILE_ROWS];
-    block4_q5(b, qh, q);
+    block4_q5(w, row_bytes, bi, x4, qh, q);
     for (int r = 0; r < nr; r++) sa[r] = block_dot4(q, x[r].p + bi * SMALL);
-    if (two) {
-        for (int j = 0; j < 4; j++) b[j] += Q50_BYTES;
-        block4_q5(b, _mm256_srli_si256(qh, 8), q);
-    }
+    if (two) block4_q5(w, row_bytes, bi + 1, x4, _mm256_srli_si256(qh, 8), q);
     for (int r = 0; r < nr; r++) {
         const __m256i sb =
             two ? block_dot4(q, x[r].p + (bi + 1) * SMALL) : _mm256_setzero_si256();
@@ -1005,25 +1039,32 @@ QINLINE void pair4_q50(const uint8_t *w, int64_t row_bytes, int64_t bi, int two,
             _mm256_madd_epi16(_mm256_set1_epi32((int)(pa | (uint32_t)pb << 16)), sixteen);
         const __m256i ints = _mm256_sub_epi32(_mm256_hadd_epi32(sa[r], sb), offset);
         const __m256 da = _mm256_mul_ps(d, _mm256_set1_ps(x[r].e[bi]));
-        const __m256 db = two ? _mm256_mul_ps(d, _mm256_set1_ps(x[r].e[bi + 1])) : _mm256_setzero_ps();
+        const __m256 db =
+            two ? _mm256_mul_ps(d, _mm256_set1_ps(x[r].e[bi + 1])) : _mm256_setzero_ps();
         f[r] = _mm256_fmadd_ps(_mm256_blend_ps(da, db, 0xCC), _mm256_cvtepi32_ps(ints), f[r]);
     }
 }
 
-/* y[4 r + j] for Q5_0 weight rows j of w (row_bytes apart) and activation rows r < nr, two
- * blocks at a time; a row's lanes hold its even- and odd-block chains: the row path's. */
-QINLINE void tile4_q50(const uint8_t *w, int64_t row_bytes, int64_t blocks, const XRow *x,
-                       int nr, float *y) {
+/* y[4 r + j] for Q5_0 weight rows j of w (row_bytes apart, or an interleaved strip: x4) and
+ * activation rows r < nr, two blocks at a time; a row's lanes hold its even- and odd-block
+ * chains: the row path's. */
+QINLINE void tile4_q50(const uint8_t *w, int64_t row_bytes, int64_t blocks, int x4,
+                       const XRow *x, int nr, float *y) {
     __m256 f[TILE_ROWS]; /* [e0 e1 o0 o1 | e2 e3 o2 o3]: rows' even- and odd-block chains */
     for (int r = 0; r < nr; r++) f[r] = _mm256_setzero_ps();
     int64_t bi = 0;
     for (; bi + 1 < blocks; bi += 2) {
-        /* the next four rows (contiguous), swept at the pace this tile reads its own */
-        const uint8_t *next = w + 4 * row_bytes + 4 * bi * Q50_BYTES;
-        for (int o = 0; o < 8 * Q50_BYTES; o += LINE) __builtin_prefetch(next + o);
-        pair4_q50(w, row_bytes, bi, 1, x, nr, f);
+        if (x4) {
+            const uint8_t *b = w + bi * Q50X4_BYTES + PREFETCH_BYTES;
+            for (int o = 0; o < 2 * Q50X4_BYTES; o += LINE) __builtin_prefetch(b + o);
+        } else {
+            /* the next four rows (contiguous), swept at the pace this tile reads its own */
+            const uint8_t *next = w + 4 * row_bytes + 4 * bi * Q50_BYTES;
+            for (int o = 0; o < 8 * Q50_BYTES; o += LINE) __builtin_prefetch(next + o);
+        }
+        pair4_q50(w, row_bytes, bi, 1, x4, x, nr, f);
     }
-    if (bi < blocks) pair4_q50(w, row_bytes, bi, 0, x, nr, f);
+    if (bi < blocks) pair4_q50(w, row_bytes, bi, 0, x4, x, nr, f);
     for (int r = 0; r < nr; r++) {
         const __m128 lo = _mm256_castps256_ps128(f[r]), hi = _mm256_extractf128_ps(f[r], 1);
         _mm_storeu_ps(y + 4 * r, _mm_add_ps(_mm_movelh_ps(lo, hi), _mm_movehl_ps(hi, lo)));
@@ -1034,7 +1075,7 @@ QINLINE void tile4_q50(const uint8_t *w, int64_t row_bytes, int64_t blocks, cons
 
 /* A block's weights (256 for the super-block formats, 32 for the others) and bytes. */
 QINLINE int block_weights(int fmt) {
-    return fmt >= FMT_Q50 && fmt < FMT_Q4K_X4 ? SMALL : SUPER;
+    return (fmt >= FMT_Q50 && fmt < FMT_Q4K_X4) || fmt == FMT_Q50_X4 ? SMALL : SUPER;
 }
 QINLINE int block_bytes(int fmt) {
     switch (fmt) {
@@ -1043,7 +1084,8 @@ QINLINE int block_bytes(int fmt) {
     case FMT_Q5K: return Q5K_BYTES;
     case FMT_Q6K:
     case FMT_Q6K_X4: return Q6K_BYTES;
-    case FMT_Q50: return Q50_BYTES;
+    case FMT_Q50:
+    case FMT_Q50_X4: return Q50_BYTES;
     case FMT_Q51: return Q51_BYTES;
     default: return Q80_BYTES;
     }
@@ -1131,7 +1173,8 @@ static void tile_rows(const uint8_t *w, int64_t k, int fmt, const XRow *x, int n
     case NR:                                                                                 \
         if (fmt == FMT_Q4K_X4) tile4_q4k_x4(w, k / SUPER, x, NR, y);                        \
         else if (fmt == FMT_Q6K_X4) tile4_q6k_x4(w, k / SUPER, x, NR, y);                   \
-        else if (fmt == FMT_Q50) tile4_q50(w, row_bytes, k / SMALL, x, NR, y);              \
+        else if (fmt == FMT_Q50 || fmt == FMT_Q50_X4)                                       \
+            tile4_q50(w, row_bytes, k / SMALL, fmt == FMT_Q50_X4, x, NR, y);                 \
         else tile4_k45(w, row_bytes, k / SUPER, fmt == FMT_Q5K, x, NR, y);                  \
         break;
 /* Four weight rows at once where the format has a four-row tile: whether it did. */
@@ -1156,7 +1199,13 @@ static void strip_words(const uint8_t *at, int from, int count, int j, uint8_t *
 /* Row j of an interleaved strip w back as the file's blocks (the header's layouts). */
 static void strip_row(const uint8_t *w, int64_t blocks, int fmt, int j, uint8_t *row) {
     for (int64_t sb = 0; sb < blocks; sb++) {
-        if (fmt == FMT_Q4K_X4) {
+        if (fmt == FMT_Q50_X4) {
+            const uint8_t *b = w + sb * Q50X4_BYTES;
+            uint8_t *o = row + sb * Q50_BYTES;
+            memcpy(o, b + Q5_D * j, Q5_D);
+            memcpy(o + Q5_D, b + Q50X4_QH + Q5_QH * j, Q5_QH);
+            strip_words(b + Q50X4_CODES, Q5_D + Q5_QH, (Q50_BYTES - Q5_D - Q5_QH) / WORD, j, o);
+        } else if (fmt == FMT_Q4K_X4) {
             const uint8_t *b = w + sb * X4_BYTES;
             uint8_t *o = row + sb * Q4K_BYTES;
             memcpy(o, b + K_HEAD * j, K_HEAD);
@@ -1176,6 +1225,11 @@ static void strip_row(const uint8_t *w, int64_t blocks, int fmt, int j, uint8_t 
     }
 }
 
+/* The format an interleaved one's rows come from. */
+static int file_format(int fmt) {
+    return fmt == FMT_Q4K_X4 ? FMT_Q4K : fmt == FMT_Q6K_X4 ? FMT_Q6K : FMT_Q50;
+}
+
 /* The generic build's four-row tile: an interleaved strip's rows one at a time, as stored. */
 static int tile4_rows(const uint8_t *w, int64_t row_bytes, int64_t k, int fmt, const XRow *x,
                       int nr, float *y) {
@@ -1183,8 +1237,8 @@ static int tile4_rows(const uint8_t *w, int64_t row_bytes, int64_t k, int fmt, c
     uint8_t row[row_bytes];
     float yj[TILE_ROWS];
     for (int j = 0; j < X4_ROWS; j++) {
-        strip_row(w, k / SUPER, fmt, j, row);
-        tile_rows(row, k, fmt == FMT_Q4K_X4 ? FMT_Q4K : FMT_Q6K, x, nr, yj);
+        strip_row(w, k / block_weights(fmt), fmt, j, row);
+        tile_rows(row, k, file_format(fmt), x, nr, yj);
         for (int r = 0; r < nr; r++) y[X4_ROWS * r + j] = yj[r];
     }
     return 1;
