@@ -68,6 +68,7 @@ def main() -> None:
     lines += [f"| {label} | {one:.1f} | {eight:.1f} |" for label, (one, eight) in heads.items()]
     text = "\n".join(lines) + "\n"
     print(text)
+    Path(a.out).mkdir(parents=True, exist_ok=True)
     Path(a.out, "results.md").write_text(text)
 
 
