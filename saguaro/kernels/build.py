@@ -82,6 +82,7 @@ def march() -> list[str]:
 
 
 def prefetch() -> list[str]:
+    """The tiles' prefetch distance for this CPU's vendor, as a define."""
     return [f"-DPREFETCH_BYTES={PREFETCH_BYTES.get(cpu()[0], DEFAULT_PREFETCH_BYTES)}"]
 
 
