@@ -655,6 +655,15 @@ QINLINE void group_k4(const __m256i t[4], const __m256i *qh, int g, __m256i q[4]
     }
 }
 
+/* int16 lanes of vpmaddubsw's pairs of four weight rows' codes q with one activation row's
+ * block of 32 (codes p), the four words' added up: |sum| <= 8 * 31 * 127 = 31,496. */
+QINLINE __m256i word_pairs4(const __m256i q[4], const int8_t *p) {
+    __m256i a = _mm256_maddubs_epi16(q[0], bcast8(p));
+    for (int c = 1; c < 4; c++)
+        a = _mm256_add_epi16(a, _mm256_maddubs_epi16(q[c], bcast8(p + 8 * c)));
+    return a;
+}
+
 /* Lanes [w0 w0 w1 w1 | w2 w2 w3 w3] of one activation row's block of 32 (codes p) against four
  * weight rows' codes q (unsigned, at most 31): each lane sums 16 products, bytes 4l .. 4l + 3
  * of every word. VNNI's vpdpbusd adds four products into an int32 lane at once; otherwise
@@ -666,10 +675,7 @@ QINLINE __m256i block_dot4(const __m256i q[4], const int8_t *p) {
     for (int c = 0; c < 4; c++) a = DPBUSD(a, q[c], bcast8(p + 8 * c));
     return a;
 #else
-    __m256i a = _mm256_maddubs_epi16(q[0], bcast8(p));
-    for (int c = 1; c < 4; c++)
-        a = _mm256_add_epi16(a, _mm256_maddubs_epi16(q[c], bcast8(p + 8 * c)));
-    return _mm256_madd_epi16(a, _mm256_set1_epi16(1));
+    return _mm256_madd_epi16(word_pairs4(q, p), _mm256_set1_epi16(1));
 #endif
 }
 
@@ -740,11 +746,7 @@ QINLINE void group_rows4(const __m256i q[4], __m256i sc, int g, int wide, const 
     (void)wide;
     const __m256i s = scales4(sc, g, 0);
     UNROLL for (int r = 0; r < nr; r++) {
-        const int8_t *p = x[r].p + at;
-        __m256i a = _mm256_maddubs_epi16(q[0], bcast8(p));
-        for (int c = 1; c < 4; c++)
-            a = _mm256_add_epi16(a, _mm256_maddubs_epi16(q[c], bcast8(p + 8 * c)));
-        acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(a, s));
+        acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(word_pairs4(q, x[r].p + at), s));
         KEEP(acc[r]);
     }
 }
@@ -813,7 +815,7 @@ QINLINE void tile4_q4k_x4(const uint8_t *w, int64_t blocks, const XRow *x, int n
     const __m256i low = _mm256_set1_epi8(0xF);
     for (int64_t sb = 0; sb < blocks; sb++) {
         const uint8_t *b = w + sb * X4_BYTES, *codes = b + X4_HEADS;
-        for (int o = 0; o < X4_BYTES; o += LINE) __builtin_prefetch(b + PREFETCH_BYTES + o);
+        prefetch_ahead(b, X4_BYTES);
         const uint8_t *heads[4] = {b, b + K_HEAD, b + 2 * K_HEAD, b + 3 * K_HEAD};
         const K4Head h = head_k4(heads);
         __m256i acc[TILE_ROWS];
@@ -879,7 +881,7 @@ QINLINE void tile4_q6k_x4(const uint8_t *w, int64_t blocks, const XRow *x, int n
     for (int r = 0; r < nr; r++) f[r] = _mm_setzero_ps();
     for (int64_t sb = 0; sb < blocks; sb++) {
         const uint8_t *b = w + sb * Q6X4_BYTES;
-        for (int o = 0; o < Q6X4_BYTES; o += LINE) __builtin_prefetch(b + PREFETCH_BYTES + o);
+        prefetch_ahead(b, Q6X4_BYTES);
         const __m256i sc[2] = {load32(b + Q6X4_SCALES), load32(b + Q6X4_SCALES + PAIR_BYTES)};
         __m256i acc[TILE_ROWS];
         for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_si256();
@@ -1067,8 +1069,7 @@ QINLINE void tile4_q50(const uint8_t *w, int64_t row_bytes, int64_t blocks, int 
     int64_t bi = 0;
     for (; bi + 1 < blocks; bi += 2) {
         if (x4) {
-            const uint8_t *b = w + bi * Q50X4_BYTES + PREFETCH_BYTES;
-            for (int o = 0; o < 2 * Q50X4_BYTES; o += LINE) __builtin_prefetch(b + o);
+            prefetch_ahead(w + bi * Q50X4_BYTES, 2 * Q50X4_BYTES);
         } else {
             /* the next four rows (contiguous), swept at the pace this tile reads its own */
             const uint8_t *next = w + 4 * row_bytes + 4 * bi * Q50_BYTES;
