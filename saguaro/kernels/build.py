@@ -1,4 +1,5 @@
-"""Compile ``cpu_kernels.c`` and ``quant_kernels.c`` once per machine and load them with ctypes.
+"""Compile ``cpu_kernels.c``, ``quant_kernels.c`` and ``amx_kernels.c`` once per machine and load
+them with ctypes.
 
 The library is built with the system C compiler into ``$SAGUARO_CACHE/kernels`` (default
 ``~/.cache/saguaro/kernels``), named by the hash of the sources and flags, so a changed source
@@ -26,7 +27,10 @@ from saguaro.paths import cache_dir
 if TYPE_CHECKING:
     import torch
 
-SOURCES = [Path(__file__).with_name(name) for name in ("cpu_kernels.c", "quant_kernels.c")]
+SOURCES = [
+    Path(__file__).with_name(name) for name in ("cpu_kernels.c", "quant_kernels.c", "amx_kernels.c")
+]
+HEADERS = [Path(__file__).with_name("quant_kernels.h")]
 # x86-64-v3 (AVX2, FMA, F16C) is what the kernels need; v4 adds AVX-512 where the CPU has it.
 # Either way the lane-wise vector code computes the same bits (see the source's header).
 BASE_FLAGS = ["-O3", "-fPIC", "-shared", "-fopenmp", "-ffp-contract=fast", "-mfma", "-mf16c"]
@@ -72,12 +76,13 @@ def cpu() -> tuple[str, frozenset[str]]:
 
 def march() -> list[str]:
     """x86-64-v4 where the CPU reports AVX-512 (F, BW, DQ, VL), else x86-64-v3; plus VNNI's
-    integer dot products (AVX-512's or AVX-VNNI) where it has them."""
+    integer dot products (AVX-512's or AVX-VNNI) where it has them, and AMX's int8 tiles."""
     flags = cpu()[1]
     v4 = {"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= flags
     arch = ["-march=x86-64-v4" if v4 else "-march=x86-64-v3"]
     if v4 and "avx512_vnni" in flags:
-        return [*arch, "-mavx512vnni"]
+        amx = ["-mamx-tile", "-mamx-int8"] if {"amx_tile", "amx_int8"} <= flags else []
+        return [*arch, "-mavx512vnni", *amx]
     return [*arch, "-mavxvnni"] if "avx_vnni" in flags else arch
 
 
@@ -113,7 +118,7 @@ def build(flags: tuple[str, ...]) -> ctypes.CDLL:
     generic linear paths side by side this way)."""
     import torch  # noqa: F401  (loads the OpenMP runtime the library shares)
 
-    sources = b"".join(source.read_bytes() for source in SOURCES)
+    sources = b"".join(source.read_bytes() for source in SOURCES + HEADERS)
     digest = hashlib.sha256(sources + " ".join(flags).encode()).hexdigest()[:16]
     path = cache_dir("kernels") / f"cpu_kernels-{digest}.so"
     if not path.is_file():

@@ -38,6 +38,8 @@
  * generic builds give the same bits, and so does a row whatever tile it sits in. Where the CPU
  * has VNNI (vpdpbusd, vpdpwssd) the four-row tiles add the same products with fewer
  * instructions (group_rows4): the same integers, so the same bits again.
+ * Calls of AMX_MIN_ROWS rows or more take AMX's tiles where the CPU has them (amx_kernels.c):
+ * the same integers and float steps once more.
  *
  * K-quants interleaved (FMT_Q4K_X4, FMT_Q6K_X4; saguaro.kernels.interleave). The four-row
  * tiles below spend more on transposing four rows' codes into their registers than on
@@ -60,27 +62,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define QINLINE static inline __attribute__((always_inline))
+#include "quant_kernels.h"
 
-enum { FMT_Q4K = 4, FMT_Q5K = 5, FMT_Q6K = 6, FMT_Q50 = 7, FMT_Q51 = 8, FMT_Q80 = 9 };
-enum { FMT_Q4K_X4 = 10, FMT_Q6K_X4 = 11, FMT_Q50_X4 = 12 }; /* four rows interleaved (below) */
-enum { SUPER = 256, SMALL = 32, SUB = 16, QLANES = 8, TILE_ROWS = 8, COL_CHUNK = 16 };
-enum { Q4K_BYTES = 144, Q5K_BYTES = 176, Q6K_BYTES = 210, Q50_BYTES = 22, Q51_BYTES = 24 };
-enum { Q80_BYTES = 34 };
-/* Q4_K interleaved: a strip of four rows' super-block sb is X4_BYTES, its headers first. */
-enum { X4_ROWS = 4, K_HEAD = 16, X4_HEADS = X4_ROWS * K_HEAD, X4_BYTES = X4_ROWS * Q4K_BYTES };
-enum { WORD = 8, PAIR_BYTES = 32, X4_PAIR = X4_ROWS * PAIR_BYTES };
-/* Q6_K interleaved: the low nibbles' 16 words, the high bits' 8, the scales, the d's. */
-enum { Q6K_LOW_WORDS = 16, Q6K_HIGH_WORDS = 8, Q6K_SCALES = 16 };
-enum {
-    Q6X4_BYTES = X4_ROWS * Q6K_BYTES,
-    Q6X4_HIGH = X4_ROWS * WORD * Q6K_LOW_WORDS,
-    Q6X4_SCALES = Q6X4_HIGH + X4_ROWS * WORD * Q6K_HIGH_WORDS,
-    Q6X4_D = Q6X4_SCALES + X4_ROWS * Q6K_SCALES,
-};
-/* Q5_0 interleaved: a strip's block is the four d's, the four qh's, then the codes' two words. */
-enum { Q5_D = 2, Q5_QH = 4, Q50X4_BYTES = X4_ROWS * Q50_BYTES };
-enum { Q50X4_QH = X4_ROWS * Q5_D, Q50X4_CODES = Q50X4_QH + X4_ROWS * Q5_QH };
 /* Weights are asked for this many bytes ahead of the block being multiplied, a line or so per
  * block: a steady stream the memory system keeps up with (a whole row at a time, some 7 KB for
  * a Q6_K row of 8,960, overflows the outstanding misses and stalls). */
@@ -88,6 +71,11 @@ enum { Q50X4_QH = X4_ROWS * Q5_D, Q50X4_CODES = Q50X4_QH + X4_ROWS * Q5_QH };
 #define PREFETCH_BYTES 4096
 #endif
 enum { LINE = 64 };
+/* Calls with at least this many activation rows go to the AMX tiles where they can (below it
+ * the tiles' fixed 16 rows cost more than the rows they save). */
+#ifndef AMX_MIN_ROWS
+#define AMX_MIN_ROWS 24
+#endif
 
 #if defined(__AVX2__) && !defined(SAGUARO_GENERIC)
 #define QUANT_AVX2 1
@@ -113,22 +101,6 @@ enum { LINE = 64 };
 #endif
 
 /* ---- The activation, rounded row by row ---- */
-
-/* A row's int8 codes [k], one scale per block [k / block], and the sums the formats'
- * corrections need: of each 16 codes (int16 [k / 16]) and of each 32 (int16 [k / 32]; |sum| <=
- * 32 * 127). */
-typedef struct {
-    const int8_t *p;
-    const float *e;
-    const int16_t *sum16;
-    const int16_t *sum32;
-} XRow;
-
-static float f16_to_f32(const uint8_t *b) {
-    uint16_t h;
-    memcpy(&h, b, 2);
-    return _cvtsh_ss(h);
-}
 
 /* Block [x, x + n) of a row: its scale, and its codes into p. */
 #ifdef QUANT_AVX2
@@ -165,13 +137,16 @@ static float round_block(const float *x, int64_t n, int8_t *p) {
 }
 #endif
 
-/* Rows of x [m, k] rounded by blocks of `block` into one buffer; rows[r] points into it. */
+/* Rows of x [m, k] rounded by blocks of `block` into one buffer, one stride apart; rows[r]
+ * points into it. ROW_SPARE zero rows follow the last, so that a tile of TILE_M rows may
+ * start at any row (amx_kernels.c). */
 static void *round_rows(const float *x, int64_t m, int64_t k, int64_t block, XRow *rows) {
     const int64_t blocks = k / block;
     const size_t per_row = (size_t)k + sizeof(float) * blocks + sizeof(int16_t) * (k / SUB) +
                            sizeof(int16_t) * (k / SMALL) + 64;
-    uint8_t *buf = malloc(per_row * (size_t)m);
+    uint8_t *buf = malloc(per_row * (size_t)(m + ROW_SPARE));
     if (buf == NULL) return NULL;
+    memset(buf + per_row * m, 0, per_row * ROW_SPARE);
     for (int64_t r = 0; r < m; r++) {
         uint8_t *base = buf + per_row * r;
         int8_t *p = (int8_t *)base;
@@ -192,20 +167,6 @@ static void *round_rows(const float *x, int64_t m, int64_t k, int64_t block, XRo
 }
 
 /* ---- Unpacking ---- */
-
-/* Q4_K / Q5_K's eight 6-bit scales and minima from their 12 bytes, as four words: bytes 0-7
- * the scales, 8-15 the minima. Scale j < 4 is the low 6 bits of byte j, minimum j < 4 those of
- * byte j + 4; scale and minimum j >= 4 take the nibbles of byte j + 4 below the top 2 bits of
- * bytes j - 4 and j. */
-QINLINE void scales_k4(const uint8_t *q, uint32_t v[4]) {
-    enum { LOW6 = 0x3f3f3f3f, LOW4 = 0x0f0f0f0f, LOW2 = 0x03030303 };
-    uint32_t u[3];
-    memcpy(u, q, 12);
-    v[0] = u[0] & LOW6;
-    v[1] = (u[2] & LOW4) | (((u[0] >> 6) & LOW2) << 4);
-    v[2] = u[1] & LOW6;
-    v[3] = ((u[2] >> 4) & LOW4) | (((u[1] >> 6) & LOW2) << 4);
-}
 
 /* The lane sums' fixed tree. */
 static float tree8(const float f[QLANES]) {
@@ -1202,6 +1163,21 @@ static int tile4_rows(const uint8_t *w, int64_t row_bytes, int64_t k, int fmt, c
     return 1;
 }
 #else
+/* The generic build's four-row tile: an interleaved strip's rows one at a time, as stored. */
+static int tile4_rows(const uint8_t *w, int64_t row_bytes, int64_t k, int fmt, const XRow *x,
+                      int nr, float *y) {
+    if (fmt < FMT_Q4K_X4) return 0;
+    uint8_t row[row_bytes];
+    float yj[TILE_ROWS];
+    for (int j = 0; j < X4_ROWS; j++) {
+        quant_strip_row(w, k / block_weights(fmt), fmt, j, row);
+        tile_rows(row, k, quant_file_format(fmt), x, nr, yj);
+        for (int r = 0; r < nr; r++) y[X4_ROWS * r + j] = yj[r];
+    }
+    return 1;
+}
+#endif
+
 /* Words [from, from + count) of row j's super-block o, from where a strip keeps them (word c
  * of rows 0-3 together, from `at`). */
 static void strip_words(const uint8_t *at, int from, int count, int j, uint8_t *o) {
@@ -1210,7 +1186,7 @@ static void strip_words(const uint8_t *at, int from, int count, int j, uint8_t *
 }
 
 /* Row j of an interleaved strip w back as the file's blocks (the header's layouts). */
-static void strip_row(const uint8_t *w, int64_t blocks, int fmt, int j, uint8_t *row) {
+void quant_strip_row(const uint8_t *w, int64_t blocks, int fmt, int j, uint8_t *row) {
     for (int64_t sb = 0; sb < blocks; sb++) {
         if (fmt == FMT_Q50_X4) {
             const uint8_t *b = w + sb * Q50X4_BYTES;
@@ -1239,24 +1215,9 @@ static void strip_row(const uint8_t *w, int64_t blocks, int fmt, int j, uint8_t 
 }
 
 /* The format an interleaved one's rows come from. */
-static int file_format(int fmt) {
+int quant_file_format(int fmt) {
     return fmt == FMT_Q4K_X4 ? FMT_Q4K : fmt == FMT_Q6K_X4 ? FMT_Q6K : FMT_Q50;
 }
-
-/* The generic build's four-row tile: an interleaved strip's rows one at a time, as stored. */
-static int tile4_rows(const uint8_t *w, int64_t row_bytes, int64_t k, int fmt, const XRow *x,
-                      int nr, float *y) {
-    if (fmt < FMT_Q4K_X4) return 0;
-    uint8_t row[row_bytes];
-    float yj[TILE_ROWS];
-    for (int j = 0; j < X4_ROWS; j++) {
-        strip_row(w, k / block_weights(fmt), fmt, j, row);
-        tile_rows(row, k, file_format(fmt), x, nr, yj);
-        for (int r = 0; r < nr; r++) y[X4_ROWS * r + j] = yj[r];
-    }
-    return 1;
-}
-#endif
 
 /* Weight rows [n0, n1) against activation rows [r0, r0 + nr): four at a time where a four-row
  * tile serves the format, one at a time for the rest. */
@@ -1285,6 +1246,11 @@ int saguaro_quant_linear(const float *x, int64_t m, int64_t k, const uint8_t *co
     if (buf == NULL) {
         free(rows);
         return -1;
+    }
+    if (m >= AMX_MIN_ROWS && quant_amx_linear(rows, m, k, codes, n, fmt, out, threads)) {
+        free(buf);
+        free(rows);
+        return 0;
     }
     const int64_t bytes = k / block * block_bytes(fmt), chunks = (n + COL_CHUNK - 1) / COL_CHUNK;
 #pragma omp parallel for num_threads(threads) schedule(static)

@@ -18,6 +18,11 @@ AVX512 = {"avx2", "fma", "avx512f", "avx512bw", "avx512dq", "avx512vl"}
         (AVX512, ["-march=x86-64-v4"]),  # Skylake-X: no VNNI
         (AVX512 | {"avx512_vnni"}, ["-march=x86-64-v4", "-mavx512vnni"]),  # Zen 4, Xeon
         (AVX512 | {"avx512_vnni", "avx_vnni"}, ["-march=x86-64-v4", "-mavx512vnni"]),
+        (  # Sapphire Rapids: AMX's int8 tiles
+            AVX512 | {"avx512_vnni", "amx_tile", "amx_int8"},
+            ["-march=x86-64-v4", "-mavx512vnni", "-mamx-tile", "-mamx-int8"],
+        ),
+        (AVX512 | {"avx512_vnni", "amx_tile", "amx_bf16"}, ["-march=x86-64-v4", "-mavx512vnni"]),
     ],
 )
 def test_march_takes_what_the_cpu_reports(monkeypatch, flags, want):

@@ -32,6 +32,10 @@ ROW_COUNTS = (1, 2, 5, 8, 9, 17)  # every tile height of 8 rows, and tiles after
 REL_TOLERANCE = 1e-5
 INT8_LEVELS = 127
 ODD_BLOCKS = 5
+# A weight whose rows are whole tiles of 16 (amx_kernels.c) and calls of at least AMX_MIN_ROWS
+# (24) rows: where the CPU has AMX, those take the tiles; the others, the paths above.
+N_TILES = 48
+TILE_ROW_COUNTS = (1, 5, 23, 24, 31, 40)  # below and at the threshold, a part tile after a whole
 
 
 def weight(fmt: str, seed: int = 0, k: int | None = None) -> PackedWeight:
@@ -92,6 +96,24 @@ def test_the_avx2_build_computes_the_generic_codes_bits():
         want = ops.linear(x, w, generic)
         for lib in builds:
             assert torch.equal(ops.linear(x, w, lib), want), (fmt, k)
+
+
+@pytest.mark.parametrize("fmt", ["q4_k_x4", "q6_k_x4"])
+def test_a_tile_calls_rows_get_the_generic_codes_bits(fmt):
+    """Long calls (a prompt's prefill) run on AMX's tiles where the CPU has them: the same
+    integers, folded in the same order, so each row gets the generic C's bits, and the same
+    bits as in a short call that runs on the vector paths."""
+    kind = RAW_TYPES[FILE_FORMAT[fmt]][0]
+    raw = from_gguf_raw(
+        random_blocks(kind, N_TILES, 1024, np.random.default_rng(10)), kind, N_TILES, 1024
+    )
+    w = interleave(raw)
+    x = torch.randn(max(TILE_ROW_COUNTS), w.k, generator=torch.Generator().manual_seed(11))
+    x[2] = 0
+    generic = build.build((*build.BASE_FLAGS, "-march=x86-64-v3", "-DSAGUARO_GENERIC"))
+    full = assert_each_row_is_its_own(x, w, TILE_ROW_COUNTS, threads=2)
+    assert torch.equal(full, ops.linear(x, w, generic))
+    assert not full[2].any()
 
 
 def test_rows_that_are_not_whole_blocks_are_refused():
