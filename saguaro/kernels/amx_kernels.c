@@ -9,14 +9,15 @@
  * with C_j = sum_{i in j} q_i p_i the group's integer dot product (Q6_K's codes taken as
  * q - 32, so that its offset is inside C_j: the same I as sum_j s_j (sum q p - 32 P_j)).
  *
- * One tile instruction (tdpbsud, tdpbssd) adds C_j for up to 16 activation rows (positions, the
- * A tile: rows of int8 codes) times 16 weight rows (the B tile: its codes in dword pairs of 4,
- * "VNNI" order) into a 16 x 16 int32 tile, one group a time, since the scales s_j differ per
- * weight row and group: 8 instructions per super-block for Q4_K (K = 32 each), 16 for Q6_K
- * (K = 16). The group tiles are stored and the scales applied with AVX-512 (vpmulld), a
- * position's 16 weight rows a register; the float steps follow in the same registers, lane by
- * lane, in super-block order. A weight tile (16 rows) is unpacked once per call into the B
- * layout and reused for every 16 positions.
+ * One tile instruction (tdpbssd) adds, for 16 activation rows (positions: the A tile, rows of
+ * int8 codes) times 16 weight rows (the B tile: their bytes in dwords of 4, "VNNI" order), 64
+ * products into each of 16 x 16 int32 sums. The scales differ per weight row and group, so a
+ * weight tile is unpacked once per call with its scales folded in: each code times its group's
+ * scale, split into two bytes (split_store), so that two tile products give a super-block's I
+ * with one readout, not one per group. The readout, the minima (vpdpwssd) and the float steps
+ * run on AVX-512, a position's 16 weight rows a register, lane by lane in super-block order,
+ * while the tiles compute the next super-block (weight_tile). The activation's codes are packed
+ * once per call in the order the tiles read them, 1 KB a tile, on cache lines.
  *
  * Linux hands out the tile registers to a process that asks (arch_prctl ARCH_REQ_XCOMP_PERM);
  * where it refuses, or the format or shape does not suit, quant_amx_linear returns 0 and the
@@ -31,7 +32,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-enum { TILE_N = 16, TILE_BYTES = 64, DWORD = 4, PAIRS = 4, LINE = 64 };
+/* positions and weight rows a tile product takes, bytes of a tile row */
+enum { TILE_M = 16, TILE_N = 16, TILE_BYTES = 64, DWORD = 4, PAIRS = 4, LINE = 64 };
 enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
 /* The intrinsics take tile numbers as literals. */
 #define TILE_A 4
@@ -46,21 +48,13 @@ typedef struct {
     uint8_t rows[16];
 } TileConfig;
 
-/* A format's groups per super-block and bytes (weights) per group. */
-typedef struct {
-    int groups, width;
-} Shape;
-
-QINLINE Shape shape_of(int fmt) {
-    return fmt == FMT_Q4K ? (Shape){SUPER / SMALL, SMALL} : (Shape){SUPER / SUB, SUB};
-}
-
-/* A weight tile (16 rows, all super-blocks) unpacked: codes [blocks][groups][width / 4][16][4]
- * (the B tile of each group in turn), scales [blocks][groups][16], Q4_K's minima as int16 pairs
- * (m_2l, m_2l+1) [blocks][4][16], and d, dmin [blocks][16]. */
+/* A weight tile (16 rows, all super-blocks) unpacked: the scaled codes' low and high bytes
+ * (codes, high) [blocks][K / 64][16][16][4] (a super-block's four B tiles of 64 weights, each
+ * dword 4 weights of one row), Q4_K's minima as int16 pairs (m_2l, m_2l+1) [blocks][4][16],
+ * and d, dmin [blocks][16]. */
 typedef struct {
     uint8_t *codes, *high;
-    int32_t *scales, *minima;
+    int32_t *minima;
     float *d, *dmin;
 } Unpacked;
 
@@ -108,36 +102,115 @@ QINLINE __m512i byte_bits(__m512i v, int shift, int width, int at) {
     return _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(v, shift), mask), at);
 }
 
+/* The scales into the codes, split so that each part fits a byte: v = s_j q (Q4_K: 0..945;
+ * Q6_K: s_j (q - 32), -4096..4064) as v = a + 2^SPLIT b with a = v mod 2^SPLIT and b = v >> SPLIT
+ * (Q4_K: a <= 31, b <= 29; Q6_K: a <= 63, -64 <= b <= 63), in 16-bit lanes (even and odd bytes
+ * apart). Then I = sum_i p_i v_i = A + 2^SPLIT B, A and B the tiles' sums of p a and p b over
+ * the super-block: one readout per super-block instead of one per group. v: a B tile row's
+ * codes (16 weight rows' dwords), sc: their rows' scales as int16 pairs (s, s). */
+QINLINE void split_store(const Unpacked *u, int64_t at, __m512i v, __m512i sc, int q4) {
+    const int split = q4 ? Q4K_SPLIT : Q6K_SPLIT;
+    const __m512i low = _mm512_set1_epi16((1 << split) - 1), byte = _mm512_set1_epi16(0xFF);
+    const __m512i even =
+        q4 ? _mm512_and_si512(v, byte) : _mm512_srai_epi16(_mm512_slli_epi16(v, 8), 8);
+    const __m512i odd = q4 ? _mm512_srli_epi16(v, 8) : _mm512_srai_epi16(v, 8);
+    const __m512i pe = _mm512_mullo_epi16(even, sc), po = _mm512_mullo_epi16(odd, sc);
+    const __m512i ae = _mm512_and_si512(pe, low), ao = _mm512_and_si512(po, low);
+    const __m512i be = _mm512_and_si512(_mm512_srai_epi16(pe, split), byte);
+    const __m512i bo = _mm512_srai_epi16(po, split);
+    _mm512_storeu_si512(u->codes + at, _mm512_or_si512(ae, _mm512_slli_epi16(ao, 8)));
+    _mm512_storeu_si512(u->high + at, _mm512_or_si512(be, _mm512_slli_epi16(bo, 8)));
+}
+
+/* int32 lanes (one a row) as int16 pairs (s, s), for split_store. */
+QINLINE __m512i scale_pairs(__m512i s) {
+    return _mm512_or_si512(_mm512_and_si512(s, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(s, 16));
+}
+
+/* Offsets of the tile's 16 rows' header bytes: strip r / 4, row r % 4 of it (row bytes apart). */
+QINLINE __m512i row_offsets(int64_t strip_bytes, int row_bytes) {
+    const __m512i r = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    return _mm512_add_epi32(_mm512_mullo_epi32(_mm512_srli_epi32(r, 2), _mm512_set1_epi32((int)strip_bytes)),
+                            _mm512_mullo_epi32(_mm512_and_si512(r, _mm512_set1_epi32(3)),
+                                               _mm512_set1_epi32(row_bytes)));
+}
+
+/* Q4_K's headers of the tile's 16 rows at b (16 bytes a row: d, dmin, the 12 bytes of eight
+ * 6-bit scales and minima; a strip's four rows together): the scales as pairs into sc, the
+ * minima (m_2l, m_2l+1) and d, dmin into u. scales_k4's words, four rows a register. */
+static void heads_q4k(const uint8_t *b, int64_t strip_bytes, int64_t sb, const Unpacked *u,
+                      __m512i sc[SUPER / SMALL]) {
+    /* scales 0-7, minima 0-7 a row; a spare row for the last gathers' dwords */
+    uint8_t sm[TILE_N + 1][K_HEAD] __attribute__((aligned(LINE)));
+    const __m512i low6 = _mm512_set1_epi32(0x3f3f3f3f), low4 = _mm512_set1_epi32(0x0f0f0f0f);
+    const __m512i low2 = _mm512_set1_epi32(0x03030303);
+    const __m512i shift = _mm512_setr_epi32(0, 0, 0, 4, 0, 0, 0, 4, 0, 0, 0, 4, 0, 0, 0, 4);
+    __m512i head[X4_ROWS];
+    for (int s = 0; s < X4_ROWS; s++) {
+        head[s] = _mm512_loadu_si512(b + s * strip_bytes); /* dwords: dd, u0, u1, u2 a row */
+        const __m512i x = _mm512_shuffle_epi32(head[s], (_MM_PERM_ENUM)0xED); /* u0 u2 u1 u2 */
+        const __m512i y = _mm512_shuffle_epi32(head[s], (_MM_PERM_ENUM)0xA5); /* u0 u0 u1 u1 */
+        const __m512i high = _mm512_or_si512(
+            _mm512_and_si512(_mm512_srlv_epi32(x, shift), low4),
+            _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(y, 6), low2), 4));
+        _mm512_store_si512(sm[X4_ROWS * s], _mm512_mask_blend_epi32(0xAAAA, _mm512_and_si512(x, low6), high));
+    }
+    const __m512i at = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(K_HEAD));
+    for (int g = 0; g < SUPER / SMALL; g++)
+        sc[g] = scale_pairs(_mm512_and_si512(_mm512_i32gather_epi32(at, (const void *)(&sm[0][g]), 1),
+                                             _mm512_set1_epi32(0xFF)));
+    for (int l = 0; l < PAIRS; l++) {
+        const __m512i m = _mm512_i32gather_epi32(at, (const void *)(&sm[0][8 + 2 * l]), 1);
+        _mm512_storeu_si512(u->minima + (sb * PAIRS + l) * TILE_N,
+                            _mm512_or_si512(_mm512_and_si512(m, _mm512_set1_epi32(0xFF)),
+                                            _mm512_slli_epi32(_mm512_and_si512(m, _mm512_set1_epi32(0xFF00)), 8)));
+    }
+    const __m512i first = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i dd = _mm512_inserti64x4(
+        _mm512_permutex2var_epi32(head[0], first, head[1]),
+        _mm512_castsi512_si256(_mm512_permutex2var_epi32(head[2], first, head[3])), 1);
+    _mm512_storeu_ps(u->d + sb * TILE_N, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd)));
+    _mm512_storeu_ps(u->dmin + sb * TILE_N,
+                     _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dd, 16))));
+}
+
 /* Super-block sb of an interleaved Q4_K tile (four strips from w): the codes of group 2i are
  * the low nibbles of pair i's bytes, 2i + 1's the high ones; word c of a pair holds dwords 2c
  * and 2c + 1 of each of its groups. */
 static void unpack_q4k(const uint8_t *w, int64_t strip_bytes, int64_t sb, Unpacked *u) {
     const uint8_t *b = w + sb * X4_BYTES;
     const int kks = SMALL / DWORD;
+    __m512i sc[SUPER / SMALL];
+    heads_q4k(b, strip_bytes, sb, u, sc);
     for (int i = 0; i < SUPER / (2 * SMALL); i++)
         for (int c = 0; c < PAIR_BYTES / WORD; c++) {
             __m512i v[2];
             rows_dwords(b, strip_bytes, X4_HEADS + X4_PAIR * i + PAIR_BYTES * c, &v[0], &v[1]);
             for (int h = 0; h < 2; h++)
                 for (int half = 0; half < 2; half++) {
-                    const int64_t g = sb * (SUPER / SMALL) + 2 * i + half;
-                    _mm512_storeu_si512(u->codes + (g * kks + 2 * c + h) * TILE_BYTES,
-                                        byte_bits(v[h], 4 * half, 4, 0));
+                    const int g = 2 * i + half;
+                    split_store(u, ((sb * (SUPER / SMALL) + g) * kks + 2 * c + h) * TILE_BYTES,
+                                byte_bits(v[h], 4 * half, 4, 0), sc[g], 1);
                 }
         }
-    for (int r = 0; r < TILE_N; r++) {
-        const uint8_t *head = b + (r / X4_ROWS) * strip_bytes + K_HEAD * (r % X4_ROWS);
-        uint32_t v[4];
-        uint8_t sm[16];
-        scales_k4(head + 4, v);
-        memcpy(sm, v, sizeof sm);
-        for (int g = 0; g < SUPER / SMALL; g++)
-            u->scales[(sb * (SUPER / SMALL) + g) * TILE_N + r] = sm[g];
-        for (int l = 0; l < PAIRS; l++)
-            u->minima[(sb * PAIRS + l) * TILE_N + r] = sm[8 + 2 * l] | sm[9 + 2 * l] << 16;
-        u->d[sb * TILE_N + r] = f16_to_f32(head);
-        u->dmin[sb * TILE_N + r] = f16_to_f32(head + 2);
+}
+
+/* Q6_K's int8 scales (sixteen a row: 0-7 of a strip's four rows, then 8-15) of the tile's 16
+ * rows as pairs into sc, and their d into u. */
+static void heads_q6k(const uint8_t *b, int64_t strip_bytes, int64_t sb, const Unpacked *u,
+                      __m512i sc[SUPER / SUB]) {
+    const int half = Q6K_SCALES / 2;
+    const __m512i rows = row_offsets(strip_bytes, half);
+    for (int g = 0; g < Q6K_SCALES; g++) {
+        const uint8_t *at = b + Q6X4_SCALES + X4_ROWS * half * (g / half) + g % half;
+        const __m512i v = _mm512_i32gather_epi32(rows, (const void *)at, 1);
+        sc[g] = scale_pairs(_mm512_srai_epi32(_mm512_slli_epi32(v, 24), 24));
     }
+    /* each row's d in its dword's high half: the dwords end inside the strip's block */
+    const __m512i d = _mm512_i32gather_epi32(row_offsets(strip_bytes, 2), (const void *)(b + Q6X4_D - 2), 1);
+    _mm512_storeu_ps(u->d + sb * TILE_N,
+                     _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(d, 16))));
 }
 
 /* Super-block sb of an interleaved Q6_K tile: weights 128 h + 32 t + l have their low nibble in
@@ -146,6 +219,8 @@ static void unpack_q4k(const uint8_t *w, int64_t strip_bytes, int64_t sb, Unpack
 static void unpack_q6k(const uint8_t *w, int64_t strip_bytes, int64_t sb, Unpacked *u) {
     const uint8_t *b = w + sb * Q6X4_BYTES;
     const int kks = SUB / DWORD, words = PAIR_BYTES / WORD;
+    __m512i sc[SUPER / SUB];
+    heads_q6k(b, strip_bytes, sb, u, sc);
     for (int h = 0; h < 2; h++)
         for (int t = 0; t < 4; t++)
             for (int c = 0; c < words; c++) {
@@ -157,50 +232,11 @@ static void unpack_q6k(const uint8_t *w, int64_t strip_bytes, int64_t sb, Unpack
                     const __m512i q = _mm512_or_si512(byte_bits(low[o], 4 * (t >> 1), 4, 0),
                                                       byte_bits(high[o], 2 * t, 2, 4));
                     const int dw = 2 * c + o; /* dword of the 32 weights 128 h + 32 t + ... */
-                    const int64_t g = sb * (SUPER / SUB) + 2 * (4 * h + t) + dw / kks;
-                    _mm512_storeu_si512(u->codes + (g * kks + dw % kks) * TILE_BYTES,
-                                        _mm512_sub_epi8(q, _mm512_set1_epi8(32)));
+                    const int g = 2 * (4 * h + t) + dw / kks;
+                    split_store(u, ((sb * (SUPER / SUB) + g) * kks + dw % kks) * TILE_BYTES,
+                                _mm512_sub_epi8(q, _mm512_set1_epi8(32)), sc[g], 0);
                 }
             }
-    for (int r = 0; r < TILE_N; r++) {
-        const uint8_t *s = b + (r / X4_ROWS) * strip_bytes;
-        const int j = r % X4_ROWS, half = Q6K_SCALES / 2;
-        for (int g = 0; g < Q6K_SCALES; g++)
-            u->scales[(sb * (SUPER / SUB) + g) * TILE_N + r] =
-                ((const int8_t *)s)[Q6X4_SCALES + X4_ROWS * half * (g / half) + half * j + g % half];
-        u->d[sb * TILE_N + r] = f16_to_f32(s + Q6X4_D + 2 * j);
-    }
-}
-
-/* The scales into the codes, split so that each part fits a byte: v = s_j q (Q4_K: 0..945;
- * Q6_K: s_j (q - 32), -4096..4064) as v = a + 2^SPLIT b with a = v mod 2^SPLIT and b = v >> SPLIT
- * (Q4_K: a <= 31, b <= 29; Q6_K: a <= 63, -64 <= b <= 63), in 16-bit lanes (even and odd bytes
- * apart). Then I = sum_i p_i v_i = A + 2^SPLIT B, A and B the tiles' sums of p a and p b over
- * the super-block: one readout per super-block instead of one per group. */
-static void scale_codes(Unpacked *u, int64_t sb, int q4) {
-    const Shape s = shape_of(q4 ? FMT_Q4K : FMT_Q6K);
-    const int split = q4 ? Q4K_SPLIT : Q6K_SPLIT, kks = s.width / DWORD;
-    const __m512i low = _mm512_set1_epi16((1 << split) - 1), byte = _mm512_set1_epi16(0xFF);
-    for (int g = 0; g < s.groups; g++) {
-        const int64_t sg = sb * s.groups + g;
-        const __m512i sc32 = _mm512_loadu_si512(u->scales + sg * TILE_N);
-        const __m512i sc = _mm512_or_si512(_mm512_and_si512(sc32, _mm512_set1_epi32(0xFFFF)),
-                                           _mm512_slli_epi32(sc32, 16));
-        for (int kk = 0; kk < kks; kk++) {
-            uint8_t *at = u->codes + (sg * kks + kk) * TILE_BYTES;
-            const __m512i v = _mm512_loadu_si512(at);
-            const __m512i even = q4 ? _mm512_and_si512(v, byte)
-                                    : _mm512_srai_epi16(_mm512_slli_epi16(v, 8), 8);
-            const __m512i odd = q4 ? _mm512_srli_epi16(v, 8) : _mm512_srai_epi16(v, 8);
-            const __m512i pe = _mm512_mullo_epi16(even, sc), po = _mm512_mullo_epi16(odd, sc);
-            const __m512i ae = _mm512_and_si512(pe, low), ao = _mm512_and_si512(po, low);
-            const __m512i be = _mm512_and_si512(_mm512_srai_epi16(pe, split), byte);
-            const __m512i bo = _mm512_srai_epi16(po, split);
-            _mm512_storeu_si512(at, _mm512_or_si512(ae, _mm512_slli_epi16(ao, 8)));
-            _mm512_storeu_si512(u->high + (at - u->codes),
-                                _mm512_or_si512(be, _mm512_slli_epi16(bo, 8)));
-        }
-    }
 }
 
 /* Super-block sb's products for 16 positions p (their packed codes: four K = 64 chunks of
@@ -293,14 +329,13 @@ static void weight_tile(const XRow *x, const int8_t *packed, int64_t m, int64_t 
 static void *lines(size_t bytes) { return aligned_alloc(LINE, (bytes + LINE - 1) / LINE * LINE); }
 
 /* One thread's unpacked weight tile, in one allocation (NULL without memory). */
-static uint8_t *tile_buffer(int64_t blocks, Shape s, Unpacked *u) {
+static uint8_t *tile_buffer(int64_t blocks, Unpacked *u) {
     const size_t codes = (size_t)blocks * SUPER * TILE_N, lanes = (size_t)blocks * TILE_N;
-    uint8_t *buf = lines(2 * codes + sizeof(int32_t) * lanes * (s.groups + PAIRS + 2));
+    uint8_t *buf = lines(2 * codes + sizeof(int32_t) * lanes * (PAIRS + 2));
     if (buf == NULL) return NULL;
     u->codes = buf;
     u->high = buf + codes;
-    u->scales = (int32_t *)(buf + 2 * codes);
-    u->minima = u->scales + lanes * s.groups;
+    u->minima = (int32_t *)(buf + 2 * codes);
     u->d = (float *)(u->minima + lanes * PAIRS);
     u->dmin = u->d + lanes;
     return buf;
@@ -328,14 +363,13 @@ int quant_amx_linear(const XRow *rows, int64_t m, int64_t k, const uint8_t *code
         !amx_permitted())
         return 0;
     const int kind = quant_file_format(fmt);
-    const Shape s = shape_of(kind);
     const int64_t blocks = k / SUPER;
     const int64_t strip_bytes = blocks * (kind == FMT_Q4K ? X4_BYTES : Q6X4_BYTES);
     uint8_t *bufs[threads];
     Unpacked us[threads];
     int8_t *packed = pack_rows(rows, m, k);
     int ok = packed != NULL;
-    for (int t = 0; t < threads; t++) ok &= (bufs[t] = tile_buffer(blocks, s, &us[t])) != NULL;
+    for (int t = 0; t < threads; t++) ok &= (bufs[t] = tile_buffer(blocks, &us[t])) != NULL;
     if (!ok) {
         for (int t = 0; t < threads; t++) free(bufs[t]);
         free(packed);
@@ -348,10 +382,8 @@ int quant_amx_linear(const XRow *rows, int64_t m, int64_t k, const uint8_t *code
 #pragma omp for schedule(static)
         for (int64_t n0 = 0; n0 < n; n0 += TILE_N) {
             const uint8_t *w = codes + n0 / X4_ROWS * strip_bytes;
-            for (int64_t sb = 0; sb < blocks; sb++) {
+            for (int64_t sb = 0; sb < blocks; sb++)
                 (kind == FMT_Q4K ? unpack_q4k : unpack_q6k)(w, strip_bytes, sb, u);
-                scale_codes(u, sb, kind == FMT_Q4K);
-            }
             weight_tile(rows, packed, m, blocks, kind, u, out + n0, n);
         }
         _tile_release();

@@ -74,7 +74,7 @@ enum { LINE = 64 };
 /* Calls with at least this many activation rows go to the AMX tiles where they can (below it
  * the tiles' fixed 16 rows cost more than the rows they save). */
 #ifndef AMX_MIN_ROWS
-#define AMX_MIN_ROWS 24
+#define AMX_MIN_ROWS 16
 #endif
 
 #if defined(__AVX2__) && !defined(SAGUARO_GENERIC)
@@ -137,16 +137,13 @@ static float round_block(const float *x, int64_t n, int8_t *p) {
 }
 #endif
 
-/* Rows of x [m, k] rounded by blocks of `block` into one buffer, one stride apart; rows[r]
- * points into it. ROW_SPARE zero rows follow the last, so that a tile of TILE_M rows may
- * start at any row (amx_kernels.c). */
+/* Rows of x [m, k] rounded by blocks of `block` into one buffer; rows[r] points into it. */
 static void *round_rows(const float *x, int64_t m, int64_t k, int64_t block, XRow *rows) {
     const int64_t blocks = k / block;
     const size_t per_row = (size_t)k + sizeof(float) * blocks + sizeof(int16_t) * (k / SUB) +
                            sizeof(int16_t) * (k / SMALL) + 64;
-    uint8_t *buf = malloc(per_row * (size_t)(m + ROW_SPARE));
+    uint8_t *buf = malloc(per_row * (size_t)m);
     if (buf == NULL) return NULL;
-    memset(buf + per_row * m, 0, per_row * ROW_SPARE);
     for (int64_t r = 0; r < m; r++) {
         uint8_t *base = buf + per_row * r;
         int8_t *p = (int8_t *)base;

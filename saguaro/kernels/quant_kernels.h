@@ -31,10 +31,6 @@ enum { Q50X4_QH = X4_ROWS * Q5_D, Q50X4_CODES = Q50X4_QH + X4_ROWS * Q5_QH };
 /* A row's int8 codes [k], one scale per block [k / block], and the sums the formats'
  * corrections need: of each 16 codes (int16 [k / 16]) and of each 32 (int16 [k / 32]; |sum| <=
  * 32 * 127). */
-/* Activation rows a tile instruction reads at once (amx_kernels.c); the rounded rows are
- * followed by ROW_SPARE zero rows for it. */
-enum { TILE_M = 16, ROW_SPARE = TILE_M - 1 };
-
 typedef struct {
     const int8_t *p;
     const float *e;

@@ -33,9 +33,9 @@ REL_TOLERANCE = 1e-5
 INT8_LEVELS = 127
 ODD_BLOCKS = 5
 # A weight whose rows are whole tiles of 16 (amx_kernels.c) and calls of at least AMX_MIN_ROWS
-# (24) rows: where the CPU has AMX, those take the tiles; the others, the paths above.
+# (16) rows: where the CPU has AMX, those take the tiles; the others, the paths above.
 N_TILES = 48
-TILE_ROW_COUNTS = (1, 5, 23, 24, 31, 40)  # below and at the threshold, a part tile after a whole
+TILE_ROW_COUNTS = (1, 5, 15, 16, 31, 40)  # below and at the threshold, a part tile after a whole
 
 
 def weight(fmt: str, seed: int = 0, k: int | None = None) -> PackedWeight:
