@@ -66,16 +66,15 @@ static int amx_permitted(void) {
     return state == 1;
 }
 
-/* Tiles 0-3: two super-blocks' A and B sums C [16 x 16 int32]; then 16 positions' codes of a K = 64 chunk,
- * and the chunk's two weight parts. Once per thread and call: loading a configuration costs
- * about as much as a super-block's products. */
+/* Tiles 0-3: two steps' A and B sums C [16 x 16 int32]; then 16 positions' codes of a K = 64
+ * chunk, and the chunk's two weight parts. Once per thread and call: loading a configuration
+ * costs about as much as a super-block's products. */
 static void configure(void) {
-    const int m = TILE_M;
     TileConfig c;
     memset(&c, 0, sizeof c);
     c.palette = 1;
-    for (int t = 0; t < 4; t++) c.colsb[t] = TILE_BYTES, c.rows[t] = (uint8_t)m;
-    c.colsb[TILE_A] = TILE_BYTES, c.rows[TILE_A] = (uint8_t)m;
+    for (int t = 0; t < 4; t++) c.colsb[t] = TILE_BYTES, c.rows[t] = TILE_M;
+    c.colsb[TILE_A] = TILE_BYTES, c.rows[TILE_A] = TILE_M;
     c.colsb[TILE_B] = c.colsb[TILE_B2] = TILE_BYTES;
     c.rows[TILE_B] = c.rows[TILE_B2] = TILE_BYTES / DWORD;
     _tile_loadconfig(&c);
@@ -124,15 +123,16 @@ QINLINE void split_store(const Unpacked *u, int64_t at, __m512i v, __m512i sc, i
 
 /* int32 lanes (one a row) as int16 pairs (s, s), for split_store. */
 QINLINE __m512i scale_pairs(__m512i s) {
-    return _mm512_or_si512(_mm512_and_si512(s, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(s, 16));
+    const __m512i low = _mm512_and_si512(s, _mm512_set1_epi32(0xFFFF));
+    return _mm512_or_si512(low, _mm512_slli_epi32(s, 16));
 }
 
 /* Offsets of the tile's 16 rows' header bytes: strip r / 4, row r % 4 of it (row bytes apart). */
 QINLINE __m512i row_offsets(int64_t strip_bytes, int row_bytes) {
     const __m512i r = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    return _mm512_add_epi32(_mm512_mullo_epi32(_mm512_srli_epi32(r, 2), _mm512_set1_epi32((int)strip_bytes)),
-                            _mm512_mullo_epi32(_mm512_and_si512(r, _mm512_set1_epi32(3)),
-                                               _mm512_set1_epi32(row_bytes)));
+    const __m512i strip = _mm512_srli_epi32(r, 2), row = _mm512_and_si512(r, _mm512_set1_epi32(3));
+    return _mm512_add_epi32(_mm512_mullo_epi32(strip, _mm512_set1_epi32((int)strip_bytes)),
+                            _mm512_mullo_epi32(row, _mm512_set1_epi32(row_bytes)));
 }
 
 /* Q4_K's headers of the tile's 16 rows at b (16 bytes a row: d, dmin, the 12 bytes of eight
@@ -153,18 +153,18 @@ static void heads_q4k(const uint8_t *b, int64_t strip_bytes, int64_t sb, const U
         const __m512i high = _mm512_or_si512(
             _mm512_and_si512(_mm512_srlv_epi32(x, shift), low4),
             _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(y, 6), low2), 4));
-        _mm512_store_si512(sm[X4_ROWS * s], _mm512_mask_blend_epi32(0xAAAA, _mm512_and_si512(x, low6), high));
+        const __m512i odd_high = _mm512_mask_blend_epi32(0xAAAA, _mm512_and_si512(x, low6), high);
+        _mm512_store_si512(sm[X4_ROWS * s], odd_high);
     }
-    const __m512i at = _mm512_mullo_epi32(
-        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(K_HEAD));
+    const __m512i at = row_offsets(X4_ROWS * K_HEAD, K_HEAD), byte = _mm512_set1_epi32(0xFF);
     for (int g = 0; g < SUPER / SMALL; g++)
-        sc[g] = scale_pairs(_mm512_and_si512(_mm512_i32gather_epi32(at, (const void *)(&sm[0][g]), 1),
-                                             _mm512_set1_epi32(0xFF)));
+        sc[g] = scale_pairs(
+            _mm512_and_si512(_mm512_i32gather_epi32(at, (const void *)(&sm[0][g]), 1), byte));
     for (int l = 0; l < PAIRS; l++) {
         const __m512i m = _mm512_i32gather_epi32(at, (const void *)(&sm[0][8 + 2 * l]), 1);
+        const __m512i second = _mm512_slli_epi32(_mm512_and_si512(m, _mm512_set1_epi32(0xFF00)), 8);
         _mm512_storeu_si512(u->minima + (sb * PAIRS + l) * TILE_N,
-                            _mm512_or_si512(_mm512_and_si512(m, _mm512_set1_epi32(0xFF)),
-                                            _mm512_slli_epi32(_mm512_and_si512(m, _mm512_set1_epi32(0xFF00)), 8)));
+                            _mm512_or_si512(_mm512_and_si512(m, byte), second));
     }
     const __m512i first = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 0, 0, 0, 0, 0, 0, 0);
     const __m512i dd = _mm512_inserti64x4(
@@ -208,7 +208,8 @@ static void heads_q6k(const uint8_t *b, int64_t strip_bytes, int64_t sb, const U
         sc[g] = scale_pairs(_mm512_srai_epi32(_mm512_slli_epi32(v, 24), 24));
     }
     /* each row's d in its dword's high half: the dwords end inside the strip's block */
-    const __m512i d = _mm512_i32gather_epi32(row_offsets(strip_bytes, 2), (const void *)(b + Q6X4_D - 2), 1);
+    const __m512i d =
+        _mm512_i32gather_epi32(row_offsets(strip_bytes, 2), (const void *)(b + Q6X4_D - 2), 1);
     _mm512_storeu_ps(u->d + sb * TILE_N,
                      _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(d, 16))));
 }
@@ -280,7 +281,8 @@ static void fold_super_block(const XRow *x, int64_t sb, int m, int q4, const Unp
     if (!q4) return;
     const __m512 dmin = _mm512_loadu_ps(u->dmin + sb * TILE_N);
     __m512i minima[PAIRS];
-    for (int l = 0; l < PAIRS; l++) minima[l] = _mm512_loadu_si512(u->minima + (sb * PAIRS + l) * TILE_N);
+    for (int l = 0; l < PAIRS; l++)
+        minima[l] = _mm512_loadu_si512(u->minima + (sb * PAIRS + l) * TILE_N);
     for (int r = 0; r < m; r++) {
         __m512i mins = _mm512_setzero_si512();
         for (int l = 0; l < PAIRS; l++) {
@@ -321,7 +323,8 @@ static void weight_tile(const XRow *x, const int8_t *packed, int64_t m, int64_t 
             for (int r = 0; r < mt; r++) f[r] = c_min[r] = _mm512_setzero_ps();
         fold_super_block(x + r0, sb, mt, q4, u, c[step % 2], f, c_min);
         if (sb == blocks - 1)
-            for (int r = 0; r < mt; r++) store_row(out + (r0 + r) * n, _mm512_sub_ps(f[r], c_min[r]));
+            for (int r = 0; r < mt; r++)
+                store_row(out + (r0 + r) * n, _mm512_sub_ps(f[r], c_min[r]));
     }
 }
 
@@ -351,7 +354,8 @@ static int8_t *pack_rows(const XRow *rows, int64_t m, int64_t k) {
         for (int r = 0; r < TILE_M; r++)
             for (int64_t ch = 0; ch < chunks; ch++) {
                 int8_t *to = packed + ((t * chunks + ch) * TILE_M + r) * TILE_BYTES;
-                if (t * TILE_M + r < m) memcpy(to, rows[t * TILE_M + r].p + ch * TILE_BYTES, TILE_BYTES);
+                const int64_t row = t * TILE_M + r;
+                if (row < m) memcpy(to, rows[row].p + ch * TILE_BYTES, TILE_BYTES);
                 else memset(to, 0, TILE_BYTES);
             }
     return packed;
