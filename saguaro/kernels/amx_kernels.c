@@ -137,7 +137,7 @@ QINLINE __m512i row_offsets(int64_t strip_bytes, int row_bytes) {
 
 /* Q4_K's headers of the tile's 16 rows at b (16 bytes a row: d, dmin, the 12 bytes of eight
  * 6-bit scales and minima; a strip's four rows together): the scales as pairs into sc, the
- * minima (m_2l, m_2l+1) and d, dmin into u. scales_k4's words, four rows a register. */
+ * minima (m_2l, m_2l+1) and d, dmin into u. quant_kernels.c's scales_k4, four rows a register. */
 static void heads_q4k(const uint8_t *b, int64_t strip_bytes, int64_t sb, const Unpacked *u,
                       __m512i sc[SUPER / SMALL]) {
     /* scales 0-7, minima 0-7 a row; a spare row for the last gathers' dwords */
@@ -366,7 +366,7 @@ int quant_amx_linear(const XRow *rows, int64_t m, int64_t k, const uint8_t *code
     if ((fmt != FMT_Q4K_X4 && fmt != FMT_Q6K_X4) || n % TILE_N || k % SUPER || m < 1 ||
         !amx_permitted())
         return 0;
-    const int kind = quant_file_format(fmt);
+    const int kind = fmt == FMT_Q4K_X4 ? FMT_Q4K : FMT_Q6K; /* the file's format */
     const int64_t blocks = k / SUPER;
     const int64_t strip_bytes = blocks * (kind == FMT_Q4K ? X4_BYTES : Q6X4_BYTES);
     uint8_t *bufs[threads];

@@ -102,6 +102,12 @@ enum { LINE = 64 };
 
 /* ---- The activation, rounded row by row ---- */
 
+static float f16_to_f32(const uint8_t *b) {
+    uint16_t h;
+    memcpy(&h, b, 2);
+    return _cvtsh_ss(h);
+}
+
 /* Block [x, x + n) of a row: its scale, and its codes into p. */
 #ifdef QUANT_AVX2
 /* The same bits as the generic version: max is exact, and vcvtps2dq rounds half to even, as
@@ -164,6 +170,20 @@ static void *round_rows(const float *x, int64_t m, int64_t k, int64_t block, XRo
 }
 
 /* ---- Unpacking ---- */
+
+/* Q4_K / Q5_K's eight 6-bit scales and minima from their 12 bytes, as four words: bytes 0-7
+ * the scales, 8-15 the minima. Scale j < 4 is the low 6 bits of byte j, minimum j < 4 those of
+ * byte j + 4; scale and minimum j >= 4 take the nibbles of byte j + 4 below the top 2 bits of
+ * bytes j - 4 and j. */
+QINLINE void scales_k4(const uint8_t *q, uint32_t v[4]) {
+    enum { LOW6 = 0x3f3f3f3f, LOW4 = 0x0f0f0f0f, LOW2 = 0x03030303 };
+    uint32_t u[3];
+    memcpy(u, q, 12);
+    v[0] = u[0] & LOW6;
+    v[1] = (u[2] & LOW4) | (((u[0] >> 6) & LOW2) << 4);
+    v[2] = u[1] & LOW6;
+    v[3] = ((u[2] >> 4) & LOW4) | (((u[1] >> 6) & LOW2) << 4);
+}
 
 /* The lane sums' fixed tree. */
 static float tree8(const float f[QLANES]) {
@@ -1160,21 +1180,6 @@ static int tile4_rows(const uint8_t *w, int64_t row_bytes, int64_t k, int fmt, c
     return 1;
 }
 #else
-/* The generic build's four-row tile: an interleaved strip's rows one at a time, as stored. */
-static int tile4_rows(const uint8_t *w, int64_t row_bytes, int64_t k, int fmt, const XRow *x,
-                      int nr, float *y) {
-    if (fmt < FMT_Q4K_X4) return 0;
-    uint8_t row[row_bytes];
-    float yj[TILE_ROWS];
-    for (int j = 0; j < X4_ROWS; j++) {
-        quant_strip_row(w, k / block_weights(fmt), fmt, j, row);
-        tile_rows(row, k, quant_file_format(fmt), x, nr, yj);
-        for (int r = 0; r < nr; r++) y[X4_ROWS * r + j] = yj[r];
-    }
-    return 1;
-}
-#endif
-
 /* Words [from, from + count) of row j's super-block o, from where a strip keeps them (word c
  * of rows 0-3 together, from `at`). */
 static void strip_words(const uint8_t *at, int from, int count, int j, uint8_t *o) {
@@ -1183,7 +1188,7 @@ static void strip_words(const uint8_t *at, int from, int count, int j, uint8_t *
 }
 
 /* Row j of an interleaved strip w back as the file's blocks (the header's layouts). */
-void quant_strip_row(const uint8_t *w, int64_t blocks, int fmt, int j, uint8_t *row) {
+static void strip_row(const uint8_t *w, int64_t blocks, int fmt, int j, uint8_t *row) {
     for (int64_t sb = 0; sb < blocks; sb++) {
         if (fmt == FMT_Q50_X4) {
             const uint8_t *b = w + sb * Q50X4_BYTES;
@@ -1212,9 +1217,24 @@ void quant_strip_row(const uint8_t *w, int64_t blocks, int fmt, int j, uint8_t *
 }
 
 /* The format an interleaved one's rows come from. */
-int quant_file_format(int fmt) {
+static int file_format(int fmt) {
     return fmt == FMT_Q4K_X4 ? FMT_Q4K : fmt == FMT_Q6K_X4 ? FMT_Q6K : FMT_Q50;
 }
+
+/* The generic build's four-row tile: an interleaved strip's rows one at a time, as stored. */
+static int tile4_rows(const uint8_t *w, int64_t row_bytes, int64_t k, int fmt, const XRow *x,
+                      int nr, float *y) {
+    if (fmt < FMT_Q4K_X4) return 0;
+    uint8_t row[row_bytes];
+    float yj[TILE_ROWS];
+    for (int j = 0; j < X4_ROWS; j++) {
+        strip_row(w, k / block_weights(fmt), fmt, j, row);
+        tile_rows(row, k, file_format(fmt), x, nr, yj);
+        for (int r = 0; r < nr; r++) y[X4_ROWS * r + j] = yj[r];
+    }
+    return 1;
+}
+#endif
 
 /* Weight rows [n0, n1) against activation rows [r0, r0 + nr): four at a time where a four-row
  * tile serves the format, one at a time for the rest. */

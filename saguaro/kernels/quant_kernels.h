@@ -1,6 +1,6 @@
 /* What quant_kernels.c and amx_kernels.c share: GGUF's block formats and their interleaved
  * layouts (quant_kernels.c's header describes them), the rounded activation rows, and the
- * functions one calls in the other. */
+ * entry of amx_kernels.c that quant_kernels.c calls. */
 #ifndef SAGUARO_QUANT_KERNELS_H
 #define SAGUARO_QUANT_KERNELS_H
 #include <immintrin.h>
@@ -37,31 +37,6 @@ typedef struct {
     const int16_t *sum16;
     const int16_t *sum32;
 } XRow;
-
-QINLINE float f16_to_f32(const uint8_t *b) {
-    uint16_t h;
-    memcpy(&h, b, 2);
-    return _cvtsh_ss(h);
-}
-
-/* Q4_K / Q5_K's eight 6-bit scales and minima from their 12 bytes, as four words: bytes 0-7
- * the scales, 8-15 the minima. Scale j < 4 is the low 6 bits of byte j, minimum j < 4 those of
- * byte j + 4; scale and minimum j >= 4 take the nibbles of byte j + 4 below the top 2 bits of
- * bytes j - 4 and j. */
-QINLINE void scales_k4(const uint8_t *q, uint32_t v[4]) {
-    enum { LOW6 = 0x3f3f3f3f, LOW4 = 0x0f0f0f0f, LOW2 = 0x03030303 };
-    uint32_t u[3];
-    memcpy(u, q, 12);
-    v[0] = u[0] & LOW6;
-    v[1] = (u[2] & LOW4) | (((u[0] >> 6) & LOW2) << 4);
-    v[2] = u[1] & LOW6;
-    v[3] = ((u[2] >> 4) & LOW4) | (((u[1] >> 6) & LOW2) << 4);
-}
-
-/* Row j of an interleaved strip w (blocks of it) back as the file's blocks, and the format
- * those are in. */
-void quant_strip_row(const uint8_t *w, int64_t blocks, int fmt, int j, uint8_t *row);
-int quant_file_format(int fmt);
 
 /* out [m, n] = x @ W^T on AMX tiles where this build and the CPU have them and the format and
  * shape suit (amx_kernels.c): whether it did. The rows are rounded as for the other paths. */
