@@ -35,6 +35,7 @@ ODD_BLOCKS = 5
 # A weight whose rows are whole tiles of 16 (amx_kernels.c) and calls of at least AMX_MIN_ROWS
 # (16) rows: where the CPU has AMX, those take the tiles; the others, the paths above.
 N_TILES = 48
+K_TILES = 1024  # four super-blocks
 TILE_ROW_COUNTS = (1, 5, 15, 16, 31, 40)  # below and at the threshold, a part tile after a whole
 
 
@@ -104,9 +105,8 @@ def test_a_tile_calls_rows_get_the_generic_codes_bits(fmt):
     integers, folded in the same order, so each row gets the generic C's bits, and the same
     bits as in a short call that runs on the vector paths."""
     kind = RAW_TYPES[FILE_FORMAT[fmt]][0]
-    raw = from_gguf_raw(
-        random_blocks(kind, N_TILES, 1024, np.random.default_rng(10)), kind, N_TILES, 1024
-    )
+    blocks = random_blocks(kind, N_TILES, K_TILES, np.random.default_rng(10))
+    raw = from_gguf_raw(blocks, kind, N_TILES, K_TILES)
     w = interleave(raw)
     x = torch.randn(max(TILE_ROW_COUNTS), w.k, generator=torch.Generator().manual_seed(11))
     x[2] = 0
