@@ -124,6 +124,12 @@ class ServeBenchConfig:
     llama_args: str = opt("", "more options for every llama-server, as one string", metavar="ARGS")
     startup_timeout_s: float = opt(600.0, "how long a server may take to answer")
     request_timeout_s: float = opt(900.0, "how long one request may take")
+    rounds: int = opt(
+        1,
+        "times every engine is started and measured, the engines taking turns (ar, sd, ar, "
+        "sd, ...): on a shared machine a server run later than another meets other neighbours, "
+        "so ratios are read from medians over rounds",
+    )
     plot: bool = opt(True, "write latency.png (matplotlib)")
     out: str = opt("serve-bench-out", "output directory", metavar="DIR")
 
@@ -138,7 +144,7 @@ class ServeBenchConfig:
             raise ValueError("--request-rates must be > 0")
         if self.dataset not in DATASETS:
             raise ValueError(f"--dataset must be one of {', '.join(DATASETS)}")
-        for name in ("k", "max_tokens", "max_prompt_chars", "context_per_slot"):
+        for name in ("k", "max_tokens", "max_prompt_chars", "context_per_slot", "rounds"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
 
@@ -244,21 +250,24 @@ def _print_level(s: LevelSummary) -> None:
 
 
 def bench_engine(
-    name: str, cfg: ServeBenchConfig, levels: list[Level], warmup: str
+    name: str, cfg: ServeBenchConfig, levels: list[Level], warmup: str, round_: int = 0
 ) -> tuple[dict[str, Any], list[LevelSummary], dict[str, list[dict[str, Any]]]]:
-    """Start one engine's server, warm it, run every level, stop it."""
+    """Start one engine's server, warm it, run every level, stop it (``round_``: which of
+    ``cfg.rounds``; its summaries, records and server entry carry it where there are several)."""
     launch, shape = launch_of(cfg), shape_of(cfg)
     spec = engine_spec(name, launch)
-    print(f"{spec.name}: starting: {shlex.join(spec.argv)}", flush=True)
+    tag = f" #{round_ + 1}" if cfg.rounds > 1 else ""
+    print(f"{spec.name}{tag}: starting: {shlex.join(spec.argv)}", flush=True)
     summaries, records = [], {}
     with running(spec, launch.cpus, Path(cfg.out) / "logs", cfg.startup_timeout_s) as server:
         print(f"{spec.name}: answered after {server.startup_s:.1f} s", flush=True)
         warm_up(server, warmup, shape)
         for level in levels:
             summary, recs = run_level(server, level, shape)
+            summary.round = round_
             _print_level(summary)
             summaries.append(summary)
-            records[f"{spec.name} {summary.level}"] = [dataclasses.asdict(r) for r in recs]
+            records[f"{spec.name}{tag} {summary.level}"] = [dataclasses.asdict(r) for r in recs]
         info = {
             "argv": server.argv,
             "startup_s": server.startup_s,
@@ -266,7 +275,7 @@ def bench_engine(
             # the machine may be shared: the load when this engine ended qualifies its figures
             "load_average_after": list(os.getloadavg()),
         }
-    return {spec.name: info}, summaries, records
+    return {spec.name + tag: info}, summaries, records
 
 
 def llama_version(binary: str) -> str | None:
@@ -308,9 +317,12 @@ def run(cfg: ServeBenchConfig, argv: list[str]) -> tuple[list[LevelSummary], dic
     summaries: list[LevelSummary] = []
     records: dict[str, list[dict[str, Any]]] = {}
     start = time.perf_counter()
-    for name in cfg.engines:
+    turns = [(r, name) for r in range(cfg.rounds) for name in cfg.engines]
+    for round_, name in turns:
+        if name in failed:  # an engine that could not start is not started again
+            continue
         try:
-            info, mine, recs = bench_engine(name, cfg, levels, warmup)
+            info, mine, recs = bench_engine(name, cfg, levels, warmup, round_)
         except ENGINE_FAILURES as e:
             print(f"{name}: failed: {e}", file=sys.stderr, flush=True)
             failed[name] = str(e)

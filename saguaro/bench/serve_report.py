@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -59,14 +60,30 @@ def speculation_cell(spec: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
+MEDIAN_COLUMNS = (
+    "engine",
+    "load",
+    "rounds",
+    "out tok/s, median (min-max)",
+    "x first engine",
+    "TPOT p50 ms, median",
+    "TTFT p50 ms, median",
+)
+
+
+def _label(s: LevelSummary, rounds: bool) -> str:
+    return f"{s.engine} #{s.round + 1}" if rounds else s.engine
+
+
 def markdown_table(levels: list[LevelSummary]) -> str:
     head = "| " + " | ".join(COLUMNS) + " |"
     align = "|" + "|".join([":--", ":--"] + ["--:"] * (len(COLUMNS) - 3) + [":--"]) + "|"
+    rounds = any(s.round for s in levels)
     rows = [
         "| "
         + " | ".join(
             [
-                s.engine,
+                _label(s, rounds),
                 s.level,
                 f"{s.completed}/{s.failed}" + (f" ({s.retried} retried)" if s.retried else ""),
                 f"{s.output_tok_s:.1f}",
@@ -86,6 +103,39 @@ def markdown_table(levels: list[LevelSummary]) -> str:
     return "\n".join([head, align, *rows]) + "\n"
 
 
+def grouped(levels: list[LevelSummary]) -> dict[tuple[str, str], list[LevelSummary]]:
+    """Each engine's summaries of each level (one a round), in the order first measured."""
+    out: dict[tuple[str, str], list[LevelSummary]] = {}
+    for s in levels:
+        out.setdefault((s.engine, s.level), []).append(s)
+    return out
+
+
+def _median(group: list[LevelSummary], attr: str) -> float:
+    return statistics.median(getattr(s, attr) for s in group)
+
+
+def medians_table(levels: list[LevelSummary]) -> str:
+    """Per engine and level, medians over the rounds; throughput also against the median of
+    the engine listed first at that level (the baseline: --engines ar,...)."""
+    groups = grouped(levels)
+    first: dict[str, float] = {}
+    for (_, level), group in groups.items():
+        first.setdefault(level, _median(group, "output_tok_s"))
+    head = "| " + " | ".join(MEDIAN_COLUMNS) + " |"
+    align = "|" + "|".join([":--", ":--"] + ["--:"] * (len(MEDIAN_COLUMNS) - 2)) + "|"
+    rows = []
+    for (engine, level), group in groups.items():
+        tok_s = [s.output_tok_s for s in group]
+        median = statistics.median(tok_s)
+        ratio = f"{median / first[level]:.2f}x" if first[level] else "n/a"
+        cells = [engine, level, str(len(group))]
+        cells += [f"{median:.1f} ({min(tok_s):.1f}-{max(tok_s):.1f})", ratio]
+        cells += [_ms(_median(group, "tpot_p50")), _ms(_median(group, "ttft_p50"))]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join([head, align, *rows]) + "\n"
+
+
 def markdown(meta: dict[str, Any], levels: list[LevelSummary]) -> str:
     cfg = meta["config"]
     lines = [
@@ -101,14 +151,22 @@ def markdown(meta: dict[str, Any], levels: list[LevelSummary]) -> str:
         "all the tokens it committed; llama-server one per token). TPOT: a request's time per "
         "output token after the first.",
         "",
-        markdown_table(levels),
     ]
+    if any(s.round for s in levels):
+        lines += [
+            f"Engines started {cfg['rounds']} times, taking turns; medians over the rounds:",
+            "",
+            medians_table(levels),
+            "Every round:",
+            "",
+        ]
+    lines.append(markdown_table(levels))
     return "\n".join(lines)
 
 
 def plot(levels: list[LevelSummary], path: Path) -> None:
     """TPOT p50 and TTFT p50 against output tokens per second, one line per engine, each point
-    labelled with its load level."""
+    labelled with its load level (medians over rounds where an engine ran several)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -119,13 +177,14 @@ def plot(levels: list[LevelSummary], path: Path) -> None:
         (axes[0], "tpot_p50", "TPOT p50 (ms)"),
         (axes[1], "ttft_p50", "TTFT p50 (ms)"),
     ):
-        for engine in dict.fromkeys(s.engine for s in levels):
-            mine = [s for s in levels if s.engine == engine]
-            xs = [s.output_tok_s for s in mine]
-            ys = [getattr(s, attr) * MS for s in mine]
+        groups = grouped(levels)
+        for engine in dict.fromkeys(e for e, _ in groups):
+            mine = [(level, g) for (e, level), g in groups.items() if e == engine]
+            xs = [_median(g, "output_tok_s") for _, g in mine]
+            ys = [_median(g, attr) * MS for _, g in mine]
             ax.plot(xs, ys, marker="o", label=engine)
-            for s, x, y in zip(mine, xs, ys, strict=True):
-                ax.annotate(s.level, (x, y), textcoords="offset points", xytext=LABEL_OFFSET_PT)
+            for (level, _), x, y in zip(mine, xs, ys, strict=True):
+                ax.annotate(level, (x, y), textcoords="offset points", xytext=LABEL_OFFSET_PT)
         ax.set_xlabel("output tokens/s (all requests)")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)

@@ -100,6 +100,7 @@ class LevelSummary:
     retried: int  # requests sent again after a stale connection (serve_client)
     speculation: dict[str, Any] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    round: int = 0  # which start of the engine measured it (ServeBenchConfig.rounds)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

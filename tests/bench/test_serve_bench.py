@@ -22,6 +22,7 @@ from saguaro.bench.serve_client import RequestShape, one_request
 from saguaro.bench.serve_engines import PACKAGE_ROOT, Launch, engine_spec
 from saguaro.bench.serve_report import markdown_table, speculation_cell, write_all
 from saguaro.bench.serve_stats import (
+    LevelSummary,
     RequestRecord,
     chunk_gaps,
     llama_speculation,
@@ -241,6 +242,30 @@ def test_the_report_files(tmp_path):
     table = (tmp_path / "results.md").read_text()
     assert "| saguaro ar | c=1 | 1/0 |" in table and "| llama.cpp | c=1 | 0/1 |" in table
     assert (tmp_path / "latency.png").stat().st_size > 0
+
+
+def test_rounds_are_reported_as_medians_against_the_first_engine(tmp_path):
+    """With --rounds, every round keeps its row and a medians table gives each engine's median
+    throughput at each level against the first engine's: 2 and 4 tok/s for AR, 3, 3 and 9 for
+    SD (median 3 = 1.00x of AR's median 3)."""
+
+    def level(engine: str, tokens: int, round_: int) -> LevelSummary:
+        ok = RequestRecord(0, True, 0.0, 1.0, 0.2, [0.2, 1.0], output_tokens=tokens)
+        s = summarize(engine, [ok], 1.0, concurrency=4)
+        s.round = round_
+        return s
+
+    levels = [level("saguaro ar", 2, 0), level("saguaro ar", 4, 1)]
+    levels += [level("saguaro sd", t, r) for r, t in enumerate((3, 9, 3))]
+    meta = {"date": "d", "machine": {"cpu": "c"}, "cpus": [0]}
+    meta["config"] = dataclasses.asdict(serve.parse_config(["--rounds", "3"]))
+    write_all(tmp_path, meta, levels, {}, True)
+    text = (tmp_path / "results.md").read_text()
+    assert "| saguaro ar | c=4 | 2 | 3.0 (2.0-4.0) | 1.00x |" in text
+    assert "| saguaro sd | c=4 | 3 | 3.0 (3.0-9.0) | 1.00x |" in text
+    assert "| saguaro sd #2 | c=4 | 1/0 | 9.0 |" in text
+    with pytest.raises(ValueError, match="--rounds"):
+        serve.parse_config(["--rounds", "0"])
 
 
 class _FakeCompletions:
