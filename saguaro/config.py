@@ -498,6 +498,19 @@ class EngineConfig:
         return self.mode == "auto" or (self.mode in ("sd", "ssd") and self.ar_fallback)
 
     @property
+    def worker_owns_cores(self) -> bool:
+        """SSD's worker computes where the target does not: a GPU of its own, or CPU cores the
+        target's threads are kept off (the paper's layout). What it does while AR, SD or copy
+        steps run then costs the target nothing."""
+        if not self.uses_worker:
+            return False
+        if self.device.startswith("cuda"):
+            return (self.draft_device or self.device) != self.device
+        if not self.target_cpus or not self.draft_cpus:
+            return False
+        return not set(self.target_cpus) & set(self.draft_cpus)
+
+    @property
     def shares_cores(self) -> bool:
         """Mode auto (or ssd with ``ar_fallback``) on CPU whose target computes on the worker's
         cores while SSD is not running (``auto_cores`` shared; one target rank, at least two

@@ -293,11 +293,11 @@ class Channel:
             raise ChannelError(f"no answer from rank {peer}: {e}") from e
         return kind, obj
 
-    def ring(self, bell: str = _DOORBELL) -> None:
-        """Count one message about to be sent, or one event of another ``bell`` (see the module
-        docstring)."""
+    def ring(self, bell: str = _DOORBELL, times: int = 1) -> None:
+        """Count one message about to be sent, or ``times`` events of another ``bell`` (see the
+        module docstring)."""
         try:
-            self.store.add(bell, 1)
+            self.store.add(bell, times)
         except (RuntimeError, dist.DistStoreError) as e:
             raise ChannelError(f"rendezvous store on {self.addr}:{self.port} failed: {e}") from e
 

@@ -9,14 +9,17 @@ timings and outcomes, never from the round's own randomness. A request whose rou
 therefore samples exactly the target's distribution; under coupled sampling its text is the
 target's noise's and so the same in every mode.
 
-The SSD worker stays up while SD or AR runs (it idles, its cache for a round that never came
-unused): switching back costs one miss, not a start. Hysteresis keeps the choice from flapping:
-a new choice must beat the current one's predicted rate by ``HYSTERESIS``, and a choice runs at
-least ``MIN_DWELL`` steps. Rates are compared net of the catch-up a choice's draft needs first
-(the tokens of the batch it has not seen), spread over ``SWITCH_HORIZON`` steps: a switch that
-would not repay it within them is not made. SD and SSD may settle only once ``MIN_ROUNDS``
-speculative rounds have been observed: before, their rates rest on a prior acceptance, and a
-switch made on a prior pays the draft's catch-up for nothing when the draft is weak.
+The SSD worker stays up while SD or AR runs (its cache for a round that never came unused):
+switching back costs one miss, not a start. Where it has cores of its own (``feeds``) it is sent
+every step's tokens and drafts shadow chains, whose acceptance the pool takes in as rounds'
+(docs/design.md §12); elsewhere it idles, since it would compute on the target's cores.
+Hysteresis keeps the choice from flapping: a new choice must beat the current one's predicted
+rate by ``HYSTERESIS``, and a choice runs at least ``MIN_DWELL`` steps. Rates are compared net
+of the catch-up a choice's draft needs first (the tokens of the batch it has not seen), spread
+over ``SWITCH_HORIZON`` steps: a switch that would not repay it within them is not made. SD
+and SSD may settle only once ``MIN_ROUNDS`` speculative rounds (or shadow chains) have been
+observed: before, their rates rest on a prior acceptance, and a switch made on a prior pays the
+draft's catch-up for nothing when the draft is weak.
 
 Estimates of a mode not chosen go stale, so a mode that has not run for ``EXPLORE_EVERY`` steps
 runs for ``EXPLORE_STEPS``, and its costs restart from what the try measures (a cost is a moving
@@ -123,9 +126,22 @@ class Acceptance:
             if own is not None:
                 own[0][j] += 1
                 own[1][j] += ok
-            weight = max(self.alpha, 1.0 / (self.seen[j] + 1 + PRIOR_WEIGHT))
-            self.pooled[j] += weight * (ok - self.pooled[j])
-            self.seen[j] += 1
+            self._pool(j, float(ok))
+
+    def observe_counts(self, tried: list[int], hits: list[int]) -> None:
+        """Chains seen only in aggregate (SSD's shadow chains, protocol FEED): ``tried[j]``
+        reached position j and ``hits[j]`` had it accepted. The pool moves as that many
+        observations of position j would, each at their mean hits[j] / tried[j]; each chain
+        (``tried[0]`` of them) counts as a round."""
+        self.rounds += tried[0]
+        for j, (n, h) in enumerate(zip(tried, hits, strict=True)):
+            for _ in range(n):
+                self._pool(j, h / n)
+
+    def _pool(self, j: int, x: float) -> None:
+        weight = max(self.alpha, 1.0 / (self.seen[j] + 1 + PRIOR_WEIGHT))
+        self.pooled[j] += weight * (x - self.pooled[j])
+        self.seen[j] += 1
 
     def expected(self, seq_id: int) -> list[float]:
         """Expected tokens a round with k proposals commits, for k = 0..k_max:
@@ -145,8 +161,11 @@ class AutoProposer(Proposer):
     """Runs SD's in-process draft, SSD's (supervised) worker or nothing, step by step.
 
     ``modes`` limits the choices (None: every mode its proposers can run): SD and SSD with
-    ``ar_fallback`` choose between AR and their own speculation. ``force`` (tests and
-    experiments only: no request can reach it) overrides the choice: step number -> Choice."""
+    ``ar_fallback`` choose between AR and their own speculation. ``feeds``: the SSD worker has
+    cores of its own, so every step run without it sends it the batch's tokens (protocol FEED):
+    it stays current, and its shadow chains' acceptance is observed as SD's and SSD's rounds'
+    is. ``force`` (tests and experiments only: no request can reach it) overrides the choice:
+    step number -> Choice."""
 
     def __init__(
         self,
@@ -157,8 +176,10 @@ class AutoProposer(Proposer):
         threads: Threads | None = None,
         lookup: Lookup | None = None,
         modes: tuple[str, ...] | None = None,
+        feeds: bool = False,
     ) -> None:
         self.sd, self.ssd = sd, ssd
+        self.feeds = feeds and ssd is not None
         # SD with copies alone, where the draft's chains copy at all (its own acceptance)
         self.copier = LookupProposer(lookup) if lookup is not None else None
         self.copies = Acceptance(k_max)
@@ -280,8 +301,11 @@ class AutoProposer(Proposer):
     def seen(self, mode: str) -> bool:
         """Whether ``mode`` may settle: SD and SSD once their rounds have been observed. AR
         needs none, and copies alone may settle on their prior acceptance: with no draft there
-        is no catch-up to waste on a wrong prior, and their first rounds correct it."""
-        return mode in ("ar", "lookup") or self.acceptance.rounds >= MIN_ROUNDS
+        is no catch-up to waste on a wrong prior, and their first rounds correct it. So may
+        SSD with a fed worker, which catches up on cores of its own."""
+        if mode in ("ar", "lookup") or (mode == "ssd" and self.feeds):
+            return True
+        return self.acceptance.rounds >= MIN_ROUNDS
 
     def worth(self, rate: float, cost: float) -> float:
         """``rate`` (tokens/s) net of the catch-up its draft needs first (``cost`` = C,
@@ -298,8 +322,10 @@ class AutoProposer(Proposer):
         """Seconds the draft of ``mode`` takes to catch up on every token of ``seqs`` it has
         not seen, in one forward at the calibrated cost per token: where SSD shares the cores,
         its worker runs on the threads the target leaves it, so at that cost times the threads
-        it was calibrated on over the worker's. Zero for AR and copies alone (no draft)."""
-        if mode in ("ar", "lookup") or not self.catch_up_s:
+        it was calibrated on over the worker's. Zero for AR and copies alone (no draft), and
+        for SSD where its worker is fed (``feeds``): it reads on cores of its own, and a round
+        for a sequence it is still reading gets the fast backup instead of waiting for it."""
+        if mode in ("ar", "lookup") or not self.catch_up_s or (mode == "ssd" and self.feeds):
             return 0.0
         per_token = self.catch_up_s
         if mode == "ssd" and self.threads is not None:
@@ -355,6 +381,10 @@ class AutoProposer(Proposer):
             self.ssd.maintain()
         choice = self.choose(seqs)
         self.advance(choice)
+        if self.feeds and choice.mode != "ssd" and self.ssd is not None:
+            counts = self.ssd.feed(seqs)
+            if counts is not None:
+                self.acceptance.observe_counts(*counts)
         return self._proposal(choice, seqs, ks)
 
     def advance(self, choice: Choice) -> None:

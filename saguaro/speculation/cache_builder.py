@@ -138,6 +138,10 @@ class DraftSeq:
     processors: Processors | None = None  # the request's, applied to the draft's rows too
     num_prompt: int = 0  # token_ids[num_prompt:] are generated (what the processors count)
     copies: CopyIndex | None = None  # its context's n-grams, made on first use
+    # A shadow chain (protocol FEED): ``spec`` holds its tokens not yet settled, of the
+    # ``shadow_len`` drafted; ``shadow_hits`` of them were committed so far. 0: none under way.
+    shadow_len: int = 0
+    shadow_hits: int = 0
 
     def behind(self) -> int:
         """Committed tokens without draft KV."""
@@ -386,13 +390,34 @@ class CacheBuilder:
             rank = ranking.index(t) if t in ranking else None
             self.estimator.observe(k, rank, K=len(seq.spec))
         branch = seq.cache.get((k, t)) if outcome else None
-        old_len = len(seq.token_ids)
-        seq.token_ids.extend(new_tokens)
-        # glue KV is valid for r and the accepted speculation only
-        seq.computed = min(seq.written, old_len + matched, len(seq.token_ids) - 1)
-        seq.cache, seq.ranked = {}, []
+        self._commit(seq, new_tokens, matched)
+        seq.shadow_len = seq.shadow_hits = 0
         self.bm.trim(seq, len(seq.token_ids))
         return branch
+
+    def _commit(self, seq: DraftSeq, new_tokens: list[int], matched: int) -> None:
+        """Append ``new_tokens``, of which the first ``matched`` are the speculation's: the
+        draft KV written for it (glue, backup or shadow chain) stays valid for r and those."""
+        old_len = len(seq.token_ids)
+        seq.token_ids.extend(new_tokens)
+        seq.computed = min(seq.written, old_len + matched, len(seq.token_ids) - 1)
+        seq.cache, seq.ranked = {}, []
+
+    def absorb(self, seq: DraftSeq, new_tokens: list[int]) -> tuple[int, int] | None:
+        """Commit tokens of steps the target ran without asking (protocol FEED). Where a shadow
+        chain is under way they settle it: (drafted, accepted) once they leave it or cover it,
+        accepted counting the chain's tokens committed in a row from its first; None while
+        they agree with it and it goes on (its KV past them stays, for the tokens to come)."""
+        matched = common_prefix(new_tokens, seq.spec)
+        self._commit(seq, new_tokens, matched)
+        if seq.shadow_len and matched == len(new_tokens) < len(seq.spec):
+            seq.spec = seq.spec[matched:]
+            seq.shadow_hits += matched
+            return None
+        verdict = (seq.shadow_len, seq.shadow_hits + matched) if seq.shadow_len else None
+        seq.spec, seq.shadow_len, seq.shadow_hits = [], 0, 0
+        self.bm.trim(seq, len(seq.token_ids))
+        return verdict
 
     # ---- building (overlaps the target's verification) ---------------------------------------
 
@@ -447,6 +472,10 @@ class CacheBuilder:
         self.glue_s, self.branch_s, self.build_s = t1 - t0, t2 - t1, t2 - t0
         if steady:
             self.costs.fixed.update(clock.seconds() - depths_s)
+
+    def catch_up(self, seqs: list[DraftSeq], stop: Callable[[], bool]) -> bool:
+        """:meth:`_catch_up` outside a build (protocol FEED): whether none is far behind."""
+        return self._catch_up(seqs, _Checks(stop, None))
 
     def _catch_up(self, seqs: list[DraftSeq], checks: _Checks) -> bool:
         """Feed the committed tokens of sequences more than ``CATCH_UP_CHUNK`` behind to the

@@ -52,6 +52,7 @@ def _chooser(cfg: EngineConfig, setup: DraftSetup) -> AutoProposer:
         _shared_threads(cfg),
         Lookup.of(cfg.copy_lookup) if auto else None,
         modes=None if auto else ("ar", cfg.mode),
+        feeds=cfg.worker_owns_cores,
     )
 
 

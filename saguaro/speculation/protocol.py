@@ -17,6 +17,11 @@
                                                     sequence: abandon the build)
     ... the target verifies while the worker builds ...
     ROUND ...
+    FEED(Feed)                    ───────────────>  (a step the target ran without asking: AR,
+                                                    SD or copies) take its tokens, settle the
+                                                    shadow chains they decide, read the context
+                                                    and draft new shadow chains until the
+                                                    doorbell rings; no reply
     SHUTDOWN                      ───────────────>  exit
 
 A request carries, per sequence, the tokens committed since the worker last heard of it (the
@@ -24,6 +29,15 @@ whole prompt for a new sequence): ``s_1..s_k, t`` after a round, from which the 
 outcome ``(k, t)``. The reply carries, per sequence, the next speculation and, at temperature > 0,
 the exact q it was sampled from as (id, probability) pairs of the draft's top-M tokens (none at
 temperature 0: greedy proposals are point masses).
+
+FEED is sent only where the worker has cores (or a GPU) of its own, before each step the target
+runs without SSD: the worker stays current instead of catching up on the target's time when SSD
+is next chosen, and measures its draft for free. Its shadow chain for a sequence is the
+speculation a miss would get (a neural backup, greedy or coupled), which the target's next
+committed tokens accept or reject exactly as a verification would: position j is tried when
+the chain's first j tokens were committed, and hit when its (j + 1)-th was too. The worker adds
+the counts to the bells ``shadow_bell("tried", j)`` and ``shadow_bell("hits", j)``, which the
+target reads as the draft's acceptance.
 """
 
 from __future__ import annotations
@@ -40,10 +54,15 @@ from saguaro.speculation.ngram import Lookup
 if TYPE_CHECKING:
     from saguaro.config import EngineConfig
 
-HELLO, READY, ROUND, SPEC, SHUTDOWN, ERROR = range(6)
+HELLO, READY, ROUND, SPEC, SHUTDOWN, ERROR, FEED = range(7)
 # The channel bell the target rings when it has released every sequence it sent (requests that
 # finished or were aborted): no message follows, since there is nothing left to ask.
 IDLE_BELL = "saguaro/idle"
+
+
+def shadow_bell(kind: str, j: int) -> str:
+    """The bell counting shadow chains' position ``j`` (0-based) tried or hit (``kind``)."""
+    return f"saguaro/shadow-{kind}/{j}"
 
 
 def lane_between(target_device: str, worker_device: str) -> bool:
@@ -139,6 +158,14 @@ class RoundRequest:
     backup: str = "neural"  # backup for misses this round: "neural" | "fast"
     verify_s: float | None = None  # target's last verification forward (seconds)
     window_s: float | None = None  # target's time from our last reply to this request
+
+
+@dataclass
+class Feed:
+    """A step the target ran without SSD: what it committed, as a round's request has it."""
+
+    updates: list[SeqUpdate]
+    dropped: list[int] = field(default_factory=list)
 
 
 @dataclass

@@ -77,6 +77,7 @@ class SSDProposer(Proposer):
             ("rounds", *REPLY_TIMES, "overran", "cut", "timed_rounds", "round_s"), 0.0
         )
         self.round_started: float | None = None
+        self.shadow_seen = ([0] * self.k, [0] * self.k)  # the shadow bells' last counts
         self.proc: subprocess.Popen | None = None
         self.closed = False
         self.channel = Channel(0, cfg.draft_addr, cfg.draft_port, self.timeout_s)
@@ -147,6 +148,37 @@ class SSDProposer(Proposer):
         if reply.backup_s:
             self.policy.observe_times(self.verify_s or wait_s, backup_s={backup: reply.backup_s})
         return self._proposal(reply, ks, wait_s)
+
+    def feed(self, seqs: list[Sequence]) -> None:
+        """Send what ``seqs`` committed since the worker last heard, for a step run without it
+        (protocol FEED; no reply): it stays current and drafts shadow chains meanwhile."""
+        feed = P.Feed([self._update(s) for s in seqs], self.dropped)
+        self.dropped = []
+        try:
+            self.channel.ring()  # a build or a shadow chain under way stops at its next forward
+            self.channel.send(1, P.FEED, feed)
+        except ChannelError as e:
+            raise DraftWorkerError(self._why(e)) from e
+
+    def shadow_counts(self) -> tuple[list[int], list[int]]:
+        """Per position j, the worker's shadow chains that reached it and that had its token
+        committed, since the last call (protocol FEED). Every settled chain tried its first
+        position, so the others are read only when that count moved: one store request a step
+        while nothing settles."""
+        try:
+            first = self.channel.rings(P.shadow_bell("tried", 0))
+            if first == self.shadow_seen[0][0]:
+                return [0] * self.k, [0] * self.k
+            now = [
+                [self.channel.rings(P.shadow_bell(kind, j)) for j in range(self.k)]
+                for kind in ("tried", "hits")
+            ]
+        except ChannelError as e:
+            raise DraftWorkerError(self._why(e)) from e
+        tried = [a - b for a, b in zip(now[0], self.shadow_seen[0], strict=True)]
+        hits = [a - b for a, b in zip(now[1], self.shadow_seen[1], strict=True)]
+        self.shadow_seen = (now[0], now[1])
+        return tried, hits
 
     def _update(self, s: Sequence) -> P.SeqUpdate:
         """What the worker must learn of ``s``: all of it the first time, else its new tokens."""

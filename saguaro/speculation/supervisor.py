@@ -50,6 +50,19 @@ class Supervised(Proposer):
                 self._drop(e)
         return Proposal.none(len(seqs), self.width)
 
+    def feed(self, seqs: list[Sequence]) -> tuple[list[int], list[int]] | None:
+        """A step run without SSD: send the worker its tokens (protocol FEED) and return its
+        shadow chains' counts settled since the last feed (None while it is down)."""
+        self.maintain()
+        if self.worker is not None:
+            try:
+                counts = self.worker.shadow_counts()
+                self.worker.feed(seqs)
+                return counts
+            except DraftWorkerError as e:
+                self._drop(e)
+        return None
+
     def maintain(self) -> None:
         """Drop a worker whose process has exited, and restart one whose backoff has passed.
         SSD runs this before each round; auto before each step, whatever mode it runs, so a

@@ -16,6 +16,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -56,6 +57,42 @@ def draft_grammars(draft_dir: Path, config: ModelConfig) -> GrammarCompiler | No
     if tokenizer.eos_token_id is not None:
         eos.add(tokenizer.eos_token_id)
     return GrammarCompiler(tokenizer.to_json(), config.vocab_size, sorted(eos))
+
+
+def shadows(seq: DraftSeq) -> bool:
+    """Whether ``seq``'s shadow chains measure its acceptance: committed tokens equal the
+    draft's exactly when a verification would accept them (greedy, and coupled sampling's
+    shared noise); under rejection sampling a verification accepts more than the equal ones."""
+    return seq.params.greedy or seq.coupled
+
+
+@dataclass
+class ShadowTally:
+    """Shadow chains settled since the target last read them: per position j, how many chains
+    reached it (tried) and had its token committed (hits)."""
+
+    k: int
+    tried: list[int] = field(init=False)
+    hits: list[int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.clear()
+
+    def add(self, drafted: int, accepted: int) -> None:
+        for j in range(min(accepted + 1, drafted)):
+            self.tried[j] += 1
+            self.hits[j] += j < accepted
+
+    def publish(self, channel: Channel) -> None:
+        """Add the counts to the target's bells (protocol.shadow_bell) and start again."""
+        for j in range(self.k):
+            for kind, counts in (("tried", self.tried), ("hits", self.hits)):
+                if counts[j]:
+                    channel.ring(P.shadow_bell(kind, j), counts[j])
+        self.clear()
+
+    def clear(self) -> None:
+        self.tried, self.hits = [0] * self.k, [0] * self.k
 
 
 class DraftWorker:
@@ -103,15 +140,13 @@ class DraftWorker:
         self.grammars = draft_grammars(Path(cfg.draft_dir), model.config)
         self.seqs: dict[int, DraftSeq] = {}
         self.pending: list[DraftSeq] = []  # the last reply's sequences, whose cache comes next
+        self.shadow = ShadowTally(cfg.k)
 
     def handle(self, req: P.RoundRequest) -> P.RoundReply:
         """Apply the request's outcomes and answer every sequence: its cached branch on a hit,
         a backup on a miss or for a new sequence."""
         start = time.perf_counter()
-        for sid in req.dropped:
-            seq = self.seqs.pop(sid, None)
-            if seq is not None:
-                self.bm.free_all(seq)
+        self._drop(req.dropped)
         self.builder.observe_request(req)
         order = [self._apply(u) for u in req.updates]
         specs = {seq.seq_id: spec for seq, spec in order}
@@ -143,22 +178,57 @@ class DraftWorker:
             cut=b.cut,
         )
 
+    def _drop(self, seq_ids: list[int]) -> None:
+        for sid in seq_ids:
+            seq = self.seqs.pop(sid, None)
+            if seq is not None:
+                self.bm.free_all(seq)
+
+    def _register(self, u: P.SeqUpdate) -> DraftSeq:
+        params = u.params or SamplingParams(temperature=0)
+        seq = DraftSeq(u.seq_id, list(u.new_tokens), params, u.seed, u.coupled)
+        seq.processors, seq.num_prompt = self._processors(u, params), u.num_prompt
+        self.seqs[u.seq_id] = seq
+        return seq
+
     def _apply(self, u: P.SeqUpdate) -> tuple[DraftSeq, P.SeqSpec]:
         """A sequence's update: a new sequence is registered (nothing prepared for it yet);
         a known one commits its new tokens and gets the branch cached for that outcome, its
         speculation from now on, or a miss (no tokens: a backup fills them)."""
         if u.new:
-            params = u.params or SamplingParams(temperature=0)
-            seq = DraftSeq(u.seq_id, list(u.new_tokens), params, u.seed, u.coupled)
-            seq.processors, seq.num_prompt = self._processors(u, params), u.num_prompt
-            self.seqs[u.seq_id] = seq
-            return seq, P.SeqSpec(u.seq_id, [], None, None, None)
+            return self._register(u), P.SeqSpec(u.seq_id, [], None, None, None)
         seq = self.seqs[u.seq_id]
         branch = self.builder.match_outcome(seq, u.new_tokens)
         if branch is None:
             return seq, P.SeqSpec(u.seq_id, [], None, False, None)
         seq.spec = branch[0]
         return seq, P.SeqSpec(u.seq_id, branch[0], branch[1], True, None)
+
+    def take(self, msg: P.Feed) -> None:
+        """A step the target ran without asking (protocol FEED): commit its tokens and tally
+        the shadow chains they settle."""
+        self.pending = []  # the target verified nothing of the last reply's caches
+        self._drop(msg.dropped)
+        for u in msg.updates:
+            if u.new:
+                self._register(u)
+                continue
+            verdict = self.builder.absorb(self.seqs[u.seq_id], u.new_tokens)
+            if verdict is not None and verdict[0]:
+                self.shadow.add(*verdict)
+
+    def draft_shadows(self, stop: Callable[[], bool]) -> None:
+        """Until ``stop()`` (the next message is on its way): read the context of sequences far
+        behind, then draft a shadow chain, the speculation a miss would get, for each caught-up
+        greedy or coupled sequence without one."""
+        seqs = list(self.seqs.values())
+        if not self.builder.catch_up([s for s in seqs if s.catching_up()], stop) or stop():
+            return
+        idle = [s for s in seqs if not s.shadow_len and not s.catching_up() and shadows(s)]
+        if idle:
+            neural_backup(idle, self.runner, self.bm, self.cfg, self.builder.fanout(self.cfg.k))
+            for seq in idle:
+                seq.shadow_len, seq.shadow_hits = len(seq.spec), 0
 
     def _processors(self, u: P.SeqUpdate, params: SamplingParams) -> Processors | None:
         """The request's processors, as the target runs them: its grammar compiled over the
@@ -241,9 +311,14 @@ def serve(channel: Channel) -> None:
         kind, msg = channel.recv(0, timeout_s=IDLE_TIMEOUT_S)
         if kind == P.SHUTDOWN:
             return
-        if kind != P.ROUND:
+        if kind not in (P.ROUND, P.FEED):
             raise ChannelError(f"unexpected message kind {kind}")
         rounds += 1
+        if kind == P.FEED:  # no reply: an error shows as the worker's exit
+            worker.take(msg)
+            worker.shadow.publish(channel)
+            worker.draft_shadows(stop=next_request_sent)
+            continue
         try:
             reply = worker.handle(msg)
         except Exception:

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from saguaro import LLM, SamplingParams
+from saguaro.config import EngineConfig
 from saguaro.speculation.auto import (
     EXPLORE_BUDGET,
     EXPLORE_EVERY,
@@ -195,6 +196,27 @@ def test_the_pool_is_a_mean_with_the_prior_until_the_moving_average_takes_over()
     assert acc.pooled[0] == pytest.approx(before * 0.9)
 
 
+def test_shadow_counts_move_the_pool_as_the_rounds_they_count():
+    """Chains seen as per-position counts (SSD's shadow chains) move the pool as the same
+    rounds observed one by one, where every round tried a position with the same outcome."""
+    one, counted = Acceptance(k_max=3, alpha=0.1), Acceptance(k_max=3, alpha=0.1)
+    for _ in range(4):
+        one.observe(None, drafted=3, accepted=1)
+    counted.observe_counts([4, 4, 0], [4, 0, 0])
+    assert counted.pooled == pytest.approx(one.pooled) and counted.rounds == one.rounds == 4
+
+
+def test_the_worker_owns_its_cores_only_where_the_target_is_kept_off_them():
+    def cfg(**kw) -> EngineConfig:
+        return EngineConfig(draft="d", device="cpu", **kw)
+
+    own = cfg(mode="auto", auto_cores="own", target_cpus=[0], draft_cpus=[1])
+    assert own.worker_owns_cores
+    assert not cfg(mode="auto", target_cpus=[0, 1], draft_cpus=[1]).worker_owns_cores
+    assert not cfg(mode="auto", auto_ssd=False, target_cpus=[0], draft_cpus=[1]).worker_owns_cores
+    assert not cfg(mode="auto", pin_cpus=False).worker_owns_cores
+
+
 def chooser(predicted: dict[Choice, float], seen: int = MIN_ROUNDS) -> AutoProposer:
     """An AutoProposer whose cost model predicts ``predicted`` (tokens/s) whatever the batch,
     having observed ``seen`` speculative rounds."""
@@ -256,6 +278,16 @@ def test_speculation_settles_only_once_its_rounds_have_been_seen():
     for _ in range(MIN_ROUNDS):
         auto.acceptance.observe(0, drafted=K, accepted=K)
     assert run_steps(auto, MIN_DWELL + 1)[-1] == sd
+
+
+def test_ssd_with_a_fed_worker_settles_on_its_prior():
+    """A fed worker wastes no catch-up on a wrong prior (its own cores read the context), so
+    SSD, like copies alone, may settle before any round is seen; unfed it may not."""
+    ar, ssd = Choice("ar", 0), Choice("ssd", K)
+    unfed = chooser({ar: 100.0, ssd: 200.0}, seen=0)
+    fed = chooser({ar: 100.0, ssd: 200.0}, seen=0)
+    fed.feeds = True
+    assert run_steps(unfed, 2) == [ar, ar] and run_steps(fed, 2) == [ssd, ssd]
 
 
 def test_tries_keep_to_their_budget_of_time():
@@ -357,6 +389,20 @@ def test_an_ssd_try_is_priced_at_the_workers_catch_up_and_stops_when_the_batch_g
             batch = seqs  # the second try's batch grows after its first step
     runs = "".join(m[0] for m in modes).replace("a", " ").split()
     assert runs[:2] == ["s" * EXPLORE_STEPS, "s"]
+
+
+def test_a_fed_workers_catch_up_costs_the_target_nothing():
+    """A fed worker reads new contexts on its own cores, serving the fast backup meanwhile: a
+    switch to SSD is not charged for it. SD's in-process draft still reads on the target's."""
+    auto = chooser({Choice("ar", 0): 1.0})
+    auto.catch_up_s = 1 * MS
+    auto.sd = SimpleNamespace(draft_ready=lambda s: 0)
+    auto.ssd = SimpleNamespace(unsent=len)
+    seqs = [[0] * 100]
+    assert auto.catch_up_cost("ssd", seqs) == pytest.approx(100 * MS)
+    auto.feeds = True
+    assert auto.catch_up_cost("ssd", seqs) == 0.0
+    assert auto.catch_up_cost("sd", seqs) == pytest.approx(99 * MS)
 
 
 def copying_auto(target=memory_bound) -> AutoProposer:
@@ -552,16 +598,48 @@ def test_auto_without_ssd_chooses_between_ar_sd_and_copies_with_no_worker(tiny_l
     assert {r.mode for o in outs for r in o.records} <= {"ar", "sd", "lookup"}
 
 
-def test_a_worker_killed_while_auto_runs_ar_is_restarted_before_ssd_runs_again(
-    tiny_llama, close_draft
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_a_fed_worker_measures_its_draft_while_ar_runs_and_ssd_keeps_the_text(
+    tiny_llama, temperature
 ):
-    """Auto sends the worker nothing while AR runs, so no round finds it dead: the supervisor
-    looks before every step. The worker is back while AR still runs, and SSD then hits again
-    with the new one, the text still AR's."""
+    """With the worker fed (its own cores), AR steps teach auto the draft's acceptance: with
+    the target as its own draft, every shadow chain is accepted whole, greedy and coupled. SSD
+    steps after them, from a current worker, keep the text the target alone samples."""
+    params = [
+        SamplingParams(temperature=temperature, max_tokens=30, ignore_eos=True, seed=s)
+        for s in range(2)
+    ]
+    with LLM(model=str(tiny_llama), max_model_len=256, sampling="coupled") as ar:
+        reference = [o.token_ids for o in ar.generate(PROMPTS[:2], params)]
+    exact = dict(draft_quantization="none", **EXACT_DRAFT)
+    with auto(tiny_llama, tiny_llama, **exact) as llm:
+        proposer = llm.engine.proposer
+        proposer.feeds = True
+        proposer.force = lambda step: Choice("ar", 0)
+        assert [o.token_ids for o in llm.generate(PROMPTS[:2], params)] == reference
+        pool = proposer.acceptance  # what the AR steps taught it
+        assert pool.rounds >= 4 and min(pool.seen) > 0 and min(pool.pooled) > PRIOR_ACCEPT
+        first = proposer.steps
+        proposer.force = lambda step: Choice("ar", 0) if step < first + 8 else Choice("ssd", K)
+        outs = llm.generate(PROMPTS[:2], params)
+    assert [o.token_ids for o in outs] == reference
+    records = [r for o in outs for r in o.records]
+    assert {r.mode for r in records} == {"ar", "ssd"}
+    assert any(r.num_accepted for r in records if r.mode == "ssd")
+
+
+@pytest.mark.parametrize("feeds", [False, True])
+def test_a_worker_killed_while_auto_runs_ar_is_restarted_before_ssd_runs_again(
+    tiny_llama, close_draft, feeds
+):
+    """Unfed, auto sends the worker nothing while AR runs, so no round finds it dead: the
+    supervisor looks before every step; fed, the next feed may find it too. The worker is back
+    while AR still runs, and SSD then hits again with the new one, the text still AR's."""
     params = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)
     ar = LLM(model=str(tiny_llama), max_model_len=256).generate(PROMPTS[:2], params)
     with auto(tiny_llama, close_draft, draft_restart_backoff_s=0.0, fanout=[2, 1, 1, 2]) as llm:
         eng = llm.engine
+        eng.proposer.feeds = feeds
         first = eng.proposer.ssd.worker.proc
         eng.proposer.force = lambda step: Choice("ar", 0)
         seqs = [eng.add_request(eng.encode_prompt(p), params) for p in PROMPTS[:2]]

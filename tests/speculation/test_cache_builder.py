@@ -109,6 +109,32 @@ def test_an_outcome_is_matched_exactly(builder, committed, branch, seen, compute
     assert len(seq.block_table) == -(-len(seq.token_ids) // BLOCK)  # the scratch is released
 
 
+@pytest.mark.parametrize(
+    "feeds, verdicts, computed",
+    [
+        ([[10], [11, 12]], [None, (3, 3)], 6),  # the whole chain committed, over two steps
+        ([[10], [11], [50]], [None, None, (3, 2)], 6),  # its third token rejected
+        ([[50, 51]], [(3, 0)], 4),  # its first token rejected: KV up to the last committed one
+        ([[10, 11, 12, 13]], [(3, 3)], 6),  # the steps went past the chain: it is settled
+    ],
+)
+def test_a_shadow_chain_is_settled_by_the_tokens_committed_after_it(
+    builder, feeds, verdicts, computed
+):
+    """A shadow chain 10, 11, 12 after 1..4 (draft KV written below index 6): each step's
+    tokens keep it going while they agree with it and settle it as (drafted, accepted) where
+    they leave it or cover it, keeping the KV of the tokens it shares with them."""
+    seq = DraftSeq(0, [1, 2, 3, 4], Params(temperature=0), seed=0, coupled=False)
+    builder.bm.allocate(seq, 16)
+    seq.spec, seq.computed, seq.written = [10, 11, 12], 3, 6
+    seq.shadow_len = 3
+    assert [builder.absorb(seq, tokens) for tokens in feeds] == verdicts
+    assert seq.token_ids == [1, 2, 3, 4, *(t for f in feeds for t in f)]
+    assert seq.computed == computed and seq.spec == [] and seq.shadow_len == 0
+    # without a chain, tokens are only committed
+    assert builder.absorb(seq, [60]) is None and seq.token_ids[-1] == 60
+
+
 def test_an_unranked_sequence_feeds_no_statistics(builder):
     seq = speculated_seq(builder.bm)
     seq.ranked = []  # a backup answered it and no build has ranked its candidates yet

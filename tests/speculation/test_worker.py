@@ -57,6 +57,40 @@ def test_tokens_committed_outside_a_round_are_a_miss(tiny_draft):
     assert reply.specs[0].tokens == reference.generate([seq.token_ids], greedy)[0].token_ids
 
 
+def test_shadow_chains_are_tallied_by_position():
+    tally = worker_module.ShadowTally(4)
+    tally.add(4, 2)  # positions 1 and 2 accepted, 3 rejected, 4 never reached
+    tally.add(4, 4)
+    tally.add(2, 2)  # a chain cut short by the context: both its positions accepted
+    assert tally.tried == [3, 3, 2, 1] and tally.hits == [3, 3, 1, 1]
+
+
+def test_a_fed_worker_keeps_current_and_its_shadow_chains_are_the_drafts_own(tiny_draft):
+    """FEED: the target's AR steps, one token each. The worker drafts a shadow chain, the
+    draft's greedy continuation; steps that commit it are counted as accepted through the
+    chain's end, a step that leaves it settles it there, and a new chain follows."""
+    k = 3
+    worker = make_worker(tiny_draft, k, [1, 1, 1, 1])
+    worker.take(P.Feed([P.SeqUpdate(0, [1, 2, 3, 4], new=True)]))
+    never = lambda: False  # noqa: E731
+    worker.draft_shadows(stop=never)
+    seq = worker.seqs[0]
+    chain = list(seq.spec)
+    assert seq.shadow_len == k and (seq.computed, seq.written) == (3, 4 + k - 1)
+    reference = LLM(model=str(tiny_draft), max_model_len=256)
+    greedy = SamplingParams(temperature=0, max_tokens=k, ignore_eos=True)
+    assert chain == reference.generate([[1, 2, 3, 4]], greedy)[0].token_ids
+    for token in chain:  # the target's AR steps commit the chain, token by token
+        worker.take(P.Feed([P.SeqUpdate(0, [token])]))
+        worker.draft_shadows(stop=never)
+    assert worker.shadow.tried == [1, 1, 1] and worker.shadow.hits == [1, 1, 1]
+    assert seq.shadow_len == k  # the next chain, after the committed one
+    wrong = (seq.spec[0] + 1) % 50
+    worker.take(P.Feed([P.SeqUpdate(0, [wrong])], dropped=[]))
+    assert worker.shadow.tried == [2, 1, 1] and worker.shadow.hits == [1, 1, 1]
+    assert seq.token_ids == [1, 2, 3, 4, *chain, wrong] and seq.computed == len(seq.token_ids) - 1
+
+
 def test_the_command_line_takes_its_defaults_from_the_engine(monkeypatch):
     """``--timeout`` defaults to the engine's draft_timeout_s, the address to its draft_addr."""
     joined = []
