@@ -259,7 +259,8 @@ def bench_engine(
     tag = f" #{round_ + 1}" if cfg.rounds > 1 else ""
     print(f"{spec.name}{tag}: starting: {shlex.join(spec.argv)}", flush=True)
     summaries, records = [], {}
-    with running(spec, launch.cpus, Path(cfg.out) / "logs", cfg.startup_timeout_s) as server:
+    logs = Path(cfg.out) / "logs"
+    with running(spec, launch.cpus, logs, cfg.startup_timeout_s, tag) as server:
         print(f"{spec.name}: answered after {server.startup_s:.1f} s", flush=True)
         warm_up(server, warmup, shape)
         for level in levels:

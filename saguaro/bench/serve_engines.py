@@ -213,13 +213,15 @@ def stop(server: Server) -> None:
 
 @contextlib.contextmanager
 def running(
-    spec: EngineSpec, cpus: tuple[int, ...], log_dir: Path, timeout_s: float
+    spec: EngineSpec, cpus: tuple[int, ...], log_dir: Path, timeout_s: float, tag: str = ""
 ) -> Iterator[Server]:
-    """``spec``'s server on a free port, pinned to ``cpus``, ready to answer; stopped on exit."""
+    """``spec``'s server on a free port, pinned to ``cpus``, ready to answer; stopped on exit.
+    Its output goes to ``log_dir``, in a file named after the engine and ``tag``."""
     port = free_port()
     argv = pinned([*spec.argv, "--port", str(port)], cpus)
     log_dir.mkdir(parents=True, exist_ok=True)
-    log = log_dir / (spec.name.replace(" ", "-").replace("/", "_") + ".log")
+    name = (spec.name + tag).replace(" ", "-").replace("/", "_").replace("#", "")
+    log = log_dir / (name + ".log")
     with open(log, "wb") as sink:
         # A session of its own: the server and any worker it spawns stop together.
         proc = subprocess.Popen(
