@@ -26,7 +26,8 @@ a sequence more than ``CATCH_UP_CHUNK`` committed tokens ahead of its
 draft KV (a new long prompt) is left out of the build and catches up after it, that many tokens
 a forward, ``stop`` checked before each after the first; it gets no cache until it has (misses,
 served by the fast backup: a neural one would read the rest of its context on the target's
-time).
+time), and its cache is built in the same window where the window lasts (a prompt's first
+round, while the target reads the prompt too).
 
 :meth:`CacheBuilder.match_outcome` reads the target's committed tokens back as an outcome and
 returns the branch prepared for it, if any.
@@ -443,10 +444,22 @@ class CacheBuilder:
                 self._cache([s for s in seqs if not s.catching_up()], checks, t0)
                 caught_up = self._catch_up(far, checks)
                 self.cut = self.cut or not caught_up
+                if caught_up and not checks.stop():
+                    self._cache_caught_up(far, checks)
             else:
                 self._cache(seqs, checks, t0)
         except _Released:
             return
+
+    def _cache_caught_up(self, seqs: list[DraftSeq], checks: _Checks) -> None:
+        """The caches of sequences that caught up within the window (a new prompt read while
+        the target reads it too), so that their next round can hit instead of waiting a build.
+        The build's figures stay those of the others' caches, the steady build the planner
+        sizes; a cut of either counts."""
+        figures = (self.glue_s, self.branch_s, self.build_s, self.cut)
+        self._cache(seqs, checks, time.perf_counter())
+        self.glue_s, self.branch_s, self.build_s = figures[:3]
+        self.cut = self.cut or figures[3]
 
     def _cache(self, seqs: list[DraftSeq], checks: _Checks, t0: float) -> None:
         """Glue, candidates and branch decoding for ``seqs``, timed from ``t0`` (the build's

@@ -302,8 +302,9 @@ def test_a_build_whose_sequences_were_all_released_is_abandoned(tiny_draft, fano
 def test_a_long_prompt_catches_up_a_chunk_a_build_while_the_target_rings(tiny_draft):
     """A new sequence more than CATCH_UP_CHUNK tokens ahead of its draft KV is answered by the
     fast backup (a neural one would read its whole prompt first), and a build the target's next
-    request interrupts feeds the draft one chunk. Caught up, the neural backup and the cache are
-    the draft's own greedy continuations, as after one long glue."""
+    request interrupts feeds the draft one chunk. A build that is left to run reads the rest and
+    then builds its cache. Caught up, the neural backup and the cache are the draft's own greedy
+    continuations, as after one long glue."""
     k = 3
     prompt = [(7 * i) % 199 + 1 for i in range(2 * CATCH_UP_CHUNK + 10)]
     worker = make_worker(tiny_draft, k, "auto")
@@ -318,10 +319,15 @@ def test_a_long_prompt_catches_up_a_chunk_a_build_while_the_target_rings(tiny_dr
     context = [*prompt, 9]  # the target's round: its own token after the fast speculation
     reply = worker.handle(P.RoundRequest([P.SeqUpdate(0, [9])], backup="neural"))
     assert reply.specs[0].backup == "fast" and seq.behind() > CATCH_UP_CHUNK
-    worker.build_pending(stop=lambda: False)  # the rest of the prompt; its cache next time
-    assert not worker.builder.cut and seq.cache == {} and seq.behind() <= CATCH_UP_CHUNK
-    context += [11]
-    reply = worker.handle(P.RoundRequest([P.SeqUpdate(0, [11])], backup="neural"))
+    worker.build_pending(stop=lambda: False)  # the rest of the prompt, then its cache
+    assert not worker.builder.cut and seq.written == len(context) + len(seq.spec)
+    assert seq.cache  # built for the outcomes of the fast speculation the target verifies
+    for (kk, t), (tokens, _) in seq.cache.items():
+        prefix = context + seq.spec[:kk] + [t]
+        assert tokens == reference.generate([prefix], greedy)[0].token_ids, (kk, t)
+    miss = next(x for x in range(1, 200) if (0, x) not in seq.cache)
+    context += [miss]
+    reply = worker.handle(P.RoundRequest([P.SeqUpdate(0, [miss])], backup="neural"))
     assert reply.specs[0].backup == "neural"
     assert seq.spec == reference.generate([context], greedy)[0].token_ids
     worker.build_pending(stop=lambda: False)
