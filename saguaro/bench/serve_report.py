@@ -34,6 +34,15 @@ COLUMNS = (
     "E2E p50 s",
     "speculation",
 )
+MEDIAN_COLUMNS = (  # the table of medians over rounds (--rounds)
+    "engine",
+    "load",
+    "rounds",
+    "out tok/s, median (min-max)",
+    "x first engine",
+    "TPOT p50 ms, median",
+    "TTFT p50 ms, median",
+)
 
 
 def _ms(value: float) -> str:
@@ -58,17 +67,6 @@ def speculation_cell(spec: dict[str, Any]) -> str:
     if len(spec.get("rounds_by_mode", {})) > 1:  # auto: which strategies it chose
         parts.append("/".join(f"{m} {n:.0f}" for m, n in spec["rounds_by_mode"].items()))
     return ", ".join(parts)
-
-
-MEDIAN_COLUMNS = (
-    "engine",
-    "load",
-    "rounds",
-    "out tok/s, median (min-max)",
-    "x first engine",
-    "TPOT p50 ms, median",
-    "TTFT p50 ms, median",
-)
 
 
 def _label(s: LevelSummary, rounds: bool) -> str:
