@@ -128,7 +128,8 @@ class EngineConfig:
         "shared",
         "auto (and ssd with --ar-fallback) with SSD on CPU: shared: AR and SD steps compute on "
         "every core (the idle worker's too) and SSD steps leave the worker its core; own: the "
-        "target keeps its own cores in every mode, the worker has the next (the paper's layout)",
+        "target keeps its own cores in every mode, the worker has the next (the paper's layout), "
+        "and while SSD is not chosen it is sent the batch's tokens and measures the draft",
         group=PLACEMENT,
         advanced=True,
     )
