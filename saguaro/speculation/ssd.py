@@ -154,11 +154,7 @@ class SSDProposer(Proposer):
         (protocol FEED; no reply): it stays current and drafts shadow chains meanwhile."""
         feed = P.Feed([self._update(s) for s in seqs], self.dropped)
         self.dropped = []
-        try:
-            self.channel.ring()  # a build or a shadow chain under way stops at its next forward
-            self.channel.send(1, P.FEED, feed)
-        except ChannelError as e:
-            raise DraftWorkerError(self._why(e)) from e
+        self._send(P.FEED, feed)
 
     def shadow_counts(self) -> tuple[list[int], list[int]]:
         """Per position j, the worker's shadow chains that reached it and that had its token
@@ -211,10 +207,17 @@ class SSDProposer(Proposer):
                 self.policy.observe_times(self.verify_s, other_s=other_s)
         self.round_started = t0
 
-    def _ask(self, request: P.RoundRequest) -> P.RoundReply:
+    def _send(self, kind: int, msg: object) -> None:
+        """Ring, then send: a build or shadow chain under way stops at its next forward."""
         try:
-            self.channel.ring()  # a build still running stops at its next depth
-            self.channel.send(1, P.ROUND, request)
+            self.channel.ring()
+            self.channel.send(1, kind, msg)
+        except ChannelError as e:
+            raise DraftWorkerError(self._why(e)) from e
+
+    def _ask(self, request: P.RoundRequest) -> P.RoundReply:
+        self._send(P.ROUND, request)
+        try:
             kind, reply = self.channel.recv(1, timeout_s=self.timeout_s)
         except ChannelError as e:
             raise DraftWorkerError(self._why(e)) from e

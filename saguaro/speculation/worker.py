@@ -214,7 +214,7 @@ class DraftWorker:
                 self._register(u)
                 continue
             verdict = self.builder.absorb(self.seqs[u.seq_id], u.new_tokens)
-            if verdict is not None and verdict[0]:
+            if verdict is not None:
                 self.shadow.add(*verdict)
 
     def draft_shadows(self, stop: Callable[[], bool]) -> None:
