@@ -78,8 +78,8 @@ def ar_outputs():
     with LLM(model=SMOLLM2, max_model_len=256) as llm:
         assert llm.engine.target_dir == resolve_model(SMOLLM2)
         target = llm.engine.runner.model
-        # the GGUF's own blocks: Q4_1 layers, the Q8_0 embedding as the tied head
-        assert isinstance(target.lm_head, KernelLinear) and target.lm_head.fmt == "q8"
+        # the GGUF's own blocks: Q4_1 layers, the Q8_0 embedding as the tied head (interleaved)
+        assert isinstance(target.lm_head, KernelLinear) and target.lm_head.fmt == "q8_0_x4"
         assert target.layers[0].mlp.down_proj.fmt == "q4"
         return [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
 

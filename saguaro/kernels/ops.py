@@ -21,7 +21,7 @@ FORMATS = {"f32": 0, "bf16": 1, "q8": 2, "q4": 3}
 # GGUF's blocks kept whole (saguaro.models.quant.RAW_TYPES), run by quant_kernels.c; the _x4
 # formats: rows in strips of four (saguaro.kernels.interleave)
 RAW_FORMATS = {"q4_k": 4, "q5_k": 5, "q6_k": 6, "q5_0": 7, "q5_1": 8, "q8_0": 9}
-RAW_FORMATS |= {"q4_k_x4": 10, "q6_k_x4": 11, "q5_0_x4": 12}
+RAW_FORMATS |= {"q4_k_x4": 10, "q6_k_x4": 11, "q5_0_x4": 12, "q8_0_x4": 13}
 FORMATS |= RAW_FORMATS
 
 

@@ -28,13 +28,13 @@
  * vpmaddwd give them) or the four-row tiles' words (below): I = sum_j s_j sum_{i in j} q_i p_i
  * and M = sum_j m_j P_j, folded per super-block, in order, f = fmaf(d e, (float) I, f) and
  * c = fmaf(dmin e, (float) M, c); the result is f - c. Q6_K: I = sum_j s_j (sum_{i in j} q_i
- * p_i - 32 P_j), folded per super-block, f = fmaf(d e, (float) I, f); the result f. Q5_0
- * likewise: a block's I = sum (q - 16) p, folded into two chains by the block's parity,
- * f_(b mod 2) = fmaf(d e, (float) I, f_(b mod 2)), the result f_0 + f_1 (the four-row tile
- * folds two blocks a step). Q8_0 and Q5_1 keep the row path's 8 lanes as floats: per block, in
- * block order, f_l = fma(d e, (float) lane_l, f_l) (Q5_1's minimum in one float, c = fmaf(m e,
- * P, c)), and the result tree(f) (Q5_1: tree(f) + c), tree((0+4, 1+5, 2+6, 3+7), then (0+2,
- * 1+3), then 0+1). The generic C below computes exactly these sums and steps, so the AVX2 and
+ * p_i - 32 P_j), folded per super-block, f = fmaf(d e, (float) I, f); the result f. Q5_0 and
+ * Q8_0 likewise: a block's I = sum (q - 16) p (Q8_0: sum q p), folded into two chains by the
+ * block's parity, f_(b mod 2) = fmaf(d e, (float) I, f_(b mod 2)), the result f_0 + f_1 (the
+ * four-row tiles fold two blocks a step). Q5_1 keeps the row path's 8 lanes as floats: per
+ * block, in block order, f_l = fma(d e, (float) lane_l, f_l), its minimum in one float, c =
+ * fmaf(m e, P, c), and the result tree(f) + c, tree((0+4, 1+5, 2+6, 3+7), then (0+2, 1+3), then
+ * 0+1). The generic C below computes exactly these sums and steps, so the AVX2 and
  * generic builds give the same bits, and so does a row whatever tile it sits in. Where the CPU
  * has VNNI (vpdpbusd, vpdpwssd) the four-row tiles add the same products with fewer
  * instructions (group_rows4): the same integers, so the same bits again.
@@ -53,7 +53,8 @@
  * 32 c + 8 j of its part); scales 0-7 of rows 0-3 (8 bytes a row), then 8-15; the four d's. The
  * same bytes, so the same sums and bits. Q5_0 (FMT_Q50_X4), per block of 32: the four rows' d,
  * their qh (4 bytes a row), then the codes' two words, each of rows 0-3 (word c of row j at
- * X4_ROWS * 6 + 32 c + 8 j).
+ * X4_ROWS * 6 + 32 c + 8 j). Q8_0 (FMT_Q80_X4), per block of 32: the four rows' d, then the
+ * codes' four words, each of rows 0-3 (word c of row j at X4_ROWS * 2 + 32 c + 8 j).
  */
 #include <immintrin.h>
 #include <math.h>
@@ -1037,15 +1038,70 @@ QINLINE void pair4_q50(const uint8_t *w, int64_t row_bytes, int64_t bi, int two,
     }
 }
 
-/* y[4 r + j] for Q5_0 weight rows j of w (row_bytes apart, or an interleaved strip: x4) and
- * activation rows r < nr, two blocks at a time; a row's lanes hold its even- and odd-block
- * chains: the row path's. */
-QINLINE void tile4_q50(const uint8_t *w, int64_t row_bytes, int64_t blocks, int x4,
-                       const XRow *x, int nr, float *y) {
+/* Four rows' Q8_0 codes (signed) against one activation row's block of 32 (codes p), in
+ * block_dot4's lanes: the signs go onto p (vpsignb), so the magnitudes (at most 128) multiply
+ * as unsigned bytes; without VNNI each word's vpmaddubsw pairs (|sum| <= 2 * 128 * 127) widen to
+ * int32 before the next word's are added. */
+QINLINE __m256i block_dot4_q8(const __m256i q[4], const __m256i absq[4], const int8_t *p) {
+    __m256i a = _mm256_setzero_si256();
+    for (int c = 0; c < 4; c++) {
+        const __m256i sp = _mm256_sign_epi8(bcast8(p + 8 * c), q[c]);
+#ifdef QUANT_VNNI
+        a = DPBUSD(a, absq[c], sp);
+#else
+        a = _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_maddubs_epi16(absq[c], sp),
+                                                  _mm256_set1_epi16(1)));
+#endif
+    }
+    return a;
+}
+
+/* Block bi of an interleaved Q8_0 strip w: its four rows' codes by word, and their magnitudes. */
+QINLINE void block4_q8(const uint8_t *w, int64_t bi, __m256i q[4], __m256i absq[4]) {
+    const uint8_t *codes = w + bi * Q80X4_BYTES + Q80X4_CODES;
+    for (int c = 0; c < 4; c++) {
+        q[c] = load32(codes + X4_ROWS * WORD * c);
+        absq[c] = _mm256_abs_epi8(q[c]);
+    }
+}
+
+/* pair4_q50's fold for an interleaved Q8_0 strip w: the four rows' I = sum q p of blocks A = bi
+ * and B = bi + 1 (none where two is 0) from one hadd, folded into f[r]'s lanes
+ * [A0 A1 B0 B1 | A2 A3 B2 B3] with the same float steps. */
+QINLINE void pair4_q80(const uint8_t *w, int64_t bi, int two, const XRow *x, int nr,
+                       __m256 *f) {
+    const uint8_t *a = w + bi * Q80X4_BYTES, *b = two ? a + Q80X4_BYTES : a;
+    const __m128i da = _mm_loadl_epi64((const __m128i *)a), db = _mm_loadl_epi64((const __m128i *)b);
+    const __m256 d = _mm256_cvtph_ps(_mm_unpacklo_epi32(da, db));
+    __m256i q[4], absq[4], sa[TILE_ROWS];
+    block4_q8(w, bi, q, absq);
+    for (int r = 0; r < nr; r++) sa[r] = block_dot4_q8(q, absq, x[r].p + bi * SMALL);
+    if (two) block4_q8(w, bi + 1, q, absq);
+    for (int r = 0; r < nr; r++) {
+        const __m256i sb =
+            two ? block_dot4_q8(q, absq, x[r].p + (bi + 1) * SMALL) : _mm256_setzero_si256();
+        const __m256 ea = _mm256_mul_ps(d, _mm256_set1_ps(x[r].e[bi]));
+        const __m256 eb =
+            two ? _mm256_mul_ps(d, _mm256_set1_ps(x[r].e[bi + 1])) : _mm256_setzero_ps();
+        const __m256 ints = _mm256_cvtepi32_ps(_mm256_hadd_epi32(sa[r], sb));
+        f[r] = _mm256_fmadd_ps(_mm256_blend_ps(ea, eb, 0xCC), ints, f[r]);
+    }
+}
+
+/* y[4 r + j] for Q5_0 weight rows j of w (row_bytes apart, or an interleaved strip: x4), or
+ * (q8) the rows of an interleaved Q8_0 strip, and activation rows r < nr, two blocks at a
+ * time; a row's lanes hold its even- and odd-block chains: the row path's. */
+QINLINE void tile4_small(const uint8_t *w, int64_t row_bytes, int64_t blocks, int x4, int q8,
+                         const XRow *x, int nr, float *y) {
     __m256 f[TILE_ROWS]; /* [e0 e1 o0 o1 | e2 e3 o2 o3]: rows' even- and odd-block chains */
     for (int r = 0; r < nr; r++) f[r] = _mm256_setzero_ps();
     int64_t bi = 0;
     for (; bi + 1 < blocks; bi += 2) {
+        if (q8) {
+            prefetch_ahead(w + bi * Q80X4_BYTES, 2 * Q80X4_BYTES);
+            pair4_q80(w, bi, 1, x, nr, f);
+            continue;
+        }
         if (x4) {
             prefetch_ahead(w + bi * Q50X4_BYTES, 2 * Q50X4_BYTES);
         } else {
@@ -1055,7 +1111,10 @@ QINLINE void tile4_q50(const uint8_t *w, int64_t row_bytes, int64_t blocks, int 
         }
         pair4_q50(w, row_bytes, bi, 1, x4, x, nr, f);
     }
-    if (bi < blocks) pair4_q50(w, row_bytes, bi, 0, x4, x, nr, f);
+    if (bi < blocks) {
+        if (q8) pair4_q80(w, bi, 0, x, nr, f);
+        else pair4_q50(w, row_bytes, bi, 0, x4, x, nr, f);
+    }
     for (int r = 0; r < nr; r++) {
         const __m128 lo = _mm256_castps256_ps128(f[r]), hi = _mm256_extractf128_ps(f[r], 1);
         _mm_storeu_ps(y + 4 * r, _mm_add_ps(_mm_movelh_ps(lo, hi), _mm_movehl_ps(hi, lo)));
@@ -1066,7 +1125,7 @@ QINLINE void tile4_q50(const uint8_t *w, int64_t row_bytes, int64_t blocks, int 
 
 /* A block's weights (256 for the super-block formats, 32 for the others) and bytes. */
 QINLINE int block_weights(int fmt) {
-    return (fmt >= FMT_Q50 && fmt < FMT_Q4K_X4) || fmt == FMT_Q50_X4 ? SMALL : SUPER;
+    return (fmt >= FMT_Q50 && fmt < FMT_Q4K_X4) || fmt >= FMT_Q50_X4 ? SMALL : SUPER;
 }
 QINLINE int block_bytes(int fmt) {
     switch (fmt) {
@@ -1082,20 +1141,26 @@ QINLINE int block_bytes(int fmt) {
     }
 }
 
-/* Q5_0, one weight row: per block the exact integer I = sum (q - 16) p, folded into the chain
- * of the block's parity, f_(b mod 2) = fmaf(d e, (float) I, f_(b mod 2)); the result f_0 + f_1
- * (the four-row tile's lanes). */
-QINLINE void tile_q50(const uint8_t *w, int64_t blocks, const XRow *x, int nr, float *y) {
+/* Q5_0 and Q8_0, one weight row: per block the exact integer I = sum (q - 16) p (Q8_0: sum q p),
+ * folded into the chain of the block's parity, f_(b mod 2) = fmaf(d e, (float) I, f_(b mod 2));
+ * the result f_0 + f_1 (the four-row tiles' lanes). */
+QINLINE void tile_parity(const uint8_t *w, int64_t blocks, int fmt, const XRow *x, int nr,
+                         float *y) {
+    const int bytes = block_bytes(fmt);
     float f[TILE_ROWS][2];
     for (int r = 0; r < nr; r++) f[r][0] = f[r][1] = 0.0f;
     for (int64_t bi = 0; bi < blocks; bi++) {
-        const uint8_t *b = w + bi * Q50_BYTES;
-        prefetch_ahead(b, Q50_BYTES);
+        const uint8_t *b = w + bi * bytes;
+        prefetch_ahead(b, bytes);
         const float d = f16_to_f32(b);
-        uint32_t qh;
-        memcpy(&qh, b + 2, 4);
         Codes sq, absq;
-        signed_q5(block_q5(b + 6, qh), &sq, &absq);
+        if (fmt == FMT_Q50) {
+            uint32_t qh;
+            memcpy(&qh, b + Q5_D, Q5_QH);
+            signed_q5(block_q5(b + Q5_D + Q5_QH, qh), &sq, &absq);
+        } else {
+            signed_q8(b + Q5_D, &sq, &absq);
+        }
         for (int r = 0; r < nr; r++) {
             const int32_t i = sum_lanes(dot_signed(absq, sq, x[r].p + bi * SMALL));
             f[r][bi & 1] = fmaf(d * x[r].e[bi], (float)i, f[r][bi & 1]);
@@ -1104,35 +1169,25 @@ QINLINE void tile_q50(const uint8_t *w, int64_t blocks, const XRow *x, int nr, f
     for (int r = 0; r < nr; r++) y[r] = f[r][0] + f[r][1];
 }
 
-/* The other 32-weight formats: Q8_0 (signed codes q) and Q5_1 (codes q, plus the minimum
- * m e P). */
-QINLINE void tile_small(const uint8_t *w, int64_t blocks, int fmt, const XRow *x, int nr,
-                        float *y) {
-    const int bytes = block_bytes(fmt), with_min = fmt == FMT_Q51;
+/* Q5_1, one weight row: codes q plus the minimum m e P, the row path's 8 lanes as floats. */
+QINLINE void tile_q51(const uint8_t *w, int64_t blocks, const XRow *x, int nr, float *y) {
     Lanes f[TILE_ROWS];
     float c[TILE_ROWS];
     for (int r = 0; r < nr; r++) f[r] = zero_f(), c[r] = 0.0f;
     for (int64_t bi = 0; bi < blocks; bi++) {
-        const uint8_t *b = w + bi * bytes;
-        prefetch_ahead(b, bytes);
+        const uint8_t *b = w + bi * Q51_BYTES;
+        prefetch_ahead(b, Q51_BYTES);
         const float d = f16_to_f32(b);
-        Codes q, absq;
-        if (with_min) {
-            uint32_t qh;
-            memcpy(&qh, b + 4, 4);
-            q = absq = block_q5(b + 8, qh);
-        } else {
-            signed_q8(b + 2, &q, &absq);
-        }
+        uint32_t qh;
+        memcpy(&qh, b + 4, 4);
+        const Codes q = block_q5(b + 8, qh);
         for (int r = 0; r < nr; r++) {
-            const int8_t *p = x[r].p + bi * SMALL;
             const float e = x[r].e[bi];
-            f[r] = fold(f[r], d * e, with_min ? dot_scaled(q, p, scale_ones())
-                                              : dot_signed(absq, q, p));
-            if (with_min) c[r] = fmaf(f16_to_f32(b + 2) * e, (float)x[r].sum32[bi], c[r]);
+            f[r] = fold(f[r], d * e, dot_scaled(q, x[r].p + bi * SMALL, scale_ones()));
+            c[r] = fmaf(f16_to_f32(b + 2) * e, (float)x[r].sum32[bi], c[r]);
         }
     }
-    for (int r = 0; r < nr; r++) y[r] = with_min ? tree_lanes(f[r]) + c[r] : tree_lanes(f[r]);
+    for (int r = 0; r < nr; r++) y[r] = tree_lanes(f[r]) + c[r];
 }
 
 QINLINE void tile(const uint8_t *w, int64_t k, int fmt, const XRow *x, int nr, float *y) {
@@ -1142,9 +1197,9 @@ QINLINE void tile(const uint8_t *w, int64_t k, int fmt, const XRow *x, int nr, f
     case FMT_Q5K: tile_k45(w, blocks, 1, x, nr, y); break;
     case FMT_Q6K: tile_q6k(w, blocks, x, nr, y); break;
     /* Each format by name: a constant fmt inlines its own block loop. */
-    case FMT_Q50: tile_q50(w, blocks, x, nr, y); break;
-    case FMT_Q51: tile_small(w, blocks, FMT_Q51, x, nr, y); break;
-    default: tile_small(w, blocks, FMT_Q80, x, nr, y); break;
+    case FMT_Q50: tile_parity(w, blocks, FMT_Q50, x, nr, y); break;
+    case FMT_Q51: tile_q51(w, blocks, x, nr, y); break;
+    default: tile_parity(w, blocks, FMT_Q80, x, nr, y); break;
     }
 }
 
@@ -1165,7 +1220,8 @@ static void tile_rows(const uint8_t *w, int64_t k, int fmt, const XRow *x, int n
         if (fmt == FMT_Q4K_X4) tile4_q4k_x4(w, k / SUPER, x, NR, y);                        \
         else if (fmt == FMT_Q6K_X4) tile4_q6k_x4(w, k / SUPER, x, NR, y);                   \
         else if (fmt == FMT_Q50 || fmt == FMT_Q50_X4)                                       \
-            tile4_q50(w, row_bytes, k / SMALL, fmt == FMT_Q50_X4, x, NR, y);                 \
+            tile4_small(w, row_bytes, k / SMALL, fmt == FMT_Q50_X4, 0, x, NR, y);            \
+        else if (fmt == FMT_Q80_X4) tile4_small(w, row_bytes, k / SMALL, 1, 1, x, NR, y);   \
         else tile4_k45(w, row_bytes, k / SUPER, fmt == FMT_Q5K, x, NR, y);                  \
         break;
 /* Four weight rows at once where the format has a four-row tile: whether it did. */
@@ -1190,7 +1246,12 @@ static void strip_words(const uint8_t *at, int from, int count, int j, uint8_t *
 /* Row j of an interleaved strip w back as the file's blocks (the header's layouts). */
 static void strip_row(const uint8_t *w, int64_t blocks, int fmt, int j, uint8_t *row) {
     for (int64_t sb = 0; sb < blocks; sb++) {
-        if (fmt == FMT_Q50_X4) {
+        if (fmt == FMT_Q80_X4) {
+            const uint8_t *b = w + sb * Q80X4_BYTES;
+            uint8_t *o = row + sb * Q80_BYTES;
+            memcpy(o, b + Q5_D * j, Q5_D);
+            strip_words(b + Q80X4_CODES, Q5_D, (Q80_BYTES - Q5_D) / WORD, j, o);
+        } else if (fmt == FMT_Q50_X4) {
             const uint8_t *b = w + sb * Q50X4_BYTES;
             uint8_t *o = row + sb * Q50_BYTES;
             memcpy(o, b + Q5_D * j, Q5_D);
@@ -1218,7 +1279,10 @@ static void strip_row(const uint8_t *w, int64_t blocks, int fmt, int j, uint8_t 
 
 /* The format an interleaved one's rows come from. */
 static int file_format(int fmt) {
-    return fmt == FMT_Q4K_X4 ? FMT_Q4K : fmt == FMT_Q6K_X4 ? FMT_Q6K : FMT_Q50;
+    return fmt == FMT_Q4K_X4   ? FMT_Q4K
+           : fmt == FMT_Q6K_X4 ? FMT_Q6K
+           : fmt == FMT_Q80_X4 ? FMT_Q80
+                               : FMT_Q50;
 }
 
 /* The generic build's four-row tile: an interleaved strip's rows one at a time, as stored. */

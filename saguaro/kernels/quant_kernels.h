@@ -10,7 +10,7 @@
 #define QINLINE static inline __attribute__((always_inline))
 
 enum { FMT_Q4K = 4, FMT_Q5K = 5, FMT_Q6K = 6, FMT_Q50 = 7, FMT_Q51 = 8, FMT_Q80 = 9 };
-enum { FMT_Q4K_X4 = 10, FMT_Q6K_X4 = 11, FMT_Q50_X4 = 12 }; /* four rows interleaved (below) */
+enum { FMT_Q4K_X4 = 10, FMT_Q6K_X4 = 11, FMT_Q50_X4 = 12, FMT_Q80_X4 = 13 }; /* (below) */
 enum { SUPER = 256, SMALL = 32, SUB = 16, QLANES = 8, TILE_ROWS = 8, COL_CHUNK = 16 };
 enum { Q4K_BYTES = 144, Q5K_BYTES = 176, Q6K_BYTES = 210, Q50_BYTES = 22, Q51_BYTES = 24 };
 enum { Q80_BYTES = 34 };
@@ -28,6 +28,9 @@ enum {
 /* Q5_0 interleaved: a strip's block is the four d's, the four qh's, then the codes' two words. */
 enum { Q5_D = 2, Q5_QH = 4, Q50X4_BYTES = X4_ROWS * Q50_BYTES };
 enum { Q50X4_QH = X4_ROWS * Q5_D, Q50X4_CODES = Q50X4_QH + X4_ROWS * Q5_QH };
+/* Q8_0 interleaved: a strip's block is the four d's (float16, as Q5_0's), then the codes' four
+ * words, each of rows 0-3. */
+enum { Q80X4_BYTES = X4_ROWS * Q80_BYTES, Q80X4_CODES = X4_ROWS * Q5_D };
 /* A row's int8 codes [k], one scale per block [k / block], and the sums the formats'
  * corrections need: of each 16 codes (int16 [k / 16]) and of each 32 (int16 [k / 32]; |sum| <=
  * 32 * 127). */

@@ -8,8 +8,8 @@ blocks, or everything dequantized where the model does not run on the kernels. A
 :data:`GGUF_NAME`, and with ``--quantization gguf`` its quantized linear weights come from the
 file (:func:`gguf_linears`), the rest from the checkpoint.
 
-Blocks map exactly: Q4_0/Q4_1/Q8_0 to int4/int8 groups
-(:func:`saguaro.models.quant.from_gguf_blocks`); Q4_K/Q5_K/Q6_K/Q5_0/Q5_1 stay as they are
+Blocks map exactly: Q4_0/Q4_1 to int4 groups
+(:func:`saguaro.models.quant.from_gguf_blocks`); Q4_K/Q5_K/Q6_K/Q5_0/Q5_1/Q8_0 stay as they are
 (:func:`saguaro.models.quant.from_gguf_raw`, a view of the file's map). Llama's query and key rows
 move back to the rotate-half order as whole rows (codes, scales and minima together), as the
 dequantized ones do (:mod:`saguaro.models.gguf_names`).
@@ -42,8 +42,8 @@ from saguaro.models.quant import (
 
 GGUF_NAME = "model.gguf"  # the file ``saguaro import-gguf`` keeps in the directory it writes
 FLOAT_TYPES = ("F32", "F16", "BF16")
-# Block types kept as stored, views of the file's map; Q4_0/Q4_1/Q8_0 map exactly onto int4/int8
-# groups instead, which the float kernels multiply by exactly the file's dequantized weights.
+# Block types kept as stored, views of the file's map; Q4_0/Q4_1 map exactly onto int4 groups
+# instead, which the float kernels multiply by exactly the file's dequantized weights.
 RAW_KINDS = tuple(kind for kind in RAW_FORMAT if kind not in GGUF_BLOCK_BYTES)
 # Block types the kernels run without dequantizing.
 PACKED_TYPES = (*GGUF_BLOCK_BYTES, *RAW_KINDS)

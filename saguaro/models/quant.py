@@ -7,9 +7,8 @@ a dense weight at load time or mapped exactly from a GGUF file's blocks.
 - **int8**, per output channel, symmetric: d = max |w| / 127 (float16), q = round(w / d), m = 0.
 - **GGUF blocks** of 32 weights, as they are: Q4_1 (a float16 d and m, 16 bytes of codes) maps to
   int4 with its own d and m; Q4_0 (d, codes meaning q - 8) to int4 with m = -8 d, exact in
-  float16; Q8_0 (d, 32 signed bytes) to int8 groups of 32 with m = 0. The codes keep the file's
-  byte layout. :func:`dequantize` then gives exactly GGUF's dequantized weights (d q is exact in
-  float32, so d q + m rounds once either way).
+  float16. The codes keep the file's byte layout. :func:`dequantize` then gives exactly GGUF's
+  dequantized weights (d q is exact in float32, so d q + m rounds once either way).
 - **GGUF blocks kept whole** (:data:`RAW_TYPES`: Q4_K, Q5_K, Q6_K, Q5_0, Q5_1, Q8_0): ``codes``
   are a row's blocks byte for byte ([n, k / block * bytes]); no scales or minima outside them. The
   kernel multiplies them with integer dot products against the activation quantized row by row
@@ -29,7 +28,7 @@ INT4_LEVELS, INT8_LEVELS = 15, 127
 # quantization option -> (bits, group; 0 = one group per row)
 SCHEMES = {"int4": (4, 32), "int4-g64": (4, 64), "int4-g128": (4, 128), "int8": (8, 0)}
 # GGUF block type -> bytes per 32-weight block
-GGUF_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
+GGUF_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20}
 # GGUF block types kept as raw blocks: format name -> (GGML type, weights a block, bytes a block)
 RAW_TYPES = {
     "q4_k": ("Q4_K", 256, 144),
@@ -132,15 +131,12 @@ def quantize_groups(w: torch.Tensor, bits: int, group: int) -> PackedWeight:
 
 
 def from_gguf_blocks(data: np.ndarray, kind: str, n: int, k: int) -> PackedWeight:
-    """A GGUF tensor's raw blocks (``kind`` Q4_0, Q4_1 or Q8_0; ``n`` rows of ``k`` weights) as
+    """A GGUF tensor's raw blocks (``kind`` Q4_0 or Q4_1; ``n`` rows of ``k`` weights) as
     a :class:`PackedWeight` that dequantizes to exactly the file's weights."""
     size = GGUF_BLOCK_BYTES[kind]
     raw = np.array(data, dtype=np.uint8, copy=True)  # the reader maps the file read-only
     blocks = torch.from_numpy(raw.reshape(n, k // BLOCK, size))
     d = half(blocks[:, :, :2].contiguous().view(torch.float16).reshape(n, k // BLOCK))
-    if kind == "Q8_0":
-        codes = blocks[:, :, 2:].contiguous().view(torch.int8).reshape(n, k)
-        return PackedWeight("q8", codes, n, k, BLOCK, d, torch.zeros_like(d))
     if kind == "Q4_1":
         m = half(blocks[:, :, 2:4].contiguous().view(torch.float16).reshape(n, k // BLOCK))
         codes = blocks[:, :, 4:]

@@ -90,7 +90,7 @@ def test_the_avx2_build_computes_the_generic_codes_bits():
         builds.append(build.build((*build.BASE_FLAGS, "-march=x86-64-v3", "-mavxvnni")))
     generic = build.build((*build.BASE_FLAGS, "-march=x86-64-v3", "-DSAGUARO_GENERIC"))
     # an odd count of small blocks: the tiles that fold two blocks a step end on one
-    odd = [(fmt, ODD_BLOCKS * 32) for fmt in ("q5_0", "q5_0_x4")]
+    odd = [(fmt, ODD_BLOCKS * 32) for fmt in ("q5_0", "q5_0_x4", "q8_0", "q8_0_x4")]
     for fmt, k in [(fmt, None) for fmt in FORMATS] + odd:
         w = weight(fmt, seed=4, k=k)
         x = torch.randn(9, w.k, generator=torch.Generator().manual_seed(5))

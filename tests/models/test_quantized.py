@@ -26,6 +26,9 @@ gguf = pytest.importorskip("gguf", reason="gguf is a dev dependency (pip install
 BLOCK_SIZE = 16
 PROMPT = [5, 17, 99, 3, 42, 8, 61, 7, 7, 30, 2, 250]
 EXTENSION = [11, 12, 13, 14, 15]  # a K + 1 = 5-position verification
+# Logits with every product's input rounded to int8 by blocks of 32 (half a step of 1/127 of a
+# block's largest value), against the largest dense logit: 1.6% on the test model, so 3x that.
+Q8_ACTIVATION_TOLERANCE = 0.05
 
 
 def test_nibbles_round_trip_in_ggufs_layout():
@@ -92,15 +95,14 @@ def forward_logits(model, queries) -> torch.Tensor:
     return runner.forward([runner.sequence_query(*q) for q in queries])
 
 
-@pytest.mark.parametrize("dtype", ["q8_0", "q4_1"])
-def test_the_gguf_model_runs_the_files_blocks_bit_for_bit(source, tmp_path, dtype):
-    """The packed model multiplies by the very weights the dequantized checkpoint holds, in the
-    kernels' one order, so its logits equal the dense kernels' exactly."""
-    imported = import_gguf(export_gguf(source, tmp_path / "m.gguf", dtype), tmp_path / "hf")
+def test_the_gguf_model_runs_the_files_blocks_bit_for_bit(source, tmp_path):
+    """Q4_1's blocks map onto int4 groups, which the packed model multiplies by the very weights
+    the dequantized checkpoint holds, in the kernels' one order, so its logits equal the dense
+    kernels' exactly."""
+    imported = import_gguf(export_gguf(source, tmp_path / "m.gguf", "q4_1"), tmp_path / "hf")
     quantized = load_model(imported, quantization="auto", kernels=True)
-    fmt = "q8" if dtype == "q8_0" else "q4"
     assert isinstance(quantized.lm_head, KernelLinear)  # tied: the embedding's blocks
-    assert quantized.lm_head.fmt == quantized.layers[0].mlp.down_proj.fmt == fmt
+    assert quantized.lm_head.fmt == quantized.layers[0].mlp.down_proj.fmt == "q4"
     # the embedding is the head's blocks too, not a dense copy of them
     assert isinstance(quantized.embed_tokens, PackedEmbedding)
     assert quantized.embed_tokens.codes is quantized.lm_head.codes
@@ -112,6 +114,25 @@ def test_the_gguf_model_runs_the_files_blocks_bit_for_bit(source, tmp_path, dtyp
     assert dense.layers[0].mlp.down_proj.fmt == "f32"
     query = [(list(range(4)), 0, PROMPT, len(PROMPT))]
     assert torch.equal(forward_logits(quantized, query), forward_logits(dense, query))
+
+
+def test_a_q8_0_file_runs_its_blocks_as_stored(source, tmp_path):
+    """Q8_0 runs as GGUF's other block types do (quant_kernels.c): its codes, four rows
+    interleaved, against the activation rounded to int8 row by row, so the logits are the
+    dense model's up to that rounding; the embedding looks up the file's rows exactly."""
+    imported = import_gguf(export_gguf(source, tmp_path / "m.gguf", "q8_0"), tmp_path / "hf")
+    quantized = load_model(imported, quantization="auto", kernels=True)
+    assert quantized.lm_head.fmt == quantized.layers[0].mlp.down_proj.fmt == "q8_0_x4"
+    assert isinstance(quantized.embed_tokens, PackedEmbedding)
+    assert quantized.embed_tokens.fmt == "q8_0"  # the file's blocks, rows as stored
+    ids = torch.tensor([[0, 5, 17], [3, 3, 1]])
+    table = load_model(imported).embed_tokens.weight
+    assert torch.equal(quantized.embed_tokens(ids), table[ids])
+    dense = load_model(imported, quantization="none", kernels=True)
+    query = [(list(range(4)), 0, PROMPT, len(PROMPT))]
+    got, want = forward_logits(quantized, query), forward_logits(dense, query)
+    assert not torch.equal(got, want)  # the activation's rounding, not the dense product
+    assert (got - want).abs().max() <= Q8_ACTIVATION_TOLERANCE * want.abs().max()
 
 
 def test_auto_keeps_a_targets_dense_weights_and_quantizes_a_drafts(source, tmp_path):
