@@ -70,6 +70,12 @@ def layout(fmt: str) -> np.ndarray:
     return np.array([r * size + i for r, i in order], dtype=np.intp)
 
 
+@cache
+def inverse_layout(fmt: str) -> np.ndarray:
+    """For each byte of four rows' super-blocks, the byte of the strip's that holds it."""
+    return np.argsort(layout(fmt))
+
+
 def interleaves(w: PackedWeight) -> bool:
     """Whether ``w`` has an interleaved form: Q4_K, Q6_K, Q5_0 or Q8_0 in whole strips of four
     rows."""
@@ -95,7 +101,6 @@ def deinterleave(w: PackedWeight) -> PackedWeight:
     fmt = FILE_FORMAT[w.fmt]
     size = SUPER_BYTES[fmt]
     strips = w.codes.contiguous().numpy().reshape(w.n // ROWS, -1, ROWS * size)
-    rows = np.empty_like(strips)
-    rows[..., layout(fmt)] = strips
+    rows = np.take(strips, inverse_layout(fmt), axis=2)  # a gather: far faster than a scatter
     out = rows.reshape(w.n // ROWS, -1, ROWS, size).transpose(0, 2, 1, 3)
     return PackedWeight(fmt, torch.from_numpy(out.reshape(w.n, -1).copy()), w.n, w.k, w.group)

@@ -22,6 +22,8 @@ from pathlib import Path
 import torch
 
 from saguaro import corpus
+from saguaro.kernels.ops import PackedWeight
+from saguaro.models.gguf_weights import Packed
 from saguaro.models.linear import KernelLinear
 from saguaro.models.llama import CausalLM
 from saguaro.models.quant import permute_rows
@@ -73,19 +75,48 @@ def cut_head(model: CausalLM, ids: list[int]) -> None:
     index = torch.tensor(ids, dtype=torch.long)
     head = model.lm_head
     if isinstance(head, KernelLinear):
-        rows = permute_rows(head.weight, index)
-        rows.n = len(ids)
-        model.lm_head = KernelLinear(rows)
+        model.lm_head = KernelLinear(cut_rows(head.weight, index))
     else:
         model.lm_head = torch.nn.Linear(head.in_features, len(ids), bias=False)
         model.lm_head.weight.requires_grad_(False).copy_(head.weight.detach()[index])
+    _keep_ids(model, index)
+
+
+def cut_rows(w: PackedWeight, index: torch.Tensor) -> PackedWeight:
+    """The rows ``index`` of ``w``, as a weight of that many rows."""
+    rows = permute_rows(w, index)
+    rows.n = len(index)
+    return rows
+
+
+def _keep_ids(model: CausalLM, index: torch.Tensor) -> None:
     del model.head_token_ids  # None, an attribute: a buffer from here on
     model.register_buffer("head_token_ids", index)
+
+
+def _cuts(model: CausalLM, n: int | None) -> bool:
+    """Whether a head of ``n`` rows is a cut of ``model``'s (a draft trained with a reduced
+    head keeps its own)."""
+    return bool(n) and model.head_token_ids is None and n < model.config.vocab_size
 
 
 def cut_draft_head(model: CausalLM, model_dir: Path, n: int | None) -> None:
     """The draft's head cut to its ``n`` likeliest tokens (None or 0: left whole; a draft
     trained with a reduced head keeps its own)."""
-    if not n or model.head_token_ids is not None or n >= model.config.vocab_size:
+    if _cuts(model, n):
+        cut_head(model, ranked_tokens(Tokenizer(model_dir), n))
+
+
+def cut_packed_head(model: CausalLM, weights: Packed, model_dir: Path, n: int | None) -> None:
+    """:func:`cut_draft_head` on a file's blocks (``weights["lm_head"]``) before the kernels
+    take them: a whole head of 151,936 rows would be interleaved at load (four rows a strip)
+    only to be read back as the file's rows for the cut, seconds of a draft's start. The
+    model's head becomes a placeholder of the cut's shape, which the kernels replace."""
+    head = weights.get("lm_head")
+    if not isinstance(head, PackedWeight) or model.tp.size > 1 or not _cuts(model, n):
         return
-    cut_head(model, ranked_tokens(Tokenizer(model_dir), n))
+    index = torch.tensor(ranked_tokens(Tokenizer(model_dir), n), dtype=torch.long)
+    weights["lm_head"] = cut_rows(head, index)
+    hidden = model.lm_head.in_features
+    model.lm_head = torch.nn.Linear(hidden, len(index), bias=False, device="meta")
+    _keep_ids(model, index)

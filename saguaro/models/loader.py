@@ -36,7 +36,7 @@ from saguaro.models.gguf_weights import (
     file_weights,
     gguf_linears,
 )
-from saguaro.models.head import cut_draft_head
+from saguaro.models.head import cut_draft_head, cut_packed_head
 from saguaro.models.linear import use_kernels
 from saguaro.models.llama import FUSED, FUSED_PARTS, CausalLM
 from saguaro.models.parallel import SINGLE, TensorParallel
@@ -253,6 +253,8 @@ def load_model(
         model = load_dense(path, dtype, tp)
         if scheme == "gguf":
             weights = gguf_linears(path / GGUF_NAME, model.config)
+    if weights is not None:
+        cut_packed_head(model, weights, path, head_tokens)
     if kernels or scheme != "none":
         _use_kernels(model, "none" if scheme == "gguf" else scheme, weights, kernels, path)
     if weights is not None:  # the blocks the kernels copied need not stay resident as well

@@ -8,9 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from saguaro.models import head
+from saguaro.kernels.interleave import interleave
+from saguaro.models import head, linear
+from saguaro.models.config import ModelConfig
+from saguaro.models.loader import load_model
 from saguaro.models.tokenizer import Tokenizer
 from saguaro.paths import cache_dir
+from tests.models.test_gguf_direct import SMALL_BLOCKS, TEXT, saguaro_logits, write_qwen2
 from tests.speculation.test_reduced_head import greedy_outputs, prefill_logits
 
 CUT = 96  # of the byte tokenizer's 257: many a draft can no longer propose
@@ -81,3 +85,30 @@ def test_greedy_with_a_cut_draft_head_equals_ar(tiny_llama, close_draft, mode):
     outs = greedy_outputs(tiny_llama, **draft, num_speculative_tokens=3)
     assert [o.token_ids for o in outs] == [o.token_ids for o in ar]
     assert sum(o.metrics["accepted"] for o in outs) > 0
+
+
+@pytest.mark.parametrize("output", [None, "Q8_0"])
+def test_a_gguf_drafts_head_is_cut_from_the_files_blocks(tmp_path, monkeypatch, output):
+    """A .gguf draft's head is cut from the file's blocks before the kernels take them (a whole
+    head is not interleaved first only to be read back): on the kept tokens the logits are the
+    whole head's bits, -inf off them, and a tied head's cut leaves the embedding the file's."""
+    types = SMALL_BLOCKS | ({"output": output} if output else {})
+    path = write_qwen2(tmp_path / "draft.gguf", types, hidden=64, seed=3)
+    vocab = ModelConfig.from_dir(path).vocab_size
+    n = vocab // 2 // 4 * 4  # whole strips of four: the cut head is interleaved
+    load = dict(kernels=True, quantization="auto", draft=True)
+    whole = load_model(path, **load)
+    interleaved = []  # the rows of every weight the kernels took
+    monkeypatch.setattr(linear, "interleave", lambda w: interleaved.append(w.n) or interleave(w))
+    cut = load_model(path, **load, head_tokens=n)
+    assert n in interleaved and vocab not in interleaved
+    kept = head.ranked_tokens(Tokenizer(path), n)
+    assert cut.head_token_ids.tolist() == kept
+    assert cut.lm_head.fmt == f"{(output or SMALL_BLOCKS['token_embd']).lower()}_x4"
+    assert cut.embed_tokens.fmt == SMALL_BLOCKS["token_embd"].lower()  # the file's, whole
+    ids = Tokenizer(path).encode(TEXT)[:16]
+    want, got = saguaro_logits(whole, ids), saguaro_logits(cut, ids)
+    assert torch.equal(got[:, kept], want[:, kept])
+    off = torch.ones(vocab, dtype=torch.bool)
+    off[kept] = False
+    assert torch.isneginf(got[:, off]).all()
