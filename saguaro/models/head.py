@@ -75,18 +75,11 @@ def cut_head(model: CausalLM, ids: list[int]) -> None:
     index = torch.tensor(ids, dtype=torch.long)
     head = model.lm_head
     if isinstance(head, KernelLinear):
-        model.lm_head = KernelLinear(cut_rows(head.weight, index))
+        model.lm_head = KernelLinear(permute_rows(head.weight, index))
     else:
         model.lm_head = torch.nn.Linear(head.in_features, len(ids), bias=False)
         model.lm_head.weight.requires_grad_(False).copy_(head.weight.detach()[index])
     _keep_ids(model, index)
-
-
-def cut_rows(w: PackedWeight, index: torch.Tensor) -> PackedWeight:
-    """The rows ``index`` of ``w``, as a weight of that many rows."""
-    rows = permute_rows(w, index)
-    rows.n = len(index)
-    return rows
 
 
 def _keep_ids(model: CausalLM, index: torch.Tensor) -> None:
@@ -109,14 +102,14 @@ def cut_draft_head(model: CausalLM, model_dir: Path, n: int | None) -> None:
 
 def cut_packed_head(model: CausalLM, weights: Packed, model_dir: Path, n: int | None) -> None:
     """:func:`cut_draft_head` on a file's blocks (``weights["lm_head"]``) before the kernels
-    take them: a whole head of 151,936 rows would be interleaved at load (four rows a strip)
-    only to be read back as the file's rows for the cut, seconds of a draft's start. The
-    model's head becomes a placeholder of the cut's shape, which the kernels replace."""
+    take them, which would otherwise interleave the whole head (four rows a strip) only for the
+    cut to read it back as the file's rows. The model's head becomes a placeholder of the cut's
+    shape, which the kernels replace."""
     head = weights.get("lm_head")
     if not isinstance(head, PackedWeight) or model.tp.size > 1 or not _cuts(model, n):
         return
     index = torch.tensor(ranked_tokens(Tokenizer(model_dir), n), dtype=torch.long)
-    weights["lm_head"] = cut_rows(head, index)
+    weights["lm_head"] = permute_rows(head, index)
     hidden = model.lm_head.in_features
     model.lm_head = torch.nn.Linear(hidden, len(index), bias=False, device="meta")
     _keep_ids(model, index)

@@ -177,10 +177,12 @@ def concat_rows(parts: list[PackedWeight]) -> PackedWeight:
 
 
 def permute_rows(w: PackedWeight, index: torch.Tensor) -> PackedWeight:
-    """Rows of ``w`` in the order ``index`` (whole rows: codes, scales and mins move together)."""
+    """The rows ``index`` of ``w``, in that order, as a weight of that many rows (whole rows:
+    codes, scales and mins move together)."""
     w = deinterleave(w)
 
     def take(t: torch.Tensor | None) -> torch.Tensor | None:
         return None if t is None else t.index_select(0, index).contiguous()
 
-    return PackedWeight(w.fmt, take(w.codes), w.n, w.k, w.group, take(w.scales), take(w.mins))
+    n = len(index)
+    return PackedWeight(w.fmt, take(w.codes), n, w.k, w.group, take(w.scales), take(w.mins))

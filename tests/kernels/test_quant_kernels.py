@@ -149,7 +149,7 @@ def test_rows_of_an_interleaved_weight_move_as_the_files_do(fmt):
     x4 = weight(fmt, seed=8)
     index = torch.randperm(x4.n, generator=torch.Generator().manual_seed(9))[: x4.n // 2]
     moved = permute_rows(x4, index)
-    assert moved.fmt == FILE_FORMAT[fmt]
+    assert (moved.fmt, moved.n) == (FILE_FORMAT[fmt], len(index))
     assert torch.equal(moved.codes, deinterleave(x4).codes[index])
 
 
