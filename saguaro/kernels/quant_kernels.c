@@ -994,6 +994,13 @@ QINLINE void heads_q50(const uint8_t *w, int64_t row_bytes, int64_t bi, int two,
     *d = _mm256_cvtph_ps(_mm256_castsi256_si128(_mm256_permute4x64_epi64(dd, 0x08)));
 }
 
+/* The four rows' float16 d of strip blocks a and b (the first 8 bytes of each, Q5_0's and
+ * Q8_0's alike) as floats [A0 A1 B0 B1 | A2 A3 B2 B3]. */
+QINLINE __m256 strip_d(const uint8_t *a, const uint8_t *b) {
+    const __m128i da = _mm_loadl_epi64((const __m128i *)a), db = _mm_loadl_epi64((const __m128i *)b);
+    return _mm256_cvtph_ps(_mm_unpacklo_epi32(da, db));
+}
+
 /* heads_q50's lanes from an interleaved strip w, whose blocks keep the four rows' d and qh
  * together. */
 QINLINE void heads_q50_x4(const uint8_t *w, int64_t bi, int two, __m256i *qh, __m256 *d) {
@@ -1001,8 +1008,16 @@ QINLINE void heads_q50_x4(const uint8_t *w, int64_t bi, int two, __m256i *qh, __
     const __m128i qa = _mm_loadu_si128((const __m128i *)(a + Q50X4_QH));
     const __m128i qb = _mm_loadu_si128((const __m128i *)(b + Q50X4_QH));
     *qh = _mm256_setr_m128i(_mm_unpacklo_epi64(qa, qb), _mm_unpackhi_epi64(qa, qb));
-    const __m128i da = _mm_loadl_epi64((const __m128i *)a), db = _mm_loadl_epi64((const __m128i *)b);
-    *d = _mm256_cvtph_ps(_mm_unpacklo_epi32(da, db));
+    *d = strip_d(a, b);
+}
+
+/* Blocks A = bi and B = bi + 1 of four rows folded into f: [I_A I_B] of the rows (ints, in
+ * the lanes [A0 A1 B0 B1 | A2 A3 B2 B3]) times d e, f = fma(d e, (float) I, f); B's lanes get
+ * d e = 0 where two is 0, and fma(0, 0, f) leaves them. */
+QINLINE __m256 fold_pair4(__m256 f, __m256 d, __m256i ints, const XRow *x, int64_t bi, int two) {
+    const __m256 da = _mm256_mul_ps(d, _mm256_set1_ps(x->e[bi]));
+    const __m256 db = two ? _mm256_mul_ps(d, _mm256_set1_ps(x->e[bi + 1])) : _mm256_setzero_ps();
+    return _mm256_fmadd_ps(_mm256_blend_ps(da, db, 0xCC), _mm256_cvtepi32_ps(ints), f);
 }
 
 /* Four rows' Q5_0 blocks A = bi and B = bi + 1 (B absent where two is 0: its lanes then get
@@ -1031,10 +1046,7 @@ QINLINE void pair4_q50(const uint8_t *w, int64_t row_bytes, int64_t bi, int two,
         const __m256i offset =
             _mm256_madd_epi16(_mm256_set1_epi32((int)(pa | (uint32_t)pb << 16)), sixteen);
         const __m256i ints = _mm256_sub_epi32(_mm256_hadd_epi32(sa[r], sb), offset);
-        const __m256 da = _mm256_mul_ps(d, _mm256_set1_ps(x[r].e[bi]));
-        const __m256 db =
-            two ? _mm256_mul_ps(d, _mm256_set1_ps(x[r].e[bi + 1])) : _mm256_setzero_ps();
-        f[r] = _mm256_fmadd_ps(_mm256_blend_ps(da, db, 0xCC), _mm256_cvtepi32_ps(ints), f[r]);
+        f[r] = fold_pair4(f[r], d, ints, &x[r], bi, two);
     }
 }
 
@@ -1070,9 +1082,8 @@ QINLINE void block4_q8(const uint8_t *w, int64_t bi, __m256i q[4], __m256i absq[
  * [A0 A1 B0 B1 | A2 A3 B2 B3] with the same float steps. */
 QINLINE void pair4_q80(const uint8_t *w, int64_t bi, int two, const XRow *x, int nr,
                        __m256 *f) {
-    const uint8_t *a = w + bi * Q80X4_BYTES, *b = two ? a + Q80X4_BYTES : a;
-    const __m128i da = _mm_loadl_epi64((const __m128i *)a), db = _mm_loadl_epi64((const __m128i *)b);
-    const __m256 d = _mm256_cvtph_ps(_mm_unpacklo_epi32(da, db));
+    const uint8_t *a = w + bi * Q80X4_BYTES;
+    const __m256 d = strip_d(a, two ? a + Q80X4_BYTES : a);
     __m256i q[4], absq[4], sa[TILE_ROWS];
     block4_q8(w, bi, q, absq);
     for (int r = 0; r < nr; r++) sa[r] = block_dot4_q8(q, absq, x[r].p + bi * SMALL);
@@ -1080,11 +1091,7 @@ QINLINE void pair4_q80(const uint8_t *w, int64_t bi, int two, const XRow *x, int
     for (int r = 0; r < nr; r++) {
         const __m256i sb =
             two ? block_dot4_q8(q, absq, x[r].p + (bi + 1) * SMALL) : _mm256_setzero_si256();
-        const __m256 ea = _mm256_mul_ps(d, _mm256_set1_ps(x[r].e[bi]));
-        const __m256 eb =
-            two ? _mm256_mul_ps(d, _mm256_set1_ps(x[r].e[bi + 1])) : _mm256_setzero_ps();
-        const __m256 ints = _mm256_cvtepi32_ps(_mm256_hadd_epi32(sa[r], sb));
-        f[r] = _mm256_fmadd_ps(_mm256_blend_ps(ea, eb, 0xCC), ints, f[r]);
+        f[r] = fold_pair4(f[r], d, _mm256_hadd_epi32(sa[r], sb), &x[r], bi, two);
     }
 }
 
