@@ -42,7 +42,7 @@ from saguaro.bench.serve_engines import (
     engine_spec,
     running,
 )
-from saguaro.bench.serve_report import MS, write_all
+from saguaro.bench.serve_report import MS, steps_cell, write_all
 from saguaro.bench.serve_stats import (
     LevelSummary,
     RequestRecord,
@@ -244,7 +244,8 @@ def _print_level(s: LevelSummary) -> None:
     print(
         f"  {s.engine:14s} {s.level:10s} {s.completed}/{s.failed} done/failed, "
         f"{s.output_tok_s:6.1f} tok/s, TTFT p50 {s.ttft_p50 * MS:7.0f} ms, "
-        f"TPOT p50 {s.tpot_p50 * MS:6.0f} ms, {s.duration_s:6.1f} s",
+        f"TPOT p50 {s.tpot_p50 * MS:6.0f} ms, {s.duration_s:6.1f} s, "
+        f"step ms (forward), busy: {steps_cell(s.speculation, s.duration_s)}",
         flush=True,
     )
 

@@ -32,6 +32,7 @@ COLUMNS = (
     "ITL p99 ms",
     "TPOT p50 ms",
     "E2E p50 s",
+    "step ms (forward), busy",
     "speculation",
 )
 MEDIAN_COLUMNS = (  # the table of medians over rounds (--rounds)
@@ -47,6 +48,16 @@ MEDIAN_COLUMNS = (  # the table of medians over rounds (--rounds)
 
 def _ms(value: float) -> str:
     return "n/a" if math.isnan(value) else f"{value * MS:.0f}"
+
+
+def steps_cell(spec: dict[str, Any], duration_s: float) -> str:
+    """saguaro's engine over a level: its mean step and the target's forward in it (ms), and
+    the share of the level's time it was stepping; "-" for a server without the counters."""
+    n = spec.get("steps")
+    if not n or not duration_s:
+        return "-"
+    step, forward = spec["step_s"] / n * MS, spec["forward_s"] / n * MS
+    return f"{step:.0f} ({forward:.0f}), {spec['step_s'] / duration_s:.0%}"
 
 
 def speculation_cell(spec: dict[str, Any]) -> str:
@@ -92,6 +103,7 @@ def markdown_table(levels: list[LevelSummary]) -> str:
                 _ms(s.itl_p99),
                 _ms(s.tpot_p50),
                 f"{s.latency_p50:.2f}",
+                steps_cell(s.speculation, s.duration_s),
                 speculation_cell(s.speculation),
             ]
         )

@@ -24,6 +24,10 @@ SAGUARO_ROUNDS = "saguaro_rounds_total"
 SAGUARO_SSD_ROUNDS = "saguaro_ssd_rounds_total"
 SAGUARO_SSD_HITS = "saguaro_ssd_cache_hits_total"
 SAGUARO_TOKENS = "saguaro_generation_tokens_total"
+SAGUARO_STEPS = "saguaro_engine_steps_total"
+SAGUARO_STEP_S = "saguaro_engine_step_seconds_total"
+SAGUARO_PROPOSE_S = "saguaro_engine_propose_seconds_total"
+SAGUARO_FORWARD_S = "saguaro_engine_forward_seconds_total"
 LLAMA_DRAFTED = "llamacpp:spec_decode_num_draft_tokens_total"
 LLAMA_ACCEPTED = "llamacpp:spec_decode_num_accepted_tokens_total"
 LLAMA_DRAFTS = "llamacpp:spec_decode_num_drafts_total"
@@ -214,6 +218,19 @@ def saguaro_speculation(before: dict[str, float], after: dict[str, float]) -> di
         "ssd_hit_rate": _ratio(
             _delta(before, after, SAGUARO_SSD_HITS), _delta(before, after, SAGUARO_SSD_ROUNDS)
         ),
+        **saguaro_steps(before, after),
+    }
+
+
+def saguaro_steps(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
+    """The engine's steps over a level and their seconds: in all, proposing and in the
+    target's forward (the rest is the engine's own Python). Against the level's duration,
+    ``step_s`` is how busy the engine kept the cores."""
+    return {
+        "steps": _delta(before, after, SAGUARO_STEPS),
+        "step_s": _delta(before, after, SAGUARO_STEP_S),
+        "propose_s": _delta(before, after, SAGUARO_PROPOSE_S),
+        "forward_s": _delta(before, after, SAGUARO_FORWARD_S),
     }
 
 

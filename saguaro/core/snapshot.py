@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+
+@dataclass
+class StepTimes:
+    """Seconds an engine spent in its steps, over its life: the whole of each step, and the
+    parts spent proposing (the draft, or a strategy's choice) and in the target's forward. What
+    is left of ``step_s`` is the engine's own work (scheduling, verifying, committing)."""
+
+    step_s: float = 0.0
+    propose_s: float = 0.0
+    forward_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -22,3 +33,4 @@ class EngineSnapshot:
     draft_failure: str | None
     tensor_parallel_size: int = 1
     failure: str | None = None  # the engine cannot step any more (a tensor-parallel rank failed)
+    times: StepTimes = field(default_factory=StepTimes)  # a copy of the engine's

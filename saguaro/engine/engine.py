@@ -23,7 +23,7 @@ from saguaro.config import EngineConfig
 from saguaro.core.proposal import DraftHealth, DraftSetup, Proposal, Proposer, ProposerFactory
 from saguaro.core.records import RoundRecord
 from saguaro.core.sequence import Sequence, Status
-from saguaro.core.snapshot import EngineSnapshot
+from saguaro.core.snapshot import EngineSnapshot, StepTimes
 from saguaro.engine.block_manager import BlockManager
 from saguaro.engine.detokenizer import Detokenizer
 from saguaro.engine.loading import kv_report, load_target
@@ -94,6 +94,7 @@ class LLMEngine:
             raise
         self.draft_failure: str | None = None  # why a proposer was dropped for good
         self.num_steps = 0
+        self.times = StepTimes()
         self.seqs: dict[int, Sequence] = {}  # unfinished requests
         # n > 1: the samples after the first, held until it has computed their shared prompt
         self._forks: dict[int, tuple[Sequence, list[Sequence]]] = {}
@@ -303,6 +304,7 @@ class LLMEngine:
             draft_failure=draft.failure,
             tensor_parallel_size=self.cfg.tensor_parallel_size,
             failure=self.failure,
+            times=replace(self.times),
         )
 
     def draft_stats(self, batch: int) -> dict:
@@ -318,6 +320,12 @@ class LLMEngine:
     def step(self) -> list[Sequence]:
         """Run one engine step; return the sequences that committed tokens or finished."""
         step_start = time.perf_counter()
+        try:
+            return self._step(step_start)
+        finally:
+            self.times.step_s += time.perf_counter() - step_start
+
+    def _step(self, step_start: float) -> list[Sequence]:
         if self.failure is not None:
             raise TensorParallelError(self.failure)
         if self.placement is not None:  # another engine may have run in this process since
@@ -331,6 +339,7 @@ class LLMEngine:
         t0 = time.perf_counter()
         proposal = self._propose(spec)
         t1 = time.perf_counter()
+        self.times.propose_s += t1 - t0
         clock = ForwardClock(self.runner)
         row = {s.seq.seq_id: i for i, s in enumerate(spec)}  # round -> its proposal row
         queries, prompt_rows = self._queries(batch, row, proposal)
@@ -343,6 +352,7 @@ class LLMEngine:
                 s.seq.num_computed_tokens += s.num_new_tokens
                 self._register(s.seq)
         if not rounds:
+            self.times.forward_s += clock.seconds()
             return []
         self._verify_and_commit(rounds, row, proposal, logits, t1 - t0, clock)
         self._release_forks()
@@ -429,6 +439,7 @@ class LLMEngine:
         verdict = verify_step(rounds, row, proposal, logits, self.cfg.sampling, self.verifier_for)
         out = verdict.outcomes
         target_s = clock.seconds()  # read once the outcome's copy has waited for the GPU
+        self.times.forward_s += target_s
         now = time.perf_counter()
         verify_s = (now - verify_start) / n
         for i, s in enumerate(rounds):

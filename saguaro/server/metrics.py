@@ -75,6 +75,7 @@ class SaguaroCollector(Collector):
                 *_request_families(st, snap),
                 *_speculation_families(st),
                 *_cache_families(snap),
+                *_step_families(snap),
                 *_latency_families(st),
             ]
 
@@ -188,6 +189,29 @@ def _cache_families(snap: EngineSnapshot) -> list[Metric]:
             "saguaro_prefix_cache_hit_tokens_total",
             "Prompt tokens served from the prefix cache.",
             snap.prefix_hit_tokens,
+        ),
+    ]
+
+
+def _step_families(snap: EngineSnapshot) -> list[Metric]:
+    """The engine's steps and where their time went: over a window, step seconds against the
+    window's length is how busy the engine was, forward seconds against step seconds the share
+    of its work in the target's forward."""
+    t = snap.times
+    return [
+        CounterMetricFamily("saguaro_engine_steps_total", "Engine steps.", snap.num_steps),
+        CounterMetricFamily(
+            "saguaro_engine_step_seconds_total", "Seconds in engine steps.", t.step_s
+        ),
+        CounterMetricFamily(
+            "saguaro_engine_propose_seconds_total",
+            "Seconds of the steps spent proposing (the draft, or choosing a strategy).",
+            t.propose_s,
+        ),
+        CounterMetricFamily(
+            "saguaro_engine_forward_seconds_total",
+            "Seconds of the steps spent in the target's forward.",
+            t.forward_s,
         ),
     ]
 

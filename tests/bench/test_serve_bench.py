@@ -20,7 +20,7 @@ import pytest
 from saguaro.bench import serve
 from saguaro.bench.serve_client import RequestShape, one_request
 from saguaro.bench.serve_engines import PACKAGE_ROOT, Launch, engine_spec
-from saguaro.bench.serve_report import markdown_table, speculation_cell, write_all
+from saguaro.bench.serve_report import markdown_table, speculation_cell, steps_cell, write_all
 from saguaro.bench.serve_stats import (
     LevelSummary,
     RequestRecord,
@@ -87,6 +87,10 @@ saguaro_generation_tokens_total 32
 saguaro_ssd_rounds_total 0
 saguaro_ssd_cache_hits_total 0
 saguaro_info{model="m",mode="auto",k="4"} 1
+saguaro_engine_steps_total 30
+saguaro_engine_step_seconds_total 3.5
+saguaro_engine_propose_seconds_total 0.5
+saguaro_engine_forward_seconds_total 2.5
 """
 SAGUARO_AFTER = """saguaro_rounds_total{mode="ar",k="0"} 6
 saguaro_rounds_total{mode="sd",k="4"} 22
@@ -97,6 +101,10 @@ saguaro_generation_tokens_total 132
 saguaro_ssd_rounds_total 12
 saguaro_ssd_cache_hits_total 9
 saguaro_mean_accepted_length NaN
+saguaro_engine_steps_total 58
+saguaro_engine_step_seconds_total 9.5
+saguaro_engine_propose_seconds_total 1.5
+saguaro_engine_forward_seconds_total 7.0
 """
 
 
@@ -116,6 +124,13 @@ def test_saguaro_speculation_is_the_difference_over_the_level():
     assert (spec["drafted"], spec["accepted"], spec["acceptance"]) == (96, 48, 0.5)
     assert spec["tokens_per_round"] == pytest.approx(100 / 28)
     assert spec["ssd_hit_rate"] == pytest.approx(9 / 12)
+    assert (spec["steps"], spec["step_s"], spec["propose_s"], spec["forward_s"]) == (
+        28,
+        6.0,
+        1.0,
+        4.5,
+    )
+    assert steps_cell(spec, duration_s=12.0) == "214 (161), 50%"  # mean step (forward), busy
     assert "hit 75%" in speculation_cell(spec) and "ar 4/sd 12/ssd 12" in speculation_cell(spec)
 
 
@@ -137,6 +152,7 @@ def test_llama_speculation_and_an_ar_server():
     ar = speculation({}, parse_prometheus('saguaro_rounds_total{mode="ar",k="0"} 5\n'))
     assert ar["speculating_share"] == 0 and ar["acceptance"] is None
     assert speculation_cell(ar) == "-" and speculation({}, {}) == {}
+    assert steps_cell(spec, duration_s=1.0) == "-"  # llama-server counts no engine steps
 
 
 # ---- settings and servers ----------------------------------------------------------------------

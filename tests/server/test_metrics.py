@@ -28,7 +28,12 @@ def test_metrics_count_requests_tokens_and_latency(server, client):
     assert delta("saguaro_request_latency_seconds_count") == 1
     assert delta("saguaro_time_to_first_token_seconds_count") == 1
     assert delta('saguaro_accepted_length_bucket{le="1"}') == 5  # AR: one token per round
-    assert delta('saguaro_http_requests_total{route="/v1/completions",status="200"}') == 1
+    # one step prefills the prompt and commits the first token, then one step a token
+    assert delta("saguaro_engine_steps_total") == 5
+    parts = [
+        delta(f"saguaro_engine_{part}_seconds_total") for part in ("step", "forward", "propose")
+    ]
+    assert 0 < parts[1] and parts[1] + parts[2] < parts[0]  # AR proposes nothing: ~0 s
     assert after['saguaro_draft_worker_state{state="none"}'] == 1
     assert after["saguaro_engine_up"] == 1 and after["saguaro_mean_accepted_length"] == 1
     assert math.isnan(after["saguaro_ssd_cache_hit_rate"])
