@@ -109,6 +109,19 @@ ROUND_COLUMNS = (
 )
 
 
+def plan_cell(ssd: dict) -> str:
+    """The worker's last plan: budget B and depth d, and what chose them (ms): the target's
+    window W(d) it planned against, the build's fixed part (glue) and one depth's forward."""
+    if ssd.get("budget") is None:
+        return "–"
+    head = f"{ssd['budget']}, {ssd['depth']}"
+    plan = ssd.get("plan")
+    if not plan:  # a fixed fan-out or budget: nothing planned
+        return head
+    window = plan["window_ms"][ssd["depth"] - 1]
+    return f"{head}: {window:.0f}, {plan['fixed_ms']:.0f}, {plan['depth_ms']:.0f}"
+
+
 def round_table(rows: list[Row]) -> str:
     """SSD's round, part by part (ms), beside the predicted and achieved speedups over AR."""
     ssd = [r for r in rows if r.round_costs]
@@ -118,7 +131,7 @@ def round_table(rows: list[Row]) -> str:
     head += [
         "build overran",
         "build cut",
-        "budget B",
+        "plan B, d: W(d), fixed, depth ms",
         "hit rate",
         "predicted × AR",
         "achieved × AR",
@@ -133,12 +146,11 @@ def round_table(rows: list[Row]) -> str:
     body = []
     for r in _by_cell(ssd):
         c = r.round_costs
-        budget = (r.ssd or {}).get("budget")
         cells = _cell_key(r) + [f"{c[key]:.1f}" for _, key in ROUND_COLUMNS]
         cells += [
             f"{c['overran']:.0%}",
             f"{c['cut']:.0%}",
-            "–" if budget is None else str(budget),
+            plan_cell(r.ssd or {}),
             _cell(r.cache_hit_rate, "{:.0%}"),
             _cell(r.predicted_speedup, "{:.2f}×"),
             _cell(r.speedup_vs_ar, "{:.2f}×"),

@@ -69,6 +69,7 @@ MAX_BUDGET = 64  # the planner's largest B: branches per sequence the KV pool is
 MAX_RANK = 64  # candidates ranked per position for the fan-out statistics
 FIT = 0.9  # plan the cache build against this fraction of the target's window (timing noise)
 INITIAL_BUDGET = 8  # B until the planner has the timings to choose one
+MS = 1000.0  # the plan's figures are reported in milliseconds
 # The start-up probe of a branch depth's cost (CacheBuilder.calibrate): one branch and this many,
 # each seeing this many keys, the fastest of this many timed tries after an untimed one (which
 # may allocate, or capture a graph).
@@ -277,6 +278,10 @@ class CacheBuilder:
         self._since_plan = 0  # builds since (B, d) were last planned
         self._plan_seqs = 0  # the number of sequences they were planned for
         self._replied_positions: int | None = None  # what the last reply gave the target
+        # What the last plan saw and predicted, in milliseconds: the target's window W(d) for
+        # d = 1..K (as planned against: FIT of it), the build's fixed part, one depth over the
+        # chosen n B branches, and the predicted tokens a second per sequence.
+        self.plan_figures: dict[str, float | list[float]] = {}
 
     # ---- fan-out and plan -------------------------------------------------------------------
 
@@ -368,6 +373,12 @@ class CacheBuilder:
             num_seqs=num_seqs,
             max_budget=MAX_BUDGET,
         )
+        self.plan_figures = {
+            "window_ms": [window_s(d) * MS for d in range(1, self.k + 1)],
+            "fixed_ms": fixed * MS,
+            "depth_ms": depth_s(num_seqs * max(plan.budget, 1)) * MS,
+            "rate": plan.rate,
+        }
         if (plan.budget, plan.depth) != (self.budget, self.depth):
             self.budget, self.depth = plan.budget, plan.depth
             self._fanouts = {}

@@ -190,3 +190,5 @@ class RoundReply:
     backup_s: float  # time spent on backups before this reply
     idle_s: float = 0.0  # how long the worker waited for this request after its last build
     cut: bool = False  # the last build stopped early: this request was already on its way
+    # the last plan's inputs and prediction (CacheBuilder.plan_figures); empty before one
+    plan: dict[str, float | list[float]] = field(default_factory=dict)

@@ -321,6 +321,7 @@ class SSDProposer(Proposer):
                 build_s=r.build_s,
                 glue_s=r.glue_s,
                 branch_s=r.branch_s,
+                plan=r.plan,
             )
         return out
 

@@ -176,6 +176,7 @@ class DraftWorker:
             branch_s=b.branch_s,
             backup_s=backup_s,
             cut=b.cut,
+            plan=b.plan_figures,
         )
 
     def _drop(self, seq_ids: list[int]) -> None:

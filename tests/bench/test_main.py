@@ -10,6 +10,7 @@ import pytest
 
 from saguaro.bench import backends, bench_main, datasets
 from saguaro.bench.report import PLOTS, SCHEMA
+from saguaro.bench.tables import plan_cell
 from tests.bench.conftest import args
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -182,3 +183,10 @@ def test_auto_reports_the_rounds_of_each_choice(tiny_llama, tiny_draft, prompt_f
     assert shares and sum(shares.values()) == pytest.approx(1.0)
     assert all(c.split(":")[0] in ("ar", "sd", "ssd", "lookup") for c in shares)
     assert "auto's rounds" in (out / "results.md").read_text()
+
+
+def test_the_plan_cell_names_what_chose_the_budget_and_depth():
+    assert plan_cell({}) == "–"
+    assert plan_cell({"budget": 6, "depth": 4, "plan": {}}) == "6, 4"  # a fixed fan-out
+    plan = {"window_ms": [90.6, 93.0, 111.4, 111.9], "fixed_ms": 35.6, "depth_ms": 31.6}
+    assert plan_cell({"budget": 2, "depth": 2, "plan": plan}) == "2, 2: 93, 36, 32"

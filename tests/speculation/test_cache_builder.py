@@ -16,6 +16,7 @@ from saguaro.speculation import cache_builder
 from saguaro.speculation import protocol as P
 from saguaro.speculation.cache_builder import (
     CATCH_UP_CHUNK,
+    FIT,
     MAX_BUDGET,
     REPLAN_EVERY,
     SCRATCH_RUNS,
@@ -181,6 +182,12 @@ def test_the_plan_is_remade_every_few_builds_and_when_the_batch_changes(monkeypa
     planner.costs.observe_depth(3, 0.003)
     planner._plan(1)
     assert planned_for == [1] and (planner.budget, planner.depth) == (3, 2)
+    # what the plan saw, in ms: the window it planned against (FIT of the observed 10 ms at two
+    # positions, the one size observed), the fixed part and a depth over the 3 branches chosen
+    figures = planner.plan_figures
+    assert figures["window_ms"] == pytest.approx([FIT * 10.0] * K)
+    assert figures["fixed_ms"] == pytest.approx(2.0) and figures["rate"] == 1.0
+    assert figures["depth_ms"] == pytest.approx(planner.costs.depth_s(3) * 1000.0)
     for _ in range(2 * REPLAN_EVERY):
         planner._plan(1)
     assert planned_for == [1, 1, 1]
