@@ -88,8 +88,24 @@ SCRATCH_RUNS = MAX_BUDGET + 2
 # near what one verification's window holds on a CPU core (docs/bench/draft).
 CATCH_UP_CHUNK = 64
 
+# A build keeps its branches' draft rows for the glue after a hit (Kept) while a depth has at
+# most this many branch rows in all: a CPU's narrow caches. A GPU's wide ones keep none: a
+# glue costs it little, and copying their rows would not.
+MAX_KEPT_ROWS = 16
+
 # A prepared branch: its tokens, and the exact q they were drawn from (None: point masses).
 Branch = tuple[list[int], SparseQ | None]
+
+
+@dataclass
+class Kept:
+    """What decoding one branch computed that the glue after its hit would compute again: the
+    draft KV of its first inputs ``t, b_1, ..`` (at scratch ``slots``) and the draft's raw rows
+    after each. The glue after a hit reads ``[t, b_1 .. b_m]``: given these for its first p
+    tokens, it runs the rest only."""
+
+    slots: np.ndarray  # [p] the scratch slots of the branch's first p inputs
+    rows: torch.Tensor  # [p, V] the draft's raw logits after each
 
 
 @dataclass
@@ -144,6 +160,10 @@ class DraftSeq:
     # ``shadow_len`` drafted; ``shadow_hits`` of them were committed so far. 0: none under way.
     shadow_len: int = 0
     shadow_hits: int = 0
+    kept: dict[tuple[int, int], Kept] = field(default_factory=dict)  # by cached branch
+    # A hit's branch rows for the first tokens of the next glue's feed, whose KV it copied
+    # (CacheBuilder.reuse): the glue computes the rest. None: it computes all.
+    prepared: torch.Tensor | None = None
 
     def behind(self) -> int:
         """Committed tokens without draft KV."""
@@ -402,10 +422,36 @@ class CacheBuilder:
             rank = ranking.index(t) if t in ranking else None
             self.estimator.observe(k, rank, K=len(seq.spec))
         branch = seq.cache.get((k, t)) if outcome else None
+        kept = seq.kept.get((k, t)) if branch is not None else None
         self._commit(seq, new_tokens, matched)
         seq.shadow_len = seq.shadow_hits = 0
-        self.bm.trim(seq, len(seq.token_ids))
+        reused = self.reuse(seq, kept, len(branch[0])) if kept is not None else 0
+        # the KV copied for the next glue's first tokens stays: t's and up to b_{p-1}'s
+        self.bm.trim(seq, len(seq.token_ids) + max(reused - 1, 0))
         return branch
+
+    def reuse(self, seq: DraftSeq, kept: Kept, m: int) -> int:
+        """On a hit of a branch of ``m`` tokens, before its scratch is released: copy the draft
+        KV it computed for its first inputs ``t, b_1 ..`` to their indices in the sequence (t's
+        is the last committed token's), so that the next glue, over ``[t, b_1 .. b_m]``, runs
+        only ``b_m`` and takes the rest of its rows from ``kept``. Returns how many tokens that
+        covers (0: none, where t is not the one committed token without draft KV).
+
+        The draft only proposes: the rows and KV of a branch's forward, not the glue's, change
+        no distribution the target samples (its own forward verifies every proposal)."""
+        n = len(seq.token_ids)
+        p = min(len(kept.rows), m)
+        if seq.computed != n - 1 or p == 0:
+            return 0
+        device = self.runner.device
+        dst = torch.as_tensor(token_slots(seq.block_table, n - 1, n - 1 + p, self.cfg.block_size))
+        src = torch.as_tensor(kept.slots[:p])
+        dst, src = dst.to(device), src.to(device)
+        for pools in self.runner.kv_caches:
+            for pool in pools:
+                pool[dst] = pool[src]  # the gather copies first: the two may overlap
+        seq.prepared, seq.written = kept.rows[:p], n - 1 + p
+        return p
 
     def _commit(self, seq: DraftSeq, new_tokens: list[int], matched: int) -> None:
         """Append ``new_tokens``, of which the first ``matched`` are the speculation's: the
@@ -413,7 +459,7 @@ class CacheBuilder:
         old_len = len(seq.token_ids)
         seq.token_ids.extend(new_tokens)
         seq.computed = min(seq.written, old_len + matched, len(seq.token_ids) - 1)
-        seq.cache, seq.ranked = {}, []
+        seq.cache, seq.ranked, seq.kept, seq.prepared = {}, [], {}, None
 
     def absorb(self, seq: DraftSeq, new_tokens: list[int]) -> tuple[int, int] | None:
         """Commit tokens of steps the target ran without asking (protocol FEED). Where a shadow
@@ -525,19 +571,35 @@ class CacheBuilder:
 
     def _glue(self, seqs: list[DraftSeq]) -> torch.Tensor:
         """One forward over each sequence's unseen committed tokens and its speculation; the
-        logits of ``r, s_1..s_K`` (len(spec) + 1 rows per sequence, in order)."""
-        queries = []
+        logits of ``r, s_1..s_K`` (len(spec) + 1 rows per sequence, in order). Where a hit's
+        branch already computed the first p of them (``DraftSeq.prepared``), the forward runs
+        the rest and its rows follow the branch's."""
+        queries, prepared = [], []
         for seq in seqs:
             n = len(seq.token_ids)
             self.bm.allocate(seq, n + self.k)
             # No position past the context: the target cannot commit tokens there anyway.
             seq.spec = seq.spec[: room(seq, self.cfg)]
             feed = seq.token_ids[seq.computed :] + seq.spec
+            rows = seq.prepared
+            rows = None if rows is None or len(feed) != len(seq.spec) + 1 else rows
+            p = 0 if rows is None else min(len(rows), len(seq.spec))  # one row left to run
+            prepared.append(None if rows is None else rows[:p])
             queries.append(
-                self.runner.sequence_query(seq.block_table, seq.computed, feed, len(seq.spec) + 1)
+                self.runner.sequence_query(
+                    seq.block_table, seq.computed + p, feed[p:], len(seq.spec) + 1 - p
+                )
             )
-            seq.written = n + len(seq.spec)
-        return self.runner.forward(queries)
+            seq.written, seq.prepared = n + len(seq.spec), None
+        logits = self.runner.forward(queries)
+        if all(rows is None for rows in prepared):
+            return logits
+        out, offset = [], 0
+        for query, rows in zip(queries, prepared, strict=True):
+            ran = logits[offset : offset + query.num_logits]
+            out.append(ran if rows is None else torch.cat([rows.to(ran), ran]))
+            offset += query.num_logits
+        return torch.cat(out)
 
     def _candidates(self, seq: DraftSeq, rows: torch.Tensor) -> list[tuple[int, int]]:
         """Rank every outcome's candidates from the glue logits ``rows`` (stored in
@@ -585,9 +647,8 @@ class CacheBuilder:
         branches: list[list[tuple[int, int]]],
         checks: _Checks,
     ) -> tuple[float, bool]:
-        """Decode every branch for d = ``self.depth`` tokens (at least 1 once ``stop()``), all
-        sequences' branches in one forward per depth; store them in each sequence's cache.
-        Returns the seconds spent in the depth steps, and whether ``stop()`` cut them short.
+        """Decode every branch for d = ``self.depth`` tokens (at least 1 once ``stop()``), one
+        forward per depth; store them. Returns the depths' seconds and whether ``stop()`` cut.
 
         Cutting is exact: a branch's first j tokens are sampled exactly as a j-token branch's
         would be, and where the cut falls depends only on the target's timing."""
@@ -603,6 +664,7 @@ class CacheBuilder:
         num_branches = sum(len(branches[i]) for i in live)
         depths_s, done = 0.0, d
         stops = {i: [d] * len(branches[i]) for i in live}  # a branch's tokens end there
+        kept: list[torch.Tensor] | None = [] if num_branches <= MAX_KEPT_ROWS else None
         for depth in range(d):
             checks.abandon_if_released()
             if depth and checks.stop():
@@ -610,22 +672,24 @@ class CacheBuilder:
                 break
             clock = ForwardClock(self.runner)
             queries = [scratch[i].query(seqs[i], tokens[i], depth) for i in live]
-            logits = self._processed(seqs, branches, out_tokens, self.runner.forward(queries))
+            raw = self.runner.forward(queries)
+            kept = None if kept is None else [*kept, raw.clone()]  # raw's buffer is reused
+            logits = self._processed(seqs, branches, out_tokens, raw)
             drawn = self._draw(seqs, branches, forks, logits, depth, fanout[depth], out_q)
             copied = self._copy(seqs, branches, out_tokens, drawn, depth, out_q)
             if self.cfg.stop_below and depth:
                 self._stop(branches, logits, copied, depth, stops)
             for i in live:
-                for row, token in zip(out_tokens[i], drawn[i], strict=True):
-                    row.append(token)
+                _extend(out_tokens[i], drawn[i])
                 tokens[i] = drawn[i]
             clock.stop()
-            seconds = clock.seconds()
+            self.costs.observe_depth(num_branches, seconds := clock.seconds())
             depths_s += seconds
-            self.costs.observe_depth(num_branches, seconds)
+        ends = {i: [min(done, stop_at) for stop_at in stops[i]] for i in live}
         for i in live:
-            ends = [min(done, stop_at) for stop_at in stops[i]]
-            self._store(seqs[i], branches[i], out_tokens[i], out_q.rows(i, len(ends)), ends)
+            self._store(seqs[i], branches[i], out_tokens[i], out_q.rows(i, len(ends[i])), ends[i])
+        if kept is not None:
+            _keep(seqs, branches, scratch, kept, ends)
         return depths_s, done < d
 
     @staticmethod
@@ -812,3 +876,31 @@ class CacheBuilder:
             return drawn, None
         top_m, c = self.cfg.top_m, self.cfg.saguaro_c
         return propose(rows, st, seed_tensor(seeds), at, top_m, fanout, c)
+
+
+def _extend(rows: list[list[int]], drawn: list[int]) -> None:
+    """Append one depth's drawn token to each branch's tokens."""
+    for row, token in zip(rows, drawn, strict=True):
+        row.append(token)
+
+
+def _keep(
+    seqs: list[DraftSeq],
+    branches: list[list[tuple[int, int]]],
+    scratch: dict[int, BranchScratch],
+    depth_rows: list[torch.Tensor],
+    ends: dict[int, list[int]],
+) -> None:
+    """Keep, for the glue after a hit (:meth:`CacheBuilder.reuse`), each branch's draft KV
+    slots and raw rows of its first ``ends[i][j]`` inputs. ``depth_rows[depth]`` holds a depth's
+    branch rows, sequence by sequence in the order of ``ends``."""
+    first = 0
+    for i, seq_ends in ends.items():
+        seq, at = seqs[i], scratch[i]
+        for j, key in enumerate(branches[i]):
+            n = seq_ends[j]
+            if n:
+                index = at.base + j * at.d + np.arange(n)
+                rows = torch.stack([depth_rows[depth][first + j] for depth in range(n)])
+                seq.kept[key] = Kept(at.keys[index], rows)
+        first += len(branches[i])

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from saguaro import LLM, SamplingParams
+from saguaro.core.query import token_slots
 from saguaro.engine.block_manager import BlockManager
 from saguaro.engine.model_runner import ModelRunner
 from saguaro.sampling import SamplingParams as Params
@@ -33,6 +34,7 @@ from tests.speculation.workers import make_worker
 
 K = 3
 BLOCK = 4
+BLOCK_16 = 16  # make_worker's KV block size
 
 
 class Observations:
@@ -243,6 +245,50 @@ def test_shallow_branches_are_the_drafts_first_tokens(tiny_draft):
     worker.build_pending()  # outcomes of a 2-token round: F_0, F_1 and the bonus F_K
     assert {kk for kk, _ in seq.cache} == {0, 1, 2}
     assert len(seq.cache) == fanout[0] + fanout[1] + fanout[k]
+
+
+def glue_after_a_hit(worker, monkeypatch) -> tuple[DraftSeq, list[int], list]:
+    """One round of a new sequence at depth 2, then the hit of its first cached branch: the
+    sequence after the next build, the branch's tokens, and the token lists of that build's
+    forwards (its glue first)."""
+    worker.builder.depth = 2
+    prompt = [5, 17, 99, 3, 42, 8, 61]
+    worker.handle(P.RoundRequest([P.SeqUpdate(0, prompt, new=True)], backup="neural"))
+    worker.build_pending()
+    seq = worker.seqs[0]
+    (kk, t), (branch, _) = next(iter(seq.cache.items()))
+    reply = worker.handle(P.RoundRequest([P.SeqUpdate(0, seq.spec[:kk] + [t])], backup="neural"))
+    assert reply.specs[0].hit and reply.specs[0].tokens == branch and len(branch) == 2
+    fed, forward = [], worker.runner.forward
+    monkeypatch.setattr(
+        worker.runner, "forward", lambda qs: fed.append([q.token_ids for q in qs]) or forward(qs)
+    )
+    worker.build_pending()
+    return seq, branch, fed
+
+
+def test_the_glue_after_a_hit_runs_only_what_the_branch_did_not(tiny_draft, monkeypatch):
+    """On a hit the branch's draft KV for its first inputs (t, b_1) is copied where the glue
+    would write it, and the glue over ``[t, b_1, b_2]`` runs ``b_2`` alone, its other rows the
+    branch's: the cache it leads to is the one a full glue leads to (the draft's rows and KV
+    agree to rounding: a branch's forward and the glue's differ in shape), and every glue after
+    a miss still reads its whole feed."""
+    k, fanout = 3, [2, 1, 1, 2]
+    reused = make_worker(tiny_draft, k, fanout)
+    seq, branch, fed = glue_after_a_hit(reused, monkeypatch)
+    assert fed[0] == [[branch[1]]]  # the glue: b_2 alone
+    with monkeypatch.context() as m:
+        m.setattr(cache_builder, "MAX_KEPT_ROWS", 0)  # no build keeps rows: every glue is full
+        full = make_worker(tiny_draft, k, fanout)
+        full_seq, full_branch, full_fed = glue_after_a_hit(full, monkeypatch)
+    assert full_branch == branch and full_fed[0] == [[seq.token_ids[-1], *branch]]
+    assert seq.ranked == full_seq.ranked and seq.cache.keys() == full_seq.cache.keys()
+    assert all(seq.cache[key][0] == full_seq.cache[key][0] for key in seq.cache)
+    n = len(seq.token_ids)  # t, the last committed token, and b_1 have the copied KV
+    slots = [token_slots(w.seqs[0].block_table, n - 1, n + 1, BLOCK_16) for w in (reused, full)]
+    for pools, ref_pools in zip(reused.runner.kv_caches, full.runner.kv_caches, strict=True):
+        for pool, ref in zip(pools, ref_pools, strict=True):
+            torch.testing.assert_close(pool[slots[0]], ref[slots[1]], rtol=1e-4, atol=1e-4)
 
 
 def test_budget_zero_builds_no_branches_but_still_ranks(tiny_draft):
