@@ -161,9 +161,9 @@ class DraftSeq:
     shadow_len: int = 0
     shadow_hits: int = 0
     kept: dict[tuple[int, int], Kept] = field(default_factory=dict)  # by cached branch
-    # A hit's branch rows for the first tokens of the next glue's feed, whose KV it copied
-    # (CacheBuilder.reuse): the glue computes the rest. None: it computes all.
-    prepared: torch.Tensor | None = None
+    # A hit's branch KV and rows for the first tokens of the next glue's feed, which copies the
+    # KV and computes the rest (CacheBuilder._glue). None: it computes all.
+    prepared: Kept | None = None
 
     def behind(self) -> int:
         """Committed tokens without draft KV."""
@@ -425,33 +425,24 @@ class CacheBuilder:
         kept = seq.kept.get((k, t)) if branch is not None else None
         self._commit(seq, new_tokens, matched)
         seq.shadow_len = seq.shadow_hits = 0
-        reused = self.reuse(seq, kept, len(branch[0])) if kept is not None else 0
-        # the KV copied for the next glue's first tokens stays: t's and up to b_{p-1}'s
-        self.bm.trim(seq, len(seq.token_ids) + max(reused - 1, 0))
+        if kept is None or not self._prepare(seq, kept, len(branch[0])):
+            self.bm.trim(seq, len(seq.token_ids))
+        # else the branch's scratch keeps the KV the glue copies: the next outcome trims it
         return branch
 
-    def reuse(self, seq: DraftSeq, kept: Kept, m: int) -> int:
-        """On a hit of a branch of ``m`` tokens, before its scratch is released: copy the draft
-        KV it computed for its first inputs ``t, b_1 ..`` to their indices in the sequence (t's
-        is the last committed token's), so that the next glue, over ``[t, b_1 .. b_m]``, runs
-        only ``b_m`` and takes the rest of its rows from ``kept``. Returns how many tokens that
-        covers (0: none, where t is not the one committed token without draft KV).
+    @staticmethod
+    def _prepare(seq: DraftSeq, kept: Kept, m: int) -> bool:
+        """On a hit of a branch of ``m`` tokens: whether the next glue, over ``[t, b_1 .. b_m]``,
+        can take its first tokens from what the branch computed (``kept``: t must be the one
+        committed token without draft KV); if so they become ``seq.prepared``.
 
         The draft only proposes: the rows and KV of a branch's forward, not the glue's, change
         no distribution the target samples (its own forward verifies every proposal)."""
-        n = len(seq.token_ids)
         p = min(len(kept.rows), m)
-        if seq.computed != n - 1 or p == 0:
-            return 0
-        device = self.runner.device
-        dst = torch.as_tensor(token_slots(seq.block_table, n - 1, n - 1 + p, self.cfg.block_size))
-        src = torch.as_tensor(kept.slots[:p])
-        dst, src = dst.to(device), src.to(device)
-        for pools in self.runner.kv_caches:
-            for pool in pools:
-                pool[dst] = pool[src]  # the gather copies first: the two may overlap
-        seq.prepared, seq.written = kept.rows[:p], n - 1 + p
-        return p
+        if seq.computed != len(seq.token_ids) - 1 or p == 0:
+            return False
+        seq.prepared = Kept(kept.slots[:p], kept.rows[:p])
+        return True
 
     def _commit(self, seq: DraftSeq, new_tokens: list[int], matched: int) -> None:
         """Append ``new_tokens``, of which the first ``matched`` are the speculation's: the
@@ -572,8 +563,9 @@ class CacheBuilder:
     def _glue(self, seqs: list[DraftSeq]) -> torch.Tensor:
         """One forward over each sequence's unseen committed tokens and its speculation; the
         logits of ``r, s_1..s_K`` (len(spec) + 1 rows per sequence, in order). Where a hit's
-        branch already computed the first p of them (``DraftSeq.prepared``), the forward runs
-        the rest and its rows follow the branch's."""
+        branch already computed the first p of them (``DraftSeq.prepared``), their draft KV is
+        copied from the branch's scratch to their indices, the forward runs the rest, and its
+        rows follow the branch's."""
         queries, prepared = [], []
         for seq in seqs:
             n = len(seq.token_ids)
@@ -581,10 +573,9 @@ class CacheBuilder:
             # No position past the context: the target cannot commit tokens there anyway.
             seq.spec = seq.spec[: room(seq, self.cfg)]
             feed = seq.token_ids[seq.computed :] + seq.spec
-            rows = seq.prepared
-            rows = None if rows is None or len(feed) != len(seq.spec) + 1 else rows
-            p = 0 if rows is None else min(len(rows), len(seq.spec))  # one row left to run
-            prepared.append(None if rows is None else rows[:p])
+            rows = self._copy_prepared(seq) if len(feed) == len(seq.spec) + 1 else None
+            p = 0 if rows is None else len(rows)
+            prepared.append(rows)
             queries.append(
                 self.runner.sequence_query(
                     seq.block_table, seq.computed + p, feed[p:], len(seq.spec) + 1 - p
@@ -600,6 +591,22 @@ class CacheBuilder:
             out.append(ran if rows is None else torch.cat([rows.to(ran), ran]))
             offset += query.num_logits
         return torch.cat(out)
+
+    def _copy_prepared(self, seq: DraftSeq) -> torch.Tensor | None:
+        """Copy the draft KV of ``seq.prepared``'s tokens (t, b_1 ..: the feed's first p, at
+        most all but its last) from the branch's scratch to their indices; their rows."""
+        kept = seq.prepared
+        p = 0 if kept is None else min(len(kept.rows), len(seq.spec))
+        if kept is None or p == 0:
+            return None
+        start, size = seq.computed, self.cfg.block_size
+        dst = torch.as_tensor(token_slots(seq.block_table, start, start + p, size))
+        src = torch.as_tensor(kept.slots[:p])
+        dst, src = dst.to(self.runner.device), src.to(self.runner.device)
+        for pools in self.runner.kv_caches:
+            for pool in pools:
+                pool[dst] = pool[src]  # the gather copies first: the two may overlap
+        return kept.rows[:p]
 
     def _candidates(self, seq: DraftSeq, rows: torch.Tensor) -> list[tuple[int, int]]:
         """Rank every outcome's candidates from the glue logits ``rows`` (stored in
@@ -891,7 +898,7 @@ def _keep(
     depth_rows: list[torch.Tensor],
     ends: dict[int, list[int]],
 ) -> None:
-    """Keep, for the glue after a hit (:meth:`CacheBuilder.reuse`), each branch's draft KV
+    """Keep, for the glue after a hit (:meth:`CacheBuilder._glue`), each branch's draft KV
     slots and raw rows of its first ``ends[i][j]`` inputs. ``depth_rows[depth]`` holds a depth's
     branch rows, sequence by sequence in the order of ``ends``."""
     first = 0
