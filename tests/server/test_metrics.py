@@ -28,6 +28,7 @@ def test_metrics_count_requests_tokens_and_latency(server, client):
     assert delta("saguaro_request_latency_seconds_count") == 1
     assert delta("saguaro_time_to_first_token_seconds_count") == 1
     assert delta('saguaro_accepted_length_bucket{le="1"}') == 5  # AR: one token per round
+    assert delta('saguaro_http_requests_total{route="/v1/completions",status="200"}') == 1
     # one step prefills the prompt and commits the first token, then one step a token
     assert delta("saguaro_engine_steps_total") == 5
     parts = [
