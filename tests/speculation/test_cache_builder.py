@@ -271,8 +271,7 @@ def test_the_glue_after_a_hit_runs_only_what_the_branch_did_not(tiny_draft, monk
     """On a hit the branch's draft KV for its first inputs (t, b_1) is copied where the glue
     would write it, and the glue over ``[t, b_1, b_2]`` runs ``b_2`` alone, its other rows the
     branch's: the cache it leads to is the one a full glue leads to (the draft's rows and KV
-    agree to rounding: a branch's forward and the glue's differ in shape), and every glue after
-    a miss still reads its whole feed."""
+    agree to rounding: a branch's forward and the glue's differ in shape)."""
     k, fanout = 3, [2, 1, 1, 2]
     reused = make_worker(tiny_draft, k, fanout)
     seq, branch, fed = glue_after_a_hit(reused, monkeypatch)
