@@ -6,9 +6,9 @@ the server on the same cores, waits until it answers, sends one warm-up request,
 ShareGPT's held-out first user turns as streamed chat completions at each load level (a fixed
 concurrency, or Poisson arrivals at a rate), each level on prompts of its own (no prefix cache
 carries over from one level to the next). Per engine and level it reports completed and failed
-requests, output tokens/s, requests/s, TTFT, ITL, TPOT and end-to-end latency percentiles, and
-the speculation the server's ``/metrics`` counted over the level. Output: results.json,
-results.md and latency.png in ``--out``.
+requests, output tokens/s, requests/s, TTFT, chunk gaps, TPOT (the inter-token latency per
+token) and end-to-end latency percentiles, and the speculation the server's ``/metrics``
+counted over the level. Output: results.json, results.md and latency.png in ``--out``.
 
     python -m saguaro.bench.serve --engines ar,sd,llama.cpp --concurrency 1,4,16 \\
         --num-requests 8,16,32 --max-tokens 128 --llama-server PATH --out DIR
@@ -35,6 +35,7 @@ from saguaro.bench.datasets import DATASETS, file_prompts, load_dataset, select
 from saguaro.bench.serve_client import RequestShape, fixed_concurrency, poisson_arrivals
 from saguaro.bench.serve_engines import (
     ENGINES,
+    LAYOUTS,
     LLAMA_AR,
     LLAMA_SD,
     Launch,
@@ -111,6 +112,13 @@ class ServeBenchConfig:
         parse=cpu_list,
     )
     threads: int | None = opt(None, "llama-server's threads (default: one per core of --cpus)")
+    layout: str = opt(
+        "equal",
+        "equal: every server computes on all of --cpus; paper: every target on the first core of "
+        "--cpus with one thread (llama-server pinned there, its draft too), SSD's and auto's "
+        "draft worker on the next (the layout of SSD's paper)",
+        metavar="NAME",
+    )
     slots: int | None = opt(
         None,
         "sequences a server serves at once: saguaro's --max-num-seqs, llama-server's -np "
@@ -142,6 +150,8 @@ class ServeBenchConfig:
             )
         if any(r <= 0 for r in self.request_rates):
             raise ValueError("--request-rates must be > 0")
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"--layout must be one of {', '.join(LAYOUTS)}")
         if self.dataset not in DATASETS:
             raise ValueError(f"--dataset must be one of {', '.join(DATASETS)}")
         for name in ("k", "max_tokens", "max_prompt_chars", "context_per_slot", "rounds"):
@@ -204,6 +214,7 @@ def launch_of(cfg: ServeBenchConfig) -> Launch:
         llama_server=cfg.llama_server,
         saguaro_args=tuple(shlex.split(cfg.saguaro_args)),
         llama_args=tuple(shlex.split(cfg.llama_args)),
+        layout=cfg.layout,
     )
 
 
@@ -261,7 +272,7 @@ def bench_engine(
     print(f"{spec.name}{tag}: starting: {shlex.join(spec.argv)}", flush=True)
     summaries, records = [], {}
     logs = Path(cfg.out) / "logs"
-    with running(spec, launch.cpus, logs, cfg.startup_timeout_s, tag) as server:
+    with running(spec, launch.cpus_of(spec), logs, cfg.startup_timeout_s, tag) as server:
         print(f"{spec.name}: answered after {server.startup_s:.1f} s", flush=True)
         warm_up(server, warmup, shape)
         for level in levels:

@@ -24,6 +24,10 @@ from saguaro.models.catalog import resolve_model
 SAGUARO_ENGINES: tuple[str, ...] = ("ar", "sd", "ssd", "auto")
 LLAMA_AR, LLAMA_SD = "llama.cpp", "llama.cpp-sd"
 ENGINES: tuple[str, ...] = (*SAGUARO_ENGINES, LLAMA_AR, LLAMA_SD)
+# Where the servers compute: every one on all the cores given ("equal"), or every target on the
+# first of them with one thread and SSD's draft worker on the next ("paper", the layout of SSD's
+# paper: the draft's hardware is beyond the target's).
+LAYOUTS: tuple[str, ...] = ("equal", "paper")
 HOST = "127.0.0.1"
 READY_POLL_S = 0.5  # between two readiness probes
 PROBE_TIMEOUT_S = 5.0  # one readiness probe or /metrics read
@@ -67,6 +71,18 @@ class Launch:
     llama_server: str = "llama-server"
     saguaro_args: tuple[str, ...] = ()
     llama_args: tuple[str, ...] = ()
+    layout: str = "equal"  # of LAYOUTS
+
+    def cpus_of(self, spec: EngineSpec) -> tuple[int, ...]:
+        """The cores ``spec``'s server is pinned to: in the paper's layout llama-server's target
+        (and draft) keep to the first; saguaro places its target there itself and its SSD
+        worker on the next."""
+        if self.layout == "paper" and spec.kind == "llama":
+            return self.cpus[:1]
+        return self.cpus
+
+    def llama_threads(self) -> int:
+        return 1 if self.layout == "paper" else self.threads
 
 
 def gguf_file(name: str) -> Path:
@@ -77,6 +93,15 @@ def gguf_file(name: str) -> Path:
     if path.suffix != ".gguf":
         raise ValueError(f"llama-server needs a GGUF file; {path} is not one")
     return path
+
+
+def paper_layout_args(mode: str, cpus: tuple[int, ...]) -> list[str]:
+    """``saguaro serve``'s options for the paper's layout: the target on the first core with one
+    thread in every mode; where an SSD worker runs (ssd, auto), it keeps the next core and the
+    target never computes there (``--auto-cores own``)."""
+    if mode in ("ssd", "auto"):
+        return ["--auto-cores", "own"]
+    return ["--target-cpus", str(cpus[0]), "--threads", "1"]
 
 
 def saguaro_spec(mode: str, launch: Launch) -> EngineSpec:
@@ -92,13 +117,14 @@ def saguaro_spec(mode: str, launch: Launch) -> EngineSpec:
         str(launch.context_per_slot),
         "--host",
         HOST,
+        *(paper_layout_args(mode, launch.cpus) if launch.layout == "paper" else ()),
         *launch.saguaro_args,
     ]
     return EngineSpec(f"saguaro {mode}", "saguaro", tuple(argv))
 
 
 def llama_spec(with_draft: bool, launch: Launch) -> EngineSpec:
-    threads = str(launch.threads)
+    threads = str(launch.llama_threads())
     argv = [launch.llama_server, "-m", str(gguf_file(launch.model))]
     argv += ["-np", str(launch.slots), "-c", str(launch.slots * launch.context_per_slot)]
     argv += ["-t", threads, "-tb", threads, "--metrics", "--no-webui", "--host", HOST]

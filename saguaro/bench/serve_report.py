@@ -28,8 +28,8 @@ COLUMNS = (
     "req/s",
     "TTFT p50 ms",
     "TTFT p99 ms",
-    "ITL p50 ms",
-    "ITL p99 ms",
+    "chunk gap p50 ms",
+    "chunk gap p99 ms",
     "TPOT p50 ms",
     "E2E p50 s",
     "step ms (forward), busy",
@@ -152,14 +152,16 @@ def markdown(meta: dict[str, Any], levels: list[LevelSummary]) -> str:
         "# saguaro serving benchmark",
         "",
         f"- date: {meta['date']}",
-        f"- machine: {meta['machine'].get('cpu')}, cores used {meta['cpus']}",
+        f"- machine: {meta['machine'].get('cpu')}, cores used {meta['cpus']}, "
+        f"layout {cfg.get('layout', 'equal')}",
         f"- model {cfg['model']}, draft {cfg['draft']}, K={cfg['k']}",
         f"- {cfg['max_tokens']} output tokens a request, temperature {cfg['temperature']:g}, "
         f"ignore_eos {cfg['ignore_eos']}",
         "",
-        "ITL: gaps between streamed chunks with text (saguaro sends one chunk per engine step, "
+        "Chunk gap: between streamed chunks with text (saguaro sends one chunk per engine step, "
         "all the tokens it committed; llama-server one per token). TPOT: a request's time per "
-        "output token after the first.",
+        "output token after the first, (E2E - TTFT) / (tokens - 1), the inter-token latency "
+        "per token, whatever a chunk carries.",
         "",
     ]
     if any(s.round for s in levels):

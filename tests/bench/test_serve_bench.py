@@ -34,6 +34,7 @@ from saguaro.bench.serve_stats import (
     tpot,
 )
 from saguaro.distributed.processes import children
+from saguaro.server.main import serve_parser
 
 # ---- statistics --------------------------------------------------------------------------------
 
@@ -204,6 +205,32 @@ def test_server_commands_share_slots_context_and_threads(tmp_path):
     # the server runs the saguaro this benchmark runs, whichever copy is installed
     assert engine_spec("sd", launch).env()["PYTHONPATH"].split(os.pathsep)[0] == str(PACKAGE_ROOT)
     assert engine_spec("llama.cpp", launch).env().get("PYTHONPATH") == os.environ.get("PYTHONPATH")
+
+
+def test_the_paper_layout_keeps_every_target_on_the_first_core(tmp_path):
+    """--layout paper: saguaro's AR and SD targets on the first core with one thread, SSD's and
+    auto's workers on a core their target never computes on, llama-server pinned to the first
+    core with one thread (its draft too); the options are ones saguaro serve parses."""
+    gguf = tmp_path / "t.gguf"
+    gguf.write_bytes(b"")
+    launch = Launch(str(gguf), str(gguf), 3, 4, 512, cpus=(2, 3), threads=2, layout="paper")
+    for mode in ("ar", "sd"):
+        argv = engine_spec(mode, launch).argv
+        args = serve_parser().parse_args(list(argv[argv.index("serve") + 1 :]))
+        assert args.target_cpus == [2] and args.num_threads == 1
+    for mode in ("ssd", "auto"):
+        argv = engine_spec(mode, launch).argv
+        args = serve_parser().parse_args(list(argv[argv.index("serve") + 1 :]))
+        assert args.auto_cores == "own" and args.target_cpus is None
+    llama = engine_spec("llama.cpp-sd", launch)
+    assert launch.cpus_of(llama) == (2,) and launch.cpus_of(engine_spec("ssd", launch)) == (2, 3)
+    for flag in ("-t", "-tb", "-td", "-tbd"):
+        assert llama.argv[llama.argv.index(flag) + 1] == "1"
+    equal = dataclasses.replace(launch, layout="equal")
+    assert "--auto-cores" not in engine_spec("ssd", equal).argv
+    assert equal.cpus_of(engine_spec("llama.cpp", equal)) == (2, 3)
+    with pytest.raises(ValueError, match="--layout"):
+        serve.parse_config(["--layout", "side-by-side"])
 
 
 # ---- end to end --------------------------------------------------------------------------------
