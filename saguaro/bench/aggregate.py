@@ -109,6 +109,8 @@ def round_costs(group: list[Run]) -> dict[str, float] | None:
     ``backup`` included). What is left of ``waited`` is the build's overrun and messaging.
     ``overran``: the share of rounds whose request found the worker still building; ``cut``: the
     share whose build stopped early because the request rang (its branches are shallower).
+    ``verify_forward``: the target's forward in a sequence's rounds after its first, whose forward
+    also reads the prompt (``target_forward`` counts both): a verification's steady cost.
     """
     totals = [r.gen.ssd_totals for r in group]
     if any(t is None for t in totals):
@@ -127,6 +129,12 @@ def round_costs(group: list[Run]) -> dict[str, float] | None:
         "target_forward": sum(rec.target_s for rec in records) * ms,
         "waited": sum(rec.wait_s for rec in records) * ms / per_round if records else 0.0,
     }
+    later = [rec for r in group for s in r.gen.records for rec in s[1:]]
+    out["verify_forward"] = (
+        MS_PER_S * per_round * sum(rec.target_s for rec in later) / len(later)
+        if later
+        else out["target_forward"]
+    )
     out["target_other"] = out["round"] - out["target_forward"] - out["waited"]
     for name in ("glue", "branches", "build", "backup", "handle"):
         key = "branch_s" if name == "branches" else f"{name}_s"
@@ -267,12 +275,15 @@ def aggregate(runs: list[Run], variants: list[Variant]) -> list[Row]:
 
 def on_this_machine(row: Row, ar: Row | None) -> float | None:
     """docs/design.md §7 counts time in verifications and takes an AR step to cost one, as on a
-    GPU. Here an AR step costs ``ar.tpot_s`` (measured in the same cell) and a verification forward
-    ``round_costs['target_forward']``, so the prediction scales by their ratio:
+    GPU. Here an AR step costs ``ar.tpot_s`` (measured in the same cell, the prompt left out) and a
+    verification forward ``round_costs['verify_forward']`` (likewise), so the prediction scales by
+    their ratio:
     predicted × (AR step ms) / (verification forward ms). The prediction's inputs (p_hit, E, T_p,
     T_b, T_o, the verification time) are all measured; what it leaves out is messaging, and that a
     build cut short serves shallower branches."""
     costs = row.round_costs
-    if ar is None or ar.tpot_s is None or not costs or not costs["target_forward"]:
+    # results written before verify_forward existed carry target_forward alone
+    forward = costs and costs.get("verify_forward", costs["target_forward"])
+    if ar is None or ar.tpot_s is None or not forward:
         return None
-    return row.predicted_speedup * MS_PER_S * ar.tpot_s / costs["target_forward"]
+    return row.predicted_speedup * MS_PER_S * ar.tpot_s / forward

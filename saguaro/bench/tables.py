@@ -129,6 +129,7 @@ def round_table(rows: list[Row]) -> str:
         return ""
     head = ["dataset", "T", "batch", "mode", *(c[0] for c in ROUND_COLUMNS)]
     head += [
+        "verify fwd, after the prompt",
         "build overran",
         "build cut",
         "plan B, d: W(d), fixed, depth ms",
@@ -141,13 +142,15 @@ def round_table(rows: list[Row]) -> str:
         "**SSD round breakdown** (mean ms per engine round; the draft's glue and branches "
         "overlap the target's forward; its answer (*handle*, backups included) falls inside "
         "*waited*, the rest of which is the build's overrun and messaging; a build is cut "
-        "short when the target's request rings during it)"
+        "short when the target's request rings during it; *target fwd* counts each request's "
+        "first round, whose forward also reads its prompt, *verify fwd* leaves those out)"
     )
     body = []
     for r in _by_cell(ssd):
         c = r.round_costs
         cells = _cell_key(r) + [f"{c[key]:.1f}" for _, key in ROUND_COLUMNS]
         cells += [
+            _cell(c.get("verify_forward"), "{:.1f}"),
             f"{c['overran']:.0%}",
             f"{c['cut']:.0%}",
             plan_cell(r.ssd or {}),

@@ -43,6 +43,28 @@ def test_prediction_is_converted_to_this_machines_ar_step():
     ar = row("ar", tpot_s=0.010)
     assert aggregate.on_this_machine(ssd, ar) == pytest.approx(2.0 * 10 / 15)
     assert aggregate.on_this_machine(ssd, None) is None
+    # the verification's steady forward where the results have it, not the mean over prefills too
+    steady = row(
+        "ssd", predicted_speedup=2.0, round_costs={"target_forward": 15, "verify_forward": 8}
+    )
+    assert aggregate.on_this_machine(steady, ar) == pytest.approx(2.0 * 10 / 8)
+
+
+def test_the_steady_verification_forward_leaves_each_prompts_first_round_out():
+    """Two requests at batch 1: each first round's forward reads the prompt (300 ms); the later
+    rounds verify (100 ms). target_forward is the mean over every round, verify_forward over the
+    later ones."""
+
+    def rec(target_s: float) -> RoundRecord:
+        return RoundRecord(4, 2, token=0, committed=3, target_s=target_s)
+
+    requests = [[rec(0.3), rec(0.1), rec(0.1)], [rec(0.3), rec(0.1)]]
+    keys = ("glue_s", "branch_s", "build_s", "backup_s", "handle_s", "overran", "cut")
+    totals = {"rounds": 5, "timed_rounds": 4, "round_s": 0.8, **dict.fromkeys(keys, 0.0)}
+    gen = Generation(1.0, [], records=requests, ssd_totals=totals)
+    costs = aggregate.round_costs([Run("d", 0.0, 1, "ssd", 0, 0, gen)])
+    assert costs["target_forward"] == pytest.approx(1000 * 0.9 / 5)
+    assert costs["verify_forward"] == pytest.approx(100.0)
 
 
 def test_percentile_interpolates_between_ranks():

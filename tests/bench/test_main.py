@@ -74,6 +74,7 @@ def test_bench_writes_report(tiny_llama, prompt_file, tmp_path):
     assert {"fanout", "budget", "policy"} <= set(ssd["ssd"])
     costs = ssd["round_costs"]
     assert costs["rounds"] > 0 and costs["round"] > 0 and costs["target_forward"] > 0
+    assert costs["verify_forward"] > 0
     parts = costs["target_forward"] + costs["target_other"] + costs["waited"]
     assert parts == pytest.approx(costs["round"])
     # target_other is the remainder round - target_forward - waited, so it is at most the round
