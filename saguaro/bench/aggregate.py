@@ -78,6 +78,7 @@ class Row:
     cache_hit_rate: float | None
     bonus_accuracy: float | None  # P(cache hit | previous round accepted all K)
     speedup_vs_ar: float | None = None
+    decode_speedup_vs_ar: float | None = None  # AR's TPOT over this row's: the prompt left out
     speedup_vs_sd: float | None = None
     predicted_speedup: float | None = None  # SSD: docs/design.md §7 over AR (see round_costs)
     draft_failures: list[str] = field(default_factory=list)
@@ -266,6 +267,7 @@ def aggregate(runs: list[Run], variants: list[Variant]) -> list[Row]:
         ar = index.get((*cell, "ar", None, row.sampling))
         sd = index.get((*cell, "sd", row.k, row.sampling))
         row.speedup_vs_ar = _ratio(row.tokens_per_s, ar.tokens_per_s if ar else None)
+        row.decode_speedup_vs_ar = _ratio(ar.tpot_s if ar else None, row.tpot_s)
         if row.predicted_speedup is not None:
             row.predicted_speedup = on_this_machine(row, ar)
         if row.mode != "ar":

@@ -74,8 +74,9 @@ def markdown(meta: dict[str, Any], rows: list[Row], correctness: dict[str, Any])
         "- acc. len: tokens committed per round (1 + accepted / rounds); bonus acc.: of rounds "
         "that accepted all K proposals, the share whose next round hit the cache; predicted: "
         "docs/design.md §7 speedup over AR from SSD's online estimates, its verification-time unit "
-        "converted to this machine's AR step (AR's TPOT over SSD's mean verification forward "
-        "in the same cell).",
+        "converted to this machine's AR step (AR's TPOT over SSD's verification forward after "
+        "the prompt's round, in the same cell), and set against the achieved rate a token after "
+        "the first (AR's TPOT over SSD's: the prompt, equal work for both, left out).",
     ]
     lines += [f"- **draft failure (fell back to AR): {f}**" for f in failures]
     failed = meta.get("failed", {})

@@ -84,7 +84,9 @@ def test_speedups_compare_each_mode_with_ar_of_the_same_setup():
     }  # fmt: skip
     runs = [
         Run("d", 0.0, 1, v.label, 0, 0, Generation(elapsed[v.label], [
-            RequestResult("p", [1] * 8, latency_s=elapsed[v.label], ttft_s=None, tpot_s=None)
+            # a first token after 0.5 s in every mode, the rest at the mode's own rate
+            RequestResult("p", [1] * 8, latency_s=elapsed[v.label], ttft_s=0.5,
+                          tpot_s=(elapsed[v.label] - 0.5) / 7)
         ]))
         for v in variants
     ]  # fmt: skip
@@ -93,3 +95,6 @@ def test_speedups_compare_each_mode_with_ar_of_the_same_setup():
     assert rows["sd compiled"].speedup_vs_ar == pytest.approx(2.0)
     assert rows["sd compiled 1 core"].speedup_vs_ar == pytest.approx(3.0)
     assert rows["ar compiled"].speedup_vs_ar == pytest.approx(1.0)
+    # a token after the first: AR's TPOT over the mode's, the shared first token left out
+    assert rows["sd eager"].decode_speedup_vs_ar == pytest.approx(3.5 / 1.5)
+    assert rows["sd compiled 1 core"].decode_speedup_vs_ar == pytest.approx(5.5 / 1.5)
