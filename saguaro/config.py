@@ -556,3 +556,12 @@ def resolve_model_dirs(cfg: EngineConfig) -> tuple[Path, Path | None]:
     if cfg.model is None:
         return target, resolve_model(DEFAULT_DRAFT)
     raise ValueError(f"mode {cfg.mode!r} needs a draft model (draft=DIR)")
+
+
+def paper_layout(mode: str, cpus: typing.Sequence[int]) -> dict[str, typing.Any]:
+    """The EngineConfig fields that run ``mode`` in the paper's layout on ``cpus``: the target on
+    the first core with one thread. Where an SSD worker runs (ssd, auto) it takes the next core
+    and the target never computes there (``auto_cores`` own), which places the target first."""
+    if mode in ("ssd", "auto"):
+        return {"auto_cores": "own"}
+    return {"target_cpus": list(cpus[:1]), "num_threads": 1}

@@ -24,7 +24,7 @@ from saguaro.bench.config import LOOKUP_MODE, BenchConfig
 from saguaro.bench.gguf_export import EXPORT_VERSION
 from saguaro.bench.plan import Variant
 from saguaro.bench.synthetic import synthetic_verifier
-from saguaro.config import LOOKUP_DRAFT
+from saguaro.config import LOOKUP_DRAFT, paper_layout
 from saguaro.core.records import RoundRecord
 from saguaro.engine.loading import check_compatible
 from saguaro.errors import IncompatibleModelsError, ModelLoadError
@@ -88,14 +88,6 @@ def every_core(owner: object, threads: int | None = None) -> None:
     placement.place(owner, placement.on_cores(placement.process_cpus(), threads))
 
 
-def _one_core(mode: str) -> dict[str, object]:
-    """The target on the first core, one thread: auto's worker then takes the next core (the
-    paper's layout)."""
-    if mode == "auto":
-        return {"auto_cores": "own"}
-    return {"target_cpus": placement.process_cpus()[:1], "num_threads": 1}
-
-
 class SaguaroBackend:
     """An `LLM` of one mode, kept for the whole bench (SSD: its draft worker too)."""
 
@@ -133,7 +125,7 @@ class SaguaroBackend:
             # Equal hardware by default: the engine's placement (AR/SD: every core; SSD: target
             # and worker on their own; auto: AR and SD on every core, SSD's target on the
             # worker's complement). The target on one core only where asked for.
-            **(_one_core(variant.mode) if variant.one_core else {}),
+            **(paper_layout(variant.mode, placement.process_cpus()) if variant.one_core else {}),
         )
         if cfg.synthetic_acceptance is not None and spec:
             # One verifier for the engine's life: its generator must run on across rounds (one

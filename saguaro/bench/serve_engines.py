@@ -18,7 +18,9 @@ from pathlib import Path
 
 import httpx
 
+from saguaro.config import paper_layout
 from saguaro.models.catalog import resolve_model
+from saguaro.options import flag, show
 
 # Engines by name: saguaro's modes, then llama-server alone and with its draft.
 SAGUARO_ENGINES: tuple[str, ...] = ("ar", "sd", "ssd", "auto")
@@ -96,12 +98,9 @@ def gguf_file(name: str) -> Path:
 
 
 def paper_layout_args(mode: str, cpus: tuple[int, ...]) -> list[str]:
-    """``saguaro serve``'s options for the paper's layout: the target on the first core with one
-    thread in every mode; where an SSD worker runs (ssd, auto), it keeps the next core and the
-    target never computes there (``--auto-cores own``)."""
-    if mode in ("ssd", "auto"):
-        return ["--auto-cores", "own"]
-    return ["--target-cpus", str(cpus[0]), "--threads", "1"]
+    """``saguaro serve``'s options for :func:`saguaro.config.paper_layout`."""
+    fields = paper_layout(mode, cpus).items()
+    return [arg for name, value in fields for arg in (flag(name), show(value))]
 
 
 def saguaro_spec(mode: str, launch: Launch) -> EngineSpec:
